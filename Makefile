@@ -1,0 +1,32 @@
+# chtxn: `make test` and `make demo` set everything up on a fresh machine (Python >= 3.10, Java >= 17).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-pure check-prereqs clean
+
+install: $(STAMP)
+
+check-prereqs:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
+	  { echo "chtxn needs Python >= 3.10, but '$(PYTHON)' is $$($(PYTHON) --version 2>&1); set PYTHON=/path/to/python3.10+"; exit 1; }
+	@command -v java >/dev/null 2>&1 || \
+	  { echo "chtxn needs Java 17+ for PySpark, and 'java' is not on PATH: install it (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1); \
+	  [ "$${v:-0}" -ge 17 ] || { echo "chtxn needs Java 17+ for PySpark, but 'java' is version $${v:-unknown}: install openjdk-17"; exit 1; }
+
+$(STAMP): pyproject.toml | check-prereqs
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[embedded,test]'
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest tests
+
+test-pure: install
+	$(PY) -m pytest tests/pure
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,248 @@
+"""The pipeline configuration: one TOML file, decoded into frozen Structs.
+
+Every field can be overridden by an environment variable ``CHTXN_<SECTION>_<FIELD>``
+(e.g. ``CHTXN_CLICKHOUSE_PASSWORD``); lists take comma-separated values. Unknown keys are
+refused with their path. librdkafka properties pass through untouched under
+``[kafka.properties]``. Only the CLI reads files and the environment: this module takes text
+and a mapping.
+"""
+
+from __future__ import annotations
+
+import socket
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+
+from protocol.errors import ConfigError
+
+_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_TOPIC = r"^[A-Za-z0-9._-]+$"
+
+
+class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str = ""
+    topics: tuple[str, ...] = ()
+    control_topic: str = ""  # default "<name>.chtxn-control"
+    dead_letter_topic: str = ""  # default "<name>.chtxn-dlq"
+    start_from: Literal["earliest", "latest"] = "earliest"
+    on_gap: Literal["fail", "skip"] = "fail"
+
+
+class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    bootstrap_servers: str = "localhost:9092"
+    properties: dict[str, str] = {}
+
+
+class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    url: str = "http://localhost:8123"
+    database: str = "default"
+    user: str = "default"
+    password: str = ""
+    target_table: str = ""
+    input_format: str = "JSONEachRow"
+    insert_settings: dict[str, str | int | float | bool] = {}
+    connect_timeout_s: float = 10.0
+    send_receive_timeout_s: float = 300.0
+
+    def __repr__(self) -> str:  # the password never reaches a log
+        fields = ", ".join(
+            f"{name}={'***' if name == 'password' and self.password else repr(getattr(self, name))}"
+            for name in self.__struct_fields__
+        )
+        return f"ClickHouseSection({fields})"
+
+
+class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    interval_s: float = 1.0
+    size_trigger_rows: int = 1_000_000
+    write_status_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 0.5
+    heartbeat_misses: int = 6
+    publish_mode: Literal["move", "insert-select"] = "move"
+
+
+class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    chunk_rows: int = 50_000
+    chunk_bytes: int = 16 * 1024 * 1024
+    poll_batch: int = 5_000
+    insert_retries: int = 8
+    task_slots: int = 0  # 0: ask Spark (defaultParallelism)
+
+
+class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: str = ""  # default "<hostname>-<pid>"
+    leader_lease_s: float = 3.0  # a standby claims leadership after this much leader silence
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    clickhouse_retries: int = 8
+
+
+class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pipeline: PipelineSection = PipelineSection()
+    kafka: KafkaSection = KafkaSection()
+    clickhouse: ClickHouseSection = ClickHouseSection()
+    transaction: TransactionSection = TransactionSection()
+    participant: ParticipantSection = ParticipantSection()
+    coordinator: CoordinatorSection = CoordinatorSection()
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def control_topic(self) -> str:
+        return self.pipeline.control_topic or f"{self.pipeline.name}.chtxn-control"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.pipeline.dead_letter_topic or f"{self.pipeline.name}.chtxn-dlq"
+
+    @property
+    def coordinator_id(self) -> str:
+        return self.coordinator.id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return self.transaction.heartbeat_interval_s * self.transaction.heartbeat_misses
+
+
+_SECTIONS: dict[str, type[msgspec.Struct]] = {
+    name: msgspec.structs.fields(PipelineConfig)[i].type  # type: ignore[misc]
+    for i, name in enumerate(PipelineConfig.__struct_fields__)
+}
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    overrides: dict[str, dict[str, object]] = {}
+    for section, cls in _SECTIONS.items():
+        for field in msgspec.structs.fields(cls):
+            var = f"CHTXN_{section}_{field.name}".upper()
+            if var not in environ:
+                continue
+            raw = environ[var]
+            if field.name == "topics":
+                value: object = [t.strip() for t in raw.split(",") if t.strip()]
+            elif isinstance(field.default, dict):
+                raise ConfigError(
+                    f"{var}: {section}.{field.name} is a table and cannot be set from the environment; "
+                    "set it in the TOML file",
+                    key=f"{section}.{field.name}",
+                )
+            else:
+                value = raw
+            overrides.setdefault(section, {})[field.name] = value
+    return overrides
+
+
+def _merge(base: dict, overrides: dict[str, dict[str, object]]) -> dict:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, fields in overrides.items():
+        merged.setdefault(section, {}).update(fields)
+    return merged
+
+
+def _validate(config: PipelineConfig) -> None:
+    import re
+
+    def bad(key: str, value: object, why: str) -> ConfigError:
+        return ConfigError(f"{key} = {value!r}: {why}", key=key, value=value)
+
+    p, ch, tx, pa = config.pipeline, config.clickhouse, config.transaction, config.participant
+    if not p.name or not re.match(_IDENT, p.name):
+        raise bad("pipeline.name", p.name, "required; letters, digits and '_' only, not starting with a digit")
+    if not p.topics:
+        raise bad("pipeline.topics", list(p.topics), "list at least one source topic")
+    for topic in (*p.topics, config.control_topic, config.dead_letter_topic):
+        if not re.match(_TOPIC, topic):
+            raise bad("pipeline.topics", topic, "not a valid Kafka topic name")
+    if config.control_topic in p.topics or config.dead_letter_topic in p.topics:
+        raise bad("pipeline.control_topic", config.control_topic, "control and dead-letter topics must not be source topics")
+    if not ch.target_table or not re.match(_IDENT, ch.target_table):
+        raise bad("clickhouse.target_table", ch.target_table, "required; a plain table name in clickhouse.database")
+    if not re.match(_IDENT, ch.database):
+        raise bad("clickhouse.database", ch.database, "letters, digits and '_' only")
+    if not ch.url.startswith(("http://", "https://")):
+        raise bad("clickhouse.url", ch.url, "must start with http:// or https://")
+    if not re.match(r"^[A-Za-z0-9]+$", ch.input_format):
+        raise bad("clickhouse.input_format", ch.input_format, "a ClickHouse input format name, e.g. JSONEachRow")
+    positive = {
+        "transaction.interval_s": tx.interval_s,
+        "transaction.size_trigger_rows": tx.size_trigger_rows,
+        "transaction.write_status_timeout_s": tx.write_status_timeout_s,
+        "transaction.heartbeat_interval_s": tx.heartbeat_interval_s,
+        "transaction.heartbeat_misses": tx.heartbeat_misses,
+        "participant.chunk_rows": pa.chunk_rows,
+        "participant.chunk_bytes": pa.chunk_bytes,
+        "participant.poll_batch": pa.poll_batch,
+        "coordinator.leader_lease_s": config.coordinator.leader_lease_s,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise bad(key, value, "must be greater than 0")
+    if config.heartbeat_timeout_s >= tx.write_status_timeout_s:
+        raise bad(
+            "transaction.heartbeat_misses", tx.heartbeat_misses,
+            f"heartbeat_interval_s x heartbeat_misses ({config.heartbeat_timeout_s:g} s) must be shorter "
+            f"than write_status_timeout_s ({tx.write_status_timeout_s:g} s)",
+        )
+    if "group.id" in config.kafka.properties or "bootstrap.servers" in config.kafka.properties:
+        raise bad("kafka.properties", dict(config.kafka.properties), "set bootstrap servers in kafka.bootstrap_servers; group ids are chtxn's")
+
+
+def _path_of(error: msgspec.ValidationError) -> str:
+    # msgspec says e.g. "Object contains unknown field `x` - at `$.transaction`"
+    text = str(error)
+    at = text.rsplit(" - at `", 1)
+    where = at[1].rstrip("`").removeprefix("$").lstrip(".") if len(at) == 2 else ""
+    return where
+
+
+def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source: str = "<config>") -> PipelineConfig:
+    """Decode a TOML pipeline configuration, apply ``CHTXN_*`` overrides from ``environ``, validate."""
+    try:
+        raw = msgspec.toml.decode(text.encode())
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    merged = _merge(raw, _env_overrides(environ or {}))
+    try:
+        config = msgspec.convert(merged, PipelineConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        key = _path_of(exc)
+        unknown = message.split("unknown field `", 1)
+        if len(unknown) == 2:
+            field = unknown[1].split("`", 1)[0]
+            key = f"{key}.{field}" if key else field
+            raise ConfigError(f"{source}: unknown key {key!r}: check its spelling against the docs", key=key) from None
+        value = _lookup(merged, key)
+        raise ConfigError(f"{source}: {key} = {value!r}: {message.split(' - at ', 1)[0]}", key=key, value=value) from None
+    try:
+        _validate(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}", key=exc.key, value=exc.value) from None
+    return config
+
+
+def _lookup(tree: dict, path: str) -> object:
+    node: object = tree
+    for part in path.replace("[", ".").replace("]", "").split("."):
+        if not part:
+            continue
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def load_config(path: str, environ: Mapping[str, str] | None = None) -> PipelineConfig:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the pipeline config {path!r}: {exc.strerror}; pass --config FILE") from None
+    return parse_config(text, environ, source=path)

@@ -1,0 +1,125 @@
+"""Control-topic messages: one msgspec tagged union behind a versioned envelope.
+
+Wire format: a msgpack map holding the envelope fields (``kind``, ``version``, ``pipeline``,
+``epoch``, ``txn``, ``sender``) and the fields of the message kind named by ``kind``. The
+record key is the pipeline name.
+
+Evolution rules (checked by the golden-bytes tests in ``tests/pure/test_codec.py``):
+
+1. A tag (``kind``) is never renamed and never reused; a renamed class keeps its tag.
+2. Fields are only appended, and every new field has a default, so an old reader ignores it
+   and a new reader decodes an old message.
+3. Structs are maps, never ``array_like``; wire types never ``forbid_unknown_fields``.
+4. ``version`` is raised only for a change an old reader must not half-understand; a reader
+   skips (with a warning) messages of a newer version and kinds it does not know.
+
+Offsets everywhere are Kafka's "next offset to read".
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+#: The newest message version this code writes and understands.
+PROTOCOL_VERSION = 1
+
+
+class TopicPartition(msgspec.Struct, frozen=True, kw_only=True, order=True):
+    topic: str
+    partition: int
+
+
+class PartitionOffset(msgspec.Struct, frozen=True, kw_only=True):
+    """A (topic, partition) and a next-offset-to-read."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+
+class PartitionPosition(msgspec.Struct, frozen=True, kw_only=True):
+    """What a heartbeat says of one partition a participant holds."""
+
+    topic: str
+    partition: int
+    position: int  # next offset the participant will read
+    log_end: int  # the partition's high watermark as last seen, -1 if unknown
+    buffered_rows: int = 0  # rows read for the current txn (staged or in the open chunk)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+
+class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Fields every control message carries."""
+
+    version: int = PROTOCOL_VERSION
+    pipeline: str
+    epoch: int  # coordinator generation; claimed by compare-and-set in the ledger
+    txn: str  # transaction id ("" where none applies, e.g. a heartbeat between txns)
+    sender: str  # coordinator id or participant id
+
+
+class StartCommit(_Control, tag="start-commit"):
+    """Coordinator -> all: stage records from these offsets into ``stage_table``."""
+
+    stage_table: str
+    offsets: tuple[PartitionOffset, ...]
+
+
+class EndCommit(_Control, tag="end-commit"):
+    """Coordinator -> all: flush, report WRITE-STATUS, stop consuming for this txn."""
+
+
+class WriteStatus(_Control, tag="write-status"):
+    """Participant -> coordinator: what one partition staged for ``txn``."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    rows: int  # rows staged into the stage table (dead letters excluded)
+    chunks: int
+    dead_letters: int = 0
+    bytes: int = 0
+    errors: tuple[str, ...] = ()
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+
+class AckCommit(_Control, tag="ack-commit"):
+    """Coordinator -> all: ``txn`` is committed; its end offsets may go to the consumer group."""
+
+    offsets: tuple[PartitionOffset, ...]
+    commit_seq: int = 0
+
+
+class Abort(_Control, tag="abort"):
+    """Coordinator -> all: drop ``txn`` at once."""
+
+    reason: str
+
+
+class Heartbeat(_Control, tag="heartbeat"):
+    """Participant -> coordinator: light and frequent."""
+
+    partitions: tuple[PartitionPosition, ...]
+
+
+class LeaderHeartbeat(_Control, tag="leader-heartbeat"):
+    """Leader -> standbys: the leader of ``epoch`` is alive (participants ignore it)."""
+
+
+ControlMessage = Union[StartCommit, EndCommit, WriteStatus, AckCommit, Abort, Heartbeat, LeaderHeartbeat]
+
+#: Every kind this code knows, by tag.
+KINDS: dict[str, type] = {cls.__struct_config__.tag: cls for cls in ControlMessage.__args__}  # type: ignore[attr-defined]
