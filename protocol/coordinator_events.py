@@ -1,0 +1,193 @@
+"""Events fed to the coordinator state machine, and the actions it returns.
+
+The runner (``coordinator/runner.py``) turns Kafka messages, timers and the outcomes of its
+own I/O into events, and carries out actions in the order given. Offsets are next-to-read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from protocol.messages import ControlMessage, TopicPartition, WriteStatus
+
+Offsets = dict[TopicPartition, int]
+
+
+class Phase(Enum):
+    CREATING = "creating"  # step 2: stage table being created, START not yet sent
+    COLLECTING = "collecting"  # step 3: START sent, participants staging
+    ENDING = "ending"  # step 4: END sent, collecting WRITE-STATUS
+    COMPLETE = "complete"  # WRITE-STATUS set complete, waiting for the previous txn to commit
+    VERIFYING = "verifying"  # step 5
+    COMMITTING = "committing"  # step 6
+    PUBLISHING = "publishing"  # step 7 (committed)
+
+
+@dataclass
+class Txn:
+    """One transaction as the leader sees it."""
+
+    id: str
+    stage_table: str
+    start: Offsets
+    created_at: float
+    phase: Phase = Phase.CREATING
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    complete_at: float = 0.0
+    statuses: dict[TopicPartition, WriteStatus] = field(default_factory=dict)
+    after: str | None = None  # the txn this one was pipelined after (it aborts if that one does)
+    holders: dict[TopicPartition, str] = field(default_factory=dict)  # participant ids at START
+    commit_seq: int = 0
+    publish_not_before: float = 0.0
+
+    @property
+    def end(self) -> Offsets:
+        return {tp: ws.end_offset for tp, ws in self.statuses.items()}
+
+    @property
+    def rows(self) -> int:
+        return sum(ws.rows for ws in self.statuses.values())
+
+    @property
+    def missing(self) -> list[TopicPartition]:
+        return sorted(tp for tp in self.start if tp not in self.statuses)
+
+
+# ---- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Step 1 done: this replica leads ``epoch``; the ledger head and the source partitions are read.
+
+    ``initial`` gives, for partitions never committed, where to start (earliest or latest).
+    """
+
+    head_seq: int
+    head: Offsets
+    initial: Offsets
+
+
+@dataclass(frozen=True)
+class PartitionsChanged:
+    """The source topics now have these partitions; ``initial`` as in ``Ready`` for new ones."""
+
+    partitions: tuple[TopicPartition, ...]
+    initial: Offsets
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; the machine checks its timers."""
+
+
+@dataclass(frozen=True)
+class Received:
+    message: ControlMessage
+
+
+@dataclass(frozen=True)
+class StageCreated:
+    txn: str
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Counted:
+    """Step 5 result: ``count()`` of the stage table, or None when it could not be read."""
+
+    txn: str
+    count: int | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Step 6 result: True won the slot, False lost it, None unknown (ClickHouse failed)."""
+
+    txn: str
+    won: bool | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    txn: str
+    ok: bool
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """SIGTERM: finish what is committed, abort what is not, then stop."""
+
+
+Event = Ready | PartitionsChanged | Tick | Received | StageCreated | Counted | CommitResult | PublishResult | Shutdown
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateStage:
+    txn: str
+    stage_table: str
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    message: ControlMessage
+
+
+@dataclass(frozen=True)
+class RecordStarted:
+    """Append the STARTED ledger row (history only; not part of the commit path)."""
+
+    txn: Txn
+
+
+@dataclass(frozen=True)
+class CountStage:
+    txn: str
+    stage_table: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Step 6, the commit point: append COMMITTED claiming ``commit_seq`` by compare-and-set."""
+
+    txn: Txn
+    commit_seq: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Step 7: move the stage table into the target, drop it, append PUBLISHED. Idempotent."""
+
+    txn: Txn
+
+
+@dataclass(frozen=True)
+class AbortTxn:
+    """Drop the stage table and append ABORTED (the ABORT broadcast is a separate action)."""
+
+    txn: Txn
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepDown:
+    """Another leader exists or the commit outcome is unknown: stop leading, re-elect."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Nothing is in flight after a Shutdown: the runner may exit."""
+
+
+Action = CreateStage | Broadcast | RecordStarted | CountStage | Commit | Publish | AbortTxn | StepDown | Stopped

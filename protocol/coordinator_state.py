@@ -1,0 +1,329 @@
+"""The coordinator's state machine: ``handle(event, now) -> [actions]``, no I/O.
+
+One transaction, as the leader of ``epoch`` runs it (DESIGN.md section 3):
+
+1. Read the ledger head (the runner does, then feeds ``Ready``): the last committed offset of
+   every partition is the source of truth.
+2. Create the stage table ``<target>__chtxn_<txn>`` (``CreateStage``, answered by ``StageCreated``).
+3. Broadcast START; after ``interval_s``, or once heartbeats report ``size_trigger_rows`` staged,
+   broadcast END.
+4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
+   participant of the txn is gone, ABORT: drop the stage table, append ABORTED; the next txn
+   starts from the ledger head.
+5. Verify: ``count()`` of the stage table equals the rows reported, and every partition's start
+   equals the ledger head. A mismatch aborts.
+6. Commit point: append COMMITTED claiming ``commit_seq = head + 1`` by compare-and-set. Losing
+   it means another leader exists: step down.
+7. Broadcast ACK-COMMIT, then publish (move the stage table into the target), append PUBLISHED.
+8. An idle interval still commits (an empty commit).
+
+Pipelining: the next START goes out as soon as the WRITE-STATUS set of the previous txn is
+complete, from the end offsets it reported; if the previous txn then aborts, so does the next.
+At most two txns are uncommitted at once. Commits happen strictly in txn order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol import naming
+from protocol.coordinator_events import (
+    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event,
+    Offsets, PartitionsChanged, Phase, Publish, PublishResult, Ready, Received, RecordStarted,
+    Shutdown, StageCreated, StepDown, Stopped, Tick, Txn,
+)
+from protocol.messages import (
+    Abort, AckCommit, EndCommit, Heartbeat, PartitionOffset, StartCommit, TopicPartition, WriteStatus,
+)
+
+_COORDINATOR_KINDS = ("start-commit", "end-commit", "ack-commit", "abort", "leader-heartbeat")
+_OPEN = (Phase.CREATING, Phase.COLLECTING, Phase.ENDING)
+
+
+@dataclass(frozen=True)
+class Timing:
+    interval_s: float = 1.0
+    size_trigger_rows: int = 1_000_000
+    write_status_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = 3.0
+    publish_retry_s: float = 1.0
+
+
+@dataclass
+class _Liveness:
+    sender: str
+    seen_at: float
+    txn: str = ""
+    buffered_rows: int = 0
+
+
+class CoordinatorState:
+    """The leader's view of its transactions. Construct on winning an epoch; feed ``Ready`` first."""
+
+    def __init__(self, *, pipeline: str, epoch: int, coordinator: str, target: str, timing: Timing) -> None:
+        self.pipeline = pipeline
+        self.epoch = epoch
+        self.coordinator = coordinator
+        self.target = target
+        self.timing = timing
+        self.ready = False
+        self.stepped_down = False
+        self.stopping = False
+        self.head_seq = 0
+        self.head: Offsets = {}
+        self.initial: Offsets = {}
+        self.partitions: tuple[TopicPartition, ...] = ()
+        self.txns: list[Txn] = []  # uncommitted and unpublished txns, oldest first
+        self.alive: dict[TopicPartition, _Liveness] = {}
+        self.ignored = 0  # stale-epoch and foreign messages skipped
+        self._next_seq = 1
+
+    # ---- public -----------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        if self.stepped_down:
+            return []
+        handler = getattr(self, f"_on_{type(event).__name__}")
+        actions: list[Action] = handler(event, now)
+        if not self.stepped_down:
+            actions += self._advance(now)
+        return actions
+
+    def txn(self, txn_id: str) -> Txn | None:
+        return next((t for t in self.txns if t.id == txn_id), None)
+
+    @property
+    def open_txn(self) -> Txn | None:
+        return next((t for t in self.txns if t.phase in _OPEN), None)
+
+    def live_partitions(self, now: float) -> set[TopicPartition]:
+        limit = self.timing.heartbeat_timeout_s
+        return {tp for tp, live in self.alive.items() if now - live.seen_at <= limit}
+
+    # ---- events -----------------------------------------------------------------------
+
+    def _on_Ready(self, event: Ready, now: float) -> list[Action]:
+        self.ready = True
+        self.head_seq = event.head_seq
+        self.head = dict(event.head)
+        self.initial = dict(event.initial)
+        self.partitions = tuple(sorted(set(event.head) | set(event.initial)))
+        return []
+
+    def _on_PartitionsChanged(self, event: PartitionsChanged, now: float) -> list[Action]:
+        self.partitions = tuple(sorted(event.partitions))
+        self.initial.update({tp: o for tp, o in event.initial.items() if tp not in self.head})
+        return []
+
+    def _on_Tick(self, event: Tick, now: float) -> list[Action]:
+        return []
+
+    def _on_Shutdown(self, event: Shutdown, now: float) -> list[Action]:
+        self.stopping = True
+        actions: list[Action] = []
+        for txn in [t for t in self.txns if t.phase in _OPEN or t.phase is Phase.COMPLETE]:
+            actions += self._abort(txn, "coordinator shutting down", now)
+        return actions
+
+    def _on_Received(self, event: Received, now: float) -> list[Action]:
+        msg = event.message
+        if msg.pipeline != self.pipeline:
+            self.ignored += 1
+            return []
+        if isinstance(msg, Heartbeat):
+            for pos in msg.partitions:
+                self.alive[pos.tp] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows)
+            return []
+        kind = type(msg).__struct_config__.tag
+        if kind in _COORDINATOR_KINDS:
+            if msg.epoch > self.epoch:
+                return self._step_down(f"a coordinator of a newer epoch ({msg.epoch} > {self.epoch}) is sending")
+            return []
+        if isinstance(msg, WriteStatus):
+            return self._on_write_status(msg, now)
+        self.ignored += 1
+        return []
+
+    def _on_write_status(self, ws: WriteStatus, now: float) -> list[Action]:
+        txn = self.txn(ws.txn)
+        if ws.epoch != self.epoch or txn is None or txn.phase not in (Phase.COLLECTING, Phase.ENDING):
+            self.ignored += 1  # stale epoch, another txn, or one already decided
+            return []
+        if ws.tp not in txn.start:
+            self.ignored += 1
+            return []
+        if ws.start_offset != txn.start[ws.tp]:
+            return self._abort(txn, f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}", now)
+        if ws.errors:
+            return self._abort(txn, f"{ws.topic}-{ws.partition} failed: {'; '.join(ws.errors)}", now)
+        if ws.end_offset < ws.start_offset:
+            return self._abort(txn, f"{ws.topic}-{ws.partition} reported end {ws.end_offset} before start {ws.start_offset}", now)
+        if ws.tp in txn.statuses:
+            return []  # a repeated WRITE-STATUS (e.g. from a restarted participant) changes nothing
+        txn.statuses[ws.tp] = ws
+        if txn.phase is Phase.ENDING and not txn.missing:
+            txn.phase = Phase.COMPLETE
+            txn.complete_at = now
+        return []
+
+    def _on_StageCreated(self, event: StageCreated, now: float) -> list[Action]:
+        txn = self.txn(event.txn)
+        if txn is None or txn.phase is not Phase.CREATING:
+            return []
+        if not event.ok:
+            return self._abort(txn, f"could not create stage table {txn.stage_table}: {event.error}", now)
+        # Step 3: START.
+        txn.phase = Phase.COLLECTING
+        txn.started_at = now
+        txn.holders = {tp: live.sender for tp, live in self.alive.items() if tp in txn.start}
+        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
+        start = StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets)
+        return [Broadcast(start), RecordStarted(txn)]
+
+    def _on_Counted(self, event: Counted, now: float) -> list[Action]:
+        txn = self.txn(event.txn)
+        if txn is None or txn.phase is not Phase.VERIFYING:
+            return []
+        if event.count is None:
+            return self._abort(txn, f"could not count the stage table: {event.error}", now)
+        if event.count != txn.rows:
+            return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now)
+        stale = {tp: o for tp, o in txn.start.items() if o != self._base(tp)}
+        if stale:
+            tp, o = next(iter(sorted(stale.items())))
+            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self._base(tp)}", now)
+        # Step 6: the commit point.
+        txn.phase = Phase.COMMITTING
+        txn.commit_seq = self.head_seq + 1
+        return [Commit(txn, txn.commit_seq)]
+
+    def _on_CommitResult(self, event: CommitResult, now: float) -> list[Action]:
+        txn = self.txn(event.txn)
+        if txn is None or txn.phase is not Phase.COMMITTING:
+            return []
+        if event.won is None:
+            return self._step_down(f"commit outcome of {txn.id} unknown ({event.error}); re-reading the ledger")
+        if not event.won:
+            return self._step_down(f"lost commit slot {txn.commit_seq} of {txn.id} to another leader")
+        self.head_seq = txn.commit_seq
+        self.head.update(txn.end)
+        # Step 7: ACK-COMMIT, then publish.
+        txn.phase = Phase.PUBLISHING
+        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.end.items()))
+        ack = AckCommit(**self._envelope(txn.id), offsets=offsets, commit_seq=txn.commit_seq)
+        return [Broadcast(ack), Publish(txn)]
+
+    def _on_PublishResult(self, event: PublishResult, now: float) -> list[Action]:
+        txn = self.txn(event.txn)
+        if txn is None or txn.phase is not Phase.PUBLISHING:
+            return []
+        if event.ok:
+            self.txns.remove(txn)
+        else:
+            txn.publish_not_before = now + self.timing.publish_retry_s
+        return []
+
+    # ---- the driver of every step -----------------------------------------------------
+
+    def _advance(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        t = self.timing
+        for txn in list(self.txns):
+            if txn not in self.txns:
+                continue  # aborted by a cascade in this loop
+            if txn.phase is Phase.COLLECTING:
+                staged = sum(live.buffered_rows for live in self.alive.values() if live.txn == txn.id)
+                if now - txn.started_at >= t.interval_s or staged >= t.size_trigger_rows or self.stopping:
+                    txn.phase = Phase.ENDING
+                    txn.ended_at = now
+                    actions.append(Broadcast(EndCommit(**self._envelope(txn.id))))
+                    if not txn.missing:
+                        txn.phase, txn.complete_at = Phase.COMPLETE, now
+            if txn.phase in (Phase.COLLECTING, Phase.ENDING):
+                dead = self._dead_participants(txn, now)
+                if dead:
+                    actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now)
+                    continue
+            if txn.phase is Phase.ENDING and now - txn.ended_at > t.write_status_timeout_s:
+                missing = ", ".join(f"{tp.topic}-{tp.partition}" for tp in txn.missing)
+                actions += self._abort(txn, f"write-status timeout: nothing from {missing}", now)
+                continue
+            if txn.phase is Phase.COMPLETE and self._is_oldest_uncommitted(txn):
+                txn.phase = Phase.VERIFYING  # Step 5
+                actions.append(CountStage(txn.id, txn.stage_table))
+            if txn.phase is Phase.PUBLISHING and txn.publish_not_before and now >= txn.publish_not_before:
+                txn.publish_not_before = 0.0
+                actions.append(Publish(txn))
+        actions += self._maybe_start(now)
+        if self.stopping and not self.txns:
+            actions.append(Stopped())
+        return actions
+
+    def _maybe_start(self, now: float) -> list[Action]:
+        if not self.ready or self.stopping or self.open_txn is not None or not self.partitions:
+            return []
+        uncommitted = [t for t in self.txns if t.phase in (Phase.COMPLETE, Phase.VERIFYING, Phase.COMMITTING)]
+        if len(uncommitted) > 1:
+            return []
+        if not set(self.partitions) <= self.live_partitions(now):
+            return []  # Step 3 needs every participant: START only when all partitions are held
+        previous = uncommitted[-1] if uncommitted else None
+        start = {tp: self._base(tp) for tp in self.partitions}
+        if previous is not None:
+            start.update(previous.end)
+        # Step 2: the stage table.
+        txn_id = naming.txn_id(self.epoch, self._next_seq)
+        self._next_seq += 1
+        txn = Txn(txn_id, naming.stage_table(self.target, txn_id), start, now, after=previous.id if previous else None)
+        self.txns.append(txn)
+        return [CreateStage(txn.id, txn.stage_table)]
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _abort(self, txn: Txn, reason: str, now: float) -> list[Action]:
+        """Step 4's ABORT, cascading to every txn pipelined after this one."""
+        actions: list[Action] = []
+        doomed = [txn] + [t for t in self.txns if self._follows(t, txn)]
+        for victim in doomed:
+            why = reason if victim is txn else f"cascade: {txn.id} aborted ({reason})"
+            if victim.phase is not Phase.CREATING:
+                actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
+            actions.append(AbortTxn(victim, why))
+            self.txns.remove(victim)
+        return actions
+
+    def _follows(self, later: Txn, earlier: Txn) -> bool:
+        after = later.after
+        while after is not None:
+            if after == earlier.id:
+                return True
+            parent = self.txn(after)
+            after = parent.after if parent else None
+        return False
+
+    def _dead_participants(self, txn: Txn, now: float) -> str:
+        """Partitions still owing a WRITE-STATUS whose participant is silent or was replaced."""
+        live = self.live_partitions(now)
+        gone = [
+            tp for tp in txn.missing
+            if tp not in live or (tp in txn.holders and self.alive[tp].sender != txn.holders[tp])
+        ]
+        return ", ".join(f"{tp.topic}-{tp.partition}" for tp in gone)
+
+    def _is_oldest_uncommitted(self, txn: Txn) -> bool:
+        for t in self.txns:
+            if t is txn:
+                return True
+            if t.phase is not Phase.PUBLISHING:
+                return False
+        return False
+
+    def _base(self, tp: TopicPartition) -> int:
+        return self.head.get(tp, self.initial.get(tp, 0))
+
+    def _step_down(self, reason: str) -> list[Action]:
+        self.stepped_down = True
+        return [StepDown(reason)]
+
+    def _envelope(self, txn: str) -> dict:
+        return {"pipeline": self.pipeline, "epoch": self.epoch, "txn": txn, "sender": self.coordinator}
