@@ -1,0 +1,222 @@
+"""ClickHouse's HTTP interface over the engine: the request handler and the threaded server.
+
+One request is one statement, answered as a ClickHouse server answers it: the result in the
+requested format (compressed when the client allows), ``X-ClickHouse-Query-Id``, ``-Format``,
+``-Timezone``, ``-Server-Display-Name`` and ``-Summary`` headers; or an error body
+``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and ClickHouse's HTTP status.
+``/ping`` and a bare ``GET /`` answer ``Ok.``. A ``GET`` request, or ``readonly=1``, may only read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from embedded.ch_codec import choose_response_encoding, decode_body, encode_body, read_body
+from embedded.ch_engine import Engine, Outcome
+from embedded.ch_errors import NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
+from embedded.ch_request import RequestParams, Statement, authenticate, credentials, split_statement
+from embedded.ch_sessions import SessionState, SessionStore
+from embedded.ch_sql import READ_ONLY_KINDS, set_assignments, use_database
+
+log = logging.getLogger("embedded.clickhouse")
+
+#: Idle keep-alive connections are closed after this long.
+KEEP_ALIVE_S = 600
+_STD_EXCEPTION = 1001
+
+
+class HttpServer(ThreadingHTTPServer):
+    """Threaded HTTP server: one thread per connection, all sharing one Engine."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 256
+
+    def __init__(self, address: tuple[str, int], engine: Engine, user: str | None, password: str | None):
+        super().__init__(address, _Handler)
+        self.engine = engine
+        self.sessions = SessionStore()
+        self.user = user
+        self.password = password
+        self.display_name = socket.gethostname()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+
+    def process_request(self, request, client_address):  # noqa: ANN001 - socketserver's signature
+        with self._conns_lock:
+            self._conns.add(request)
+        # Headers and body go out in separate writes: without NODELAY, Nagle's algorithm and the
+        # client's delayed ACK would hold every small reply back by ~40 ms.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):  # noqa: ANN001
+        with self._conns_lock:
+            self._conns.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Close every open client connection (idle keep-alive ones included)."""
+        with self._conns_lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = KEEP_ALIVE_S
+    server: HttpServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - overrides the stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        params = RequestParams.parse(url.query)
+        query_id = params.transport.get("query_id") or str(uuid.uuid4())
+        try:
+            body = read_body(self.rfile, self.headers.get("Transfer-Encoding"), self.headers.get("Content-Length"))
+        except (EngineError, ValueError, OSError) as ex:
+            self.close_connection = True
+            err = ex if isinstance(ex, EngineError) else EngineError(UNEXPECTED_END_OF_FILE, f"Cannot read the request body: {ex}")
+            self._send_error(err, query_id)
+            return
+        if url.path.rstrip("/") in ("/ping", "/replicas_status") or (method == "GET" and "query" not in params.transport):
+            self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+            return
+        try:
+            authenticate(credentials(params, self.headers), self.server.user, self.server.password)
+            outcome = self._execute(method, params, decode_body(body, self.headers.get("Content-Encoding")))
+        except EngineError as err:
+            self._send_error(err, query_id)
+            return
+        except Exception as ex:
+            log.exception("unexpected failure serving %s", self.path)
+            self._send_error(EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id)
+            return
+        self._send_outcome(outcome, params, query_id)
+
+    def _execute(self, method: str, params: RequestParams, body: bytes) -> Outcome:
+        if params.flag("compress") or params.flag("decompress"):
+            raise EngineError(
+                NOT_IMPLEMENTED,
+                "The embedded endpoint does not speak ClickHouse's native block compression (compress/decompress=1): "
+                "compress with HTTP Content-Encoding instead",
+            )
+        stmt = split_statement(params.transport.get("query"), body)
+        if stmt.insert is None and not stmt.sql.strip():
+            raise EngineError(SYNTAX_ERROR, "Empty query")
+        if (method == "GET" or params.flag("readonly")) and stmt.kind not in READ_ONLY_KINDS:
+            raise EngineError(
+                READONLY,
+                "Cannot execute query in readonly mode. For queries over HTTP, method GET implies readonly. "
+                "You should use method POST for modifying queries",
+            )
+        session_id = params.transport.get("session_id")
+        timeout = float(params.transport["session_timeout"]) if params.transport.get("session_timeout") else None
+        with self.server.sessions.hold(session_id, timeout) as session:
+            outcome = self._run(stmt, params, session)
+        if session_id and params.flag("close_session"):
+            self.server.sessions.close(session_id)
+        return outcome
+
+    def _run(self, stmt: Statement, params: RequestParams, session: SessionState) -> Outcome:
+        engine = self.server.engine
+        settings = {**session.settings, **params.settings}
+        database = (
+            params.transport.get("database") or self.headers.get("X-ClickHouse-Database") or session.database or "default"
+        )
+        if stmt.kind == "SET" and (pairs := set_assignments(stmt.sql)) is not None:
+            engine.check({**settings, **dict(pairs)}, database)
+            session.settings.update(pairs)
+            return Outcome()
+        if stmt.kind == "USE" and (target := use_database(stmt.sql)) is not None:
+            engine.check(settings, target)
+            session.database = target
+            return Outcome()
+        if stmt.insert is not None:
+            return engine.insert(stmt.insert.statement, stmt.insert.input_format, stmt.data, settings=settings, database=database)
+        default_format = params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
+        return engine.query(
+            stmt.sql, settings=settings, database=database, default_format=default_format, params=params.query_params
+        )
+
+    def _send_outcome(self, outcome: Outcome, params: RequestParams, query_id: str) -> None:
+        summary = {
+            "read_rows": outcome.read_rows,
+            "read_bytes": outcome.read_bytes,
+            "written_rows": outcome.written_rows,
+            "written_bytes": outcome.written_bytes,
+            "total_rows_to_read": outcome.read_rows,
+            "result_rows": outcome.written_rows,
+            "result_bytes": len(outcome.body) if outcome.result_format else outcome.written_bytes,
+            "elapsed_ns": int(outcome.elapsed_s * 1e9),
+        }
+        headers = self._common_headers(query_id)
+        headers["X-ClickHouse-Summary"] = json.dumps({k: str(v) for k, v in summary.items()}, separators=(",", ":"))
+        headers["Content-Type"] = _content_type(outcome.result_format)
+        if outcome.result_format:
+            headers["X-ClickHouse-Format"] = outcome.result_format
+        body = outcome.body
+        encoding = choose_response_encoding(self.headers.get("Accept-Encoding"))
+        if body and encoding and params.flag("enable_http_compression", default=True):
+            body = encode_body(body, encoding)
+            headers["Content-Encoding"] = encoding
+        self._send(200, body, headers)
+
+    def _send_error(self, err: EngineError, query_id: str) -> None:
+        if err.code in (0, _STD_EXCEPTION) or err.http_status >= 500:
+            log.info("query %s failed: code %s: %s", query_id, err.code, err.text)
+        headers = self._common_headers(query_id)
+        headers["X-ClickHouse-Exception-Code"] = str(err.code)
+        headers["Content-Type"] = "text/plain; charset=UTF-8"
+        self._send(err.http_status, err.render(self.server.engine.version).encode(), headers)
+
+    def _common_headers(self, query_id: str) -> dict[str, str]:
+        return {
+            "X-ClickHouse-Query-Id": query_id,
+            "X-ClickHouse-Server-Display-Name": self.server.display_name,
+            "X-ClickHouse-Timezone": self.server.engine.timezone,
+            "Keep-Alive": f"timeout={KEEP_ALIVE_S}",
+        }
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True
+
+
+def _content_type(fmt: str | None) -> str:
+    if fmt is None:
+        return "text/plain; charset=UTF-8"
+    if fmt.startswith(("TabSeparated", "TSV")):
+        return "text/tab-separated-values; charset=UTF-8"
+    if fmt.startswith("CSV"):
+        return "text/csv; charset=UTF-8; header=absent"
+    if fmt.startswith("JSON"):
+        return "application/json; charset=UTF-8"
+    if fmt.startswith(("Pretty", "Vertical", "Markdown", "Values", "XML")):
+        return "text/plain; charset=UTF-8"
+    return "application/octet-stream"

@@ -1,0 +1,69 @@
+"""The embedded ClickHouse endpoint as a child process: ``python -m embedded.clickhouse_server``.
+
+Guarantees: :meth:`EmbeddedClickHouse.start` returns only once ``/ping`` answers ``Ok.``; data lives
+under ``data_dir`` in ClickHouse's own format and survives a restart on the same directory; an
+attached endpoint (the default) dies with the process that started it (see :mod:`embedded.procs`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from embedded.service import LoopbackService, NotReady
+
+
+class EmbeddedClickHouse(LoopbackService):
+    """ClickHouse's engine (chDB) behind ClickHouse's HTTP interface on ``host:port``."""
+
+    name = "clickhouse"
+    title = "the embedded ClickHouse endpoint (chDB)"
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        log_path: Path | None = None,
+        detached: bool = False,
+        ready_timeout_s: float = 90.0,
+    ) -> None:
+        super().__init__(port, host, log_path=log_path, detached=detached, ready_timeout_s=ready_timeout_s)
+        self.data_dir = Path(data_dir).resolve()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``, for clickhouse-connect and ``CHTXN_CLICKHOUSE_URL``."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> EmbeddedClickHouse:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        super().start()
+        return self
+
+    def __enter__(self) -> EmbeddedClickHouse:
+        return self.start()
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, "-m", "embedded.clickhouse_server",
+                "--data-dir", str(self.data_dir), "--port", str(self.port), "--host", self.host]
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def _cwd(self) -> str:
+        """The directory holding the ``embedded`` package, so ``-m`` resolves from any directory."""
+        return str(Path(__file__).resolve().parent.parent)
+
+    def _probe(self) -> None:
+        try:
+            with urllib.request.urlopen(f"{self.url}/ping", timeout=2.0) as response:
+                body = response.read()
+        except (OSError, urllib.error.URLError) as exc:
+            raise NotReady(f"/ping: {exc}") from exc
+        if body.strip() != b"Ok.":
+            raise NotReady(f"/ping answered {body[:80]!r}")

@@ -1,0 +1,144 @@
+"""The embedded ClickHouse endpoint: ClickHouse's engine (chDB) behind ClickHouse's HTTP interface.
+
+Any process reaches it with ``clickhouse_connect.get_client(host=..., port=...)`` exactly as it
+would reach a server: queries and settings in URL parameters or the body, INSERT rows in the body
+in any input format (lz4/zstd/gzip/deflate/br encoded), output in any format, ``X-ClickHouse-*``
+headers, errors as ``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and
+ClickHouse's HTTP status, ``/ping``, sessions, optional user and password.
+
+Guarantees: statements run one at a time (see ``ch_engine``), so concurrent requests from any
+number of processes and threads are serialised and none is lost; data lives under ``data_dir`` in
+ClickHouse's own format and survives a restart on the same directory.
+
+Run it as ``python -m embedded.clickhouse_server --data-dir D --port P``: it prints
+``listening on http://HOST:PORT`` once ready and serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
+
+from embedded.ch_engine import Engine
+from embedded.ch_errors import EngineError
+from embedded.ch_http import HttpServer
+
+
+class ClickHouseEndpoint:
+    """An embedded ClickHouse HTTP endpoint serving ``data_dir`` on ``host:port`` (0 picks a free
+    port). With ``password`` (and optionally ``user``, default ``default``) set, every query must
+    authenticate; ``/ping`` never needs to. One endpoint per process."""
+
+    def __init__(
+        self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0, user: str | None = None, password: str | None = None
+    ):
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self._port = port
+        self._user = user
+        self._password = password
+        self._server: HttpServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ClickHouseEndpoint:
+        """Open the engine and serve in a background thread; returns once the port is bound."""
+        if self._server is not None:
+            raise RuntimeError("this ClickHouseEndpoint is already started")
+        engine = Engine(self.data_dir)
+        try:
+            self._server = HttpServer((self.host, self._port), engine, self._user, self._password)
+        except OSError:
+            engine.close()
+            raise
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="clickhouse-endpoint")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, drop open connections, and close the engine (waits for the running statement)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        server.drop_connections()
+        if self._thread is not None:
+            self._thread.join()
+        server.engine.close()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the endpoint is not started: call start() first")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> ClickHouseEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_ready(url: str, timeout_s: float = 30.0) -> None:
+    """Return once ``url``/ping answers ``Ok.``; raise TimeoutError after ``timeout_s``."""
+
+    def ping() -> bool:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/ping", timeout=2) as resp:
+            return resp.read() == b"Ok.\n"
+
+    retrying = Retrying(
+        stop=stop_after_delay(timeout_s),
+        wait=wait_fixed(0.05),
+        retry=retry_if_exception_type((OSError, urllib.error.URLError)) | retry_if_result(lambda ok: not ok),
+        reraise=True,
+    )
+    try:
+        retrying(ping)
+    except Exception as ex:
+        raise TimeoutError(
+            f"the ClickHouse endpoint at {url} did not answer /ping within {timeout_s:.0f}s ({ex!r}): "
+            "check that it was started and look at its stderr"
+        ) from ex
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m embedded.clickhouse_server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", required=True, help="directory holding the ClickHouse data (created if missing)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8123, help="port to listen on; 0 picks a free one (default 8123)")
+    parser.add_argument("--user", default=None, help="user name clients must give (default 'default' when --password is set)")
+    parser.add_argument("--password", default=None, help="password clients must give (default: no authentication)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        endpoint = ClickHouseEndpoint(args.data_dir, args.host, args.port, args.user, args.password).start()
+    except OSError as ex:
+        print(f"cannot listen on {args.host}:{args.port}: {ex}; choose another --port", file=sys.stderr)
+        return 2
+    except EngineError as ex:
+        print(ex.text, file=sys.stderr)
+        return 2
+    print(f"listening on {endpoint.url}", flush=True)
+    stopping.wait()
+    endpoint.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

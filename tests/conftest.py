@@ -1,0 +1,128 @@
+"""Fixtures shared by every test tier.
+
+The services integration tests talk to are real: a Kafka-protocol broker and a ClickHouse server.
+By default they are the embedded stack (Tansu and chDB on loopback), one per test session, each
+started the first time a test asks for it, so pure tests start nothing. Real services take over
+when named in the environment:
+
+    CHTXN_TEST_KAFKA=broker:9092                        bootstrap servers
+    CHTXN_TEST_CLICKHOUSE_URL=http://user:pw@host:8123  ClickHouse HTTP(S) URL
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.helpers import unique_name
+
+
+class TestStack:
+    """The Kafka bootstrap servers and ClickHouse URL of this test session.
+
+    Each embedded server starts on first use of its address; real services named by
+    ``CHTXN_TEST_KAFKA`` / ``CHTXN_TEST_CLICKHOUSE_URL`` are used as they are.
+    """
+
+    __test__ = False  # not a test class, despite its name
+
+    def __init__(self, data_dir: Path) -> None:
+        self.external_kafka = os.environ.get("CHTXN_TEST_KAFKA") or None
+        self.external_clickhouse = (os.environ.get("CHTXN_TEST_CLICKHOUSE_URL") or "").rstrip("/") or None
+        self._data_dir = data_dir
+        self._embedded = None
+        self._lock = threading.Lock()
+
+    def _stack(self):  # noqa: ANN202 - EmbeddedStack, imported lazily
+        if self._embedded is None:
+            from embedded.stack import EmbeddedStack
+
+            self._embedded = EmbeddedStack(self._data_dir)
+        return self._embedded
+
+    @property
+    def embedded(self):  # noqa: ANN201 - EmbeddedStack
+        """The embedded stack behind this session (its servers may not be started)."""
+        with self._lock:
+            return self._stack()
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        if self.external_kafka:
+            return self.external_kafka
+        with self._lock:
+            return self._stack().start_kafka().bootstrap
+
+    @property
+    def clickhouse_url(self) -> str:
+        """``http(s)://[user:password@]host:port``, without a trailing slash."""
+        if self.external_clickhouse:
+            return self.external_clickhouse
+        with self._lock:
+            return self._stack().start_clickhouse().url
+
+    @property
+    def clickhouse_host(self) -> str:
+        return urlsplit(self.clickhouse_url).hostname or "localhost"
+
+    @property
+    def clickhouse_port(self) -> int:
+        url = urlsplit(self.clickhouse_url)
+        return url.port or (8443 if url.scheme == "https" else 8123)
+
+    def clickhouse_client(self, database: str | None = None, **kwargs: object):  # noqa: ANN201
+        """A clickhouse-connect client for this session's ClickHouse (credentials from the URL)."""
+        import clickhouse_connect
+
+        url = self.clickhouse_url
+        return clickhouse_connect.get_client(
+            dsn=url, secure=url.startswith("https://"), database=database, **kwargs
+        )
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._embedded is not None:
+                self._embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestStack]:
+    """The session's Kafka and ClickHouse: ``.kafka_bootstrap``, ``.clickhouse_url``,
+    ``.clickhouse_host``, ``.clickhouse_port``, ``.clickhouse_client(database)``."""
+    test_stack = TestStack(tmp_path_factory.mktemp("embedded"))
+    yield test_stack
+    test_stack.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(stack: TestStack):  # noqa: ANN201 - confluent_kafka.admin.AdminClient
+    """An AdminClient on the session's broker."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+
+
+@pytest.fixture(scope="module")
+def ch_database(stack: TestStack, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh ClickHouse database for the test module, dropped after its last test."""
+    module = re.sub(r"[^A-Za-z0-9_]", "_", request.module.__name__.rsplit(".", 1)[-1])
+    name = unique_name(f"t_{module}"[:40])
+    admin = stack.clickhouse_client()
+    admin.command(f"CREATE DATABASE `{name}`")
+    yield name
+    admin.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
+    admin.close()
+
+
+@pytest.fixture(scope="module")
+def ch_client(stack: TestStack, ch_database: str):  # noqa: ANN201 - clickhouse_connect Client
+    """A clickhouse-connect client whose default database is the module's fresh database."""
+    client = stack.clickhouse_client(ch_database)
+    yield client
+    client.close()
