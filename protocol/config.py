@@ -124,7 +124,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
             raw = environ[var]
             if field.name == "topics":
                 value: object = [t.strip() for t in raw.split(",") if t.strip()]
-            elif isinstance(field.default, dict):
+            elif isinstance(field.default, dict) or field.default_factory is dict:
                 raise ConfigError(
                     f"{var}: {section}.{field.name} is a table and cannot be set from the environment; "
                     "set it in the TOML file",

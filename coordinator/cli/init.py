@@ -1,0 +1,169 @@
+"""``chtxn init``: create what a pipeline needs, idempotently, and check what it cannot create.
+
+Creates, when missing: the control topic (exactly 1 partition), the dead-letter topic (as many
+partitions as the largest source topic) and the ledger table. Checks, without touching them:
+the source topics, the ClickHouse database and the target table. Running it again changes
+nothing. Exit code 0 when everything is in place, 1 when something needs the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Literal
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from clients import kafka as kafka_clients
+from clients.clickhouse import make_client, retrying
+from coordinator.ledger_store import LedgerStore
+from protocol import ledger
+from protocol.config import PipelineConfig, load_config
+from protocol.errors import ClickHouseError, SetupError
+
+_UNKNOWN_DATABASE = 81
+
+
+class Item(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing ``init`` looked at, and what it found or did."""
+
+    kind: Literal["kafka topic", "clickhouse database", "clickhouse table"]
+    name: str
+    status: Literal["created", "found", "missing", "wrong", "unreachable"]
+    detail: str = ""
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    pipeline: str
+    ok: bool
+    items: tuple[Item, ...]
+    problems: tuple[str, ...]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "init",
+        help="create the control and dead-letter topics and the ledger table (idempotent)",
+        description="Create what the pipeline needs if missing: the control topic (1 partition), the "
+        "dead-letter topic and the ledger table; check that the source topics, the ClickHouse "
+        "database and the target table exist. Safe to run again: it reports what it created "
+        "and what it found.",
+        epilog="Example: chtxn init --config pipeline.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    parser.add_argument("--timeout", type=float, default=kafka_clients.DEFAULT_TIMEOUT_S,
+                        help="seconds to wait for the Kafka broker (default %(default)g)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, os.environ)
+    items: list[Item] = []
+    problems: list[str] = []
+    _kafka(cfg, args.timeout, items, problems)
+    _clickhouse(cfg, items, problems)
+    report = Report(pipeline=cfg.name, ok=not problems, items=tuple(items), problems=tuple(problems))
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(report)).decode())
+    else:
+        _print(Console(), report)
+    return 0 if report.ok else 1
+
+
+def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: list[str]) -> None:
+    bootstrap = cfg.kafka.bootstrap_servers
+    admin = kafka_clients.admin(cfg)
+    try:
+        topics = kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics
+    except kafka_clients.BrokerUnreachable as exc:
+        items.append(Item(kind="kafka topic", name=bootstrap, status="unreachable", detail=str(exc)))
+        problems.append(str(exc))
+        return
+
+    widest = 1
+    for topic in cfg.pipeline.topics:
+        found = topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            message = (f"source topic {topic} does not exist on {bootstrap}: create it (e.g. kafka-topics.sh "
+                       f"--create --topic {topic} --partitions N) or fix pipeline.topics")
+            items.append(Item(kind="kafka topic", name=topic, status="missing", detail="source topic"))
+            problems.append(message)
+            continue
+        widest = max(widest, len(found.partitions))
+        items.append(Item(kind="kafka topic", name=topic, status="found",
+                          detail=f"source topic, {len(found.partitions)} partitions"))
+
+    wanted = {cfg.control_topic: 1, cfg.dead_letter_topic: widest}
+    try:
+        created = kafka_clients.create_topics(admin, wanted, timeout_s, bootstrap)
+    except SetupError as exc:
+        problems.append(str(exc))
+        return
+    try:
+        kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
+        control = Item(kind="kafka topic", name=cfg.control_topic,
+                       status="created" if created[cfg.control_topic] else "found", detail="control topic, 1 partition")
+    except SetupError as exc:
+        control = Item(kind="kafka topic", name=cfg.control_topic, status="wrong", detail="control topic")
+        problems.append(str(exc))
+    items.append(control)
+    dlq_partitions = len(kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics[cfg.dead_letter_topic].partitions)
+    items.append(Item(kind="kafka topic", name=cfg.dead_letter_topic,
+                      status="created" if created[cfg.dead_letter_topic] else "found",
+                      detail=f"dead-letter topic, {dlq_partitions} partitions"))
+
+
+def _clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> None:
+    ch = cfg.clickhouse
+    try:
+        client = make_client(ch)
+    except ClickHouseError as exc:
+        if exc.code == _UNKNOWN_DATABASE:
+            items.append(Item(kind="clickhouse database", name=ch.database, status="missing"))
+            problems.append(f"ClickHouse database {ch.database} does not exist at {ch.url}: create it "
+                            f"(CREATE DATABASE {ch.database}) and the target table {ch.target_table} in it")
+        else:
+            items.append(Item(kind="clickhouse database", name=ch.url, status="unreachable", detail=str(exc)))
+            problems.append(str(exc))
+        return
+    items.append(Item(kind="clickhouse database", name=ch.database, status="found"))
+    try:
+        exists = retrying(3, "check the target table")(client.command, f"EXISTS TABLE `{ch.database}`.`{ch.target_table}`")
+        target_exists = int(exists) == 1
+        if target_exists:
+            items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ch.target_table}", status="found",
+                              detail="target table"))
+        else:
+            items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ch.target_table}", status="missing",
+                              detail="target table"))
+            problems.append(
+                f"target table {ch.database}.{ch.target_table} does not exist: create it (CREATE TABLE "
+                f"{ch.database}.{ch.target_table} (...) ENGINE = MergeTree ORDER BY ...) or fix "
+                "clickhouse.target_table; chtxn stages into clones of it"
+            )
+        created = LedgerStore(client, ch.database, cfg.name, retries=3).ensure_tables()
+        items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ledger.TABLE}",
+                          status="created" if created else "found", detail="ledger"))
+    except ClickHouseError as exc:
+        problems.append(str(exc))
+    finally:
+        client.close()
+
+
+def _print(console: Console, report: Report) -> None:
+    table = Table(title=f"chtxn init: pipeline {report.pipeline}")
+    for column in ("what", "name", "result", "detail"):
+        table.add_column(column)
+    colours = {"created": "green", "found": "cyan"}
+    for item in report.items:
+        detail = item.detail if item.status not in ("unreachable",) else ""
+        table.add_row(item.kind, item.name, f"[{colours.get(item.status, 'red')}]{item.status}[/]", detail)
+    console.print(table)
+    for problem in report.problems:
+        console.print(f"[red]problem:[/] {problem}", soft_wrap=True)
+    if report.ok:
+        console.print("[green]ready[/]: start the coordinator with chtxn coordinator --config <file>")

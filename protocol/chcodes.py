@@ -1,0 +1,113 @@
+"""ClickHouse error codes, sorted into what a caller should do about them.
+
+Codes and names are ClickHouse's own (``src/Common/ErrorCodes.cpp``; in SQL,
+``errorCodeToName(code)``). Three classes:
+
+- ``RETRY``: the server or the path to it is busy, short of resources or briefly unavailable.
+  Repeating the same request (with the same deduplication token) is safe and may succeed.
+- ``DATA``: the records sent cannot be parsed or converted into the table's columns. Repeating
+  will fail the same way; the participant splits the chunk and sends the bad records to the
+  dead-letter topic.
+- ``PERMANENT``: everything else (missing table, syntax, permissions, ...). Repeating will not
+  help; the operation fails and says why.
+
+Decisions are made from codes only, never from message text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorClass(enum.Enum):
+    RETRY = "retry"
+    DATA = "data"
+    PERMANENT = "permanent"
+
+
+#: Transient failures: repeating the identical request may succeed.
+RETRYABLE: dict[int, str] = {
+    3: "UNEXPECTED_END_OF_FILE",  # request body cut short in transit
+    159: "TIMEOUT_EXCEEDED",
+    202: "TOO_MANY_SIMULTANEOUS_QUERIES",
+    203: "NO_FREE_CONNECTION",
+    209: "SOCKET_TIMEOUT",
+    210: "NETWORK_ERROR",
+    225: "NO_ZOOKEEPER",
+    236: "ABORTED",
+    241: "MEMORY_LIMIT_EXCEEDED",
+    242: "TABLE_IS_READ_ONLY",
+    244: "UNEXPECTED_ZOOKEEPER_ERROR",
+    252: "TOO_MANY_PARTS",
+    254: "NO_ACTIVE_REPLICAS",
+    279: "ALL_CONNECTION_TRIES_FAILED",
+    285: "TOO_FEW_LIVE_REPLICAS",
+    286: "UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE",
+    289: "REPLICA_IS_NOT_IN_QUORUM",
+    319: "UNKNOWN_STATUS_OF_INSERT",  # the insert may or may not have landed: retry with the same token
+    364: "RECEIVED_ERROR_TOO_MANY_REQUESTS",
+    373: "SESSION_IS_LOCKED",
+    384: "PART_IS_TEMPORARILY_LOCKED",
+    415: "ALL_REPLICAS_LOST",
+    416: "REPLICA_STATUS_CHANGED",
+    425: "SYSTEM_ERROR",
+    439: "CANNOT_SCHEDULE_TASK",
+    473: "DEADLOCK_AVOIDED",
+    517: "CANNOT_ASSIGN_ALTER",
+    738: "PART_IS_LOCKED",
+    749: "TCP_CONNECTION_LIMIT_REACHED",
+    762: "HTTP_CONNECTION_LIMIT_REACHED",
+    777: "MEMORY_RESERVATION_KILLED",
+    778: "MEMORY_RESERVATION_FAILED",
+    999: "KEEPER_EXCEPTION",
+    1017: "ASYNC_INSERT_FLUSH_TIMEOUT",
+    1019: "QUERY_SLOT_ACQUISITION_TIMEOUT",
+    1020: "MEMORY_RESERVATION_ACQUISITION_TIMEOUT",
+}
+
+#: The records themselves are bad: the same bytes always fail the same way.
+DATA: dict[int, str] = {
+    6: "CANNOT_PARSE_TEXT",
+    25: "CANNOT_PARSE_ESCAPE_SEQUENCE",
+    26: "CANNOT_PARSE_QUOTED_STRING",
+    27: "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+    32: "ATTEMPT_TO_READ_AFTER_EOF",  # a record cut short inside the chunk
+    33: "CANNOT_READ_ALL_DATA",  # a record cut short inside the chunk
+    38: "CANNOT_PARSE_DATE",
+    41: "CANNOT_PARSE_DATETIME",
+    53: "TYPE_MISMATCH",
+    69: "ARGUMENT_OUT_OF_BOUND",
+    70: "CANNOT_CONVERT_TYPE",
+    72: "CANNOT_PARSE_NUMBER",
+    117: "INCORRECT_DATA",
+    128: "TOO_LARGE_ARRAY_SIZE",
+    130: "CANNOT_READ_ARRAY_FROM_TEXT",
+    131: "TOO_LARGE_STRING_SIZE",
+    190: "SIZES_OF_ARRAYS_DONT_MATCH",
+    346: "CANNOT_CONVERT_CHARSET",
+    349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+    376: "CANNOT_PARSE_UUID",
+    407: "DECIMAL_OVERFLOW",
+    441: "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+    467: "CANNOT_PARSE_BOOL",
+    469: "VIOLATED_CONSTRAINT",
+    563: "CANNOT_READ_MAP_FROM_TEXT",
+    632: "UNEXPECTED_DATA_AFTER_PARSED_VALUE",
+    675: "CANNOT_PARSE_IPV4",
+    676: "CANNOT_PARSE_IPV6",
+    691: "UNKNOWN_ELEMENT_OF_ENUM",
+}
+
+
+def classify(code: int | None) -> ErrorClass:
+    """What to do about ClickHouse error ``code``; an unknown or missing code is ``PERMANENT``."""
+    if code in RETRYABLE:
+        return ErrorClass.RETRY
+    if code in DATA:
+        return ErrorClass.DATA
+    return ErrorClass.PERMANENT
+
+
+def name_of(code: int) -> str:
+    """The symbolic name of ``code`` when this table knows it, else ``"code <n>"``."""
+    return RETRYABLE.get(code) or DATA.get(code) or f"code {code}"

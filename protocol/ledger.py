@@ -1,0 +1,264 @@
+"""The ledger: chtxn's commit log, one ClickHouse row per transaction event.
+
+Table ``<database>.chtxn_ledger`` (DESIGN.md section 5), shared by every pipeline in the
+database. Events:
+
+- ``EPOCH``: a coordinator claimed leadership generation ``epoch`` (token ``naming.epoch_token``);
+- ``STARTED``: START-COMMIT went out for ``txn`` with these start offsets;
+- ``COMMITTED``: the commit point; ``commit_seq`` = previous + 1, inserted with token
+  ``naming.commit_token`` so that of two leaders racing for one slot exactly one row survives;
+- ``PUBLISHED``: the stage table was moved (or copied) into the target and dropped;
+- ``ABORTED``: the txn was dropped, with ``reason``;
+- ``GAP``: offsets between two commits were gone (retention) and skipped, per ``on_gap = skip``.
+
+**Resolution rule for readers.** Deduplication makes a commit slot hold one row. Past the
+deduplication window a slot could hold two: the one with the highest ``epoch`` wins, then the
+earliest ``event_time``, then the smallest ``claim_id``. Every query here applies it, so the
+chain of commits is always one line.
+
+Offsets are Kafka's "next offset to read"; times are unix seconds (0.0 when unknown).
+This module is pure: the SQL is text, run by ``coordinator.ledger_store``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import msgspec
+
+from protocol.messages import TopicPartition
+
+TABLE = "chtxn_ledger"
+
+#: Inserted blocks ClickHouse remembers for deduplication. A few ledger inserts happen per txn,
+#: so this covers tens of thousands of txns (hours at one txn per second): a stale leader's
+#: late claim on a slot within that span is dropped by ClickHouse itself. Beyond it, readers
+#: fall back on the resolution rule above.
+DEDUP_WINDOW = 100_000
+
+
+class LedgerEvent(str, enum.Enum):
+    STARTED = "STARTED"
+    COMMITTED = "COMMITTED"
+    PUBLISHED = "PUBLISHED"
+    ABORTED = "ABORTED"
+    EPOCH = "EPOCH"
+    GAP = "GAP"
+
+
+#: A txn's state is the first of these it has an event for.
+STATE_PRECEDENCE: tuple[str, ...] = ("PUBLISHED", "COMMITTED", "ABORTED", "STARTED")
+
+
+class PartitionRange(msgspec.Struct, frozen=True, kw_only=True):
+    """Offsets ``[start, end)`` of one partition in a txn, and the rows staged from them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    rows: int = 0
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+
+class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One ledger row. ``event_time`` is set by the server on insert and ignored when writing."""
+
+    pipeline: str
+    txn: str
+    event: LedgerEvent
+    epoch: int
+    commit_seq: int = 0  # 0 except on COMMITTED rows
+    coordinator: str = ""
+    claim_id: str = ""  # random id of the insert claiming a COMMITTED or EPOCH slot
+    target: str = ""
+    stage_table: str = ""
+    ranges: tuple[PartitionRange, ...] = ()
+    total_rows: int = 0
+    total_bytes: int = 0
+    dead_letters: int = 0
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    committed_at: float = 0.0
+    published_at: float = 0.0
+    reason: str = ""
+    event_time: float = 0.0
+
+
+#: Columns written on insert and their ClickHouse types, in the order of ``to_insert_values``.
+INSERT_SCHEMA: tuple[tuple[str, str], ...] = (
+    ("pipeline", "LowCardinality(String)"),
+    ("txn", "String"),
+    ("event", "LowCardinality(String)"),
+    ("epoch", "UInt64"),
+    ("commit_seq", "UInt64"),
+    ("coordinator", "String"),
+    ("claim_id", "String"),
+    ("target", "String"),
+    ("stage_table", "String"),
+    ("topics", "Array(LowCardinality(String))"),
+    ("partitions", "Array(Int32)"),
+    ("start_offsets", "Array(Int64)"),
+    ("end_offsets", "Array(Int64)"),
+    ("rows", "Array(UInt64)"),
+    ("total_rows", "UInt64"),
+    ("total_bytes", "UInt64"),
+    ("dead_letters", "UInt64"),
+    ("started_at", "DateTime64(3, 'UTC')"),
+    ("ended_at", "DateTime64(3, 'UTC')"),
+    ("committed_at", "DateTime64(3, 'UTC')"),
+    ("published_at", "DateTime64(3, 'UTC')"),
+    ("reason", "String"),
+)
+INSERT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in INSERT_SCHEMA)
+INSERT_TYPES: tuple[str, ...] = tuple(kind for _, kind in INSERT_SCHEMA)
+
+_TIMES = ("started_at", "ended_at", "committed_at", "published_at", "event_time")
+
+
+def qualified(database: str) -> str:
+    return f"`{database}`.`{TABLE}`"
+
+
+def create_table_sql(database: str, *, replicated: bool = False) -> str:
+    """The ledger DDL (idempotent). No partition key: deduplication tokens are per partition."""
+    if replicated:
+        engine = "ReplicatedMergeTree"
+        window = f"replicated_deduplication_window = {DEDUP_WINDOW}, replicated_deduplication_window_seconds = 604800"
+    else:
+        engine = "MergeTree"
+        window = f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"
+        f"    {'event_time':<14}DateTime64(3, 'UTC') DEFAULT now64(3)\n)\n"
+        f"ENGINE = {engine}\nORDER BY (pipeline, event, commit_seq, txn)\nSETTINGS {window}"
+    )
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def to_insert_values(row: LedgerRow) -> list[object]:
+    """``row`` as one insert row matching ``INSERT_COLUMNS``."""
+    r = row.ranges
+    return [
+        row.pipeline, row.txn, row.event.value, row.epoch, row.commit_seq, row.coordinator,
+        row.claim_id, row.target, row.stage_table,
+        [p.topic for p in r], [p.partition for p in r], [p.start for p in r], [p.end for p in r],
+        [p.rows for p in r],
+        row.total_rows, row.total_bytes, row.dead_letters,
+        _dt(row.started_at), _dt(row.ended_at), _dt(row.committed_at), _dt(row.published_at),
+        row.reason,
+    ]
+
+
+#: Select list matching ``from_result_row``: times come back as unix milliseconds.
+SELECT_COLUMNS = ", ".join(
+    f"toUnixTimestamp64Milli({c}) AS {c}_ms" if c in _TIMES else c
+    for c in (*INSERT_COLUMNS, "event_time")
+)
+
+
+def from_result_row(values: Sequence[object]) -> LedgerRow:
+    """The ``LedgerRow`` of one result row of ``SELECT {SELECT_COLUMNS}``."""
+    v = dict(zip((*INSERT_COLUMNS, "event_time"), values))
+    ranges = tuple(
+        PartitionRange(topic=t, partition=int(p), start=int(s), end=int(e), rows=int(n))
+        for t, p, s, e, n in zip(v["topics"], v["partitions"], v["start_offsets"], v["end_offsets"], v["rows"])
+    )
+    return LedgerRow(
+        pipeline=v["pipeline"], txn=v["txn"], event=LedgerEvent(v["event"]), epoch=int(v["epoch"]),
+        commit_seq=int(v["commit_seq"]), coordinator=v["coordinator"], claim_id=v["claim_id"],
+        target=v["target"], stage_table=v["stage_table"], ranges=ranges,
+        total_rows=int(v["total_rows"]), total_bytes=int(v["total_bytes"]), dead_letters=int(v["dead_letters"]),
+        reason=v["reason"], **{c: int(v[c]) / 1000 for c in _TIMES},
+    )
+
+
+def state_sql(events: str = "groupArray(event)") -> str:
+    """SQL of a txn's state from the array of its events (``STATE_PRECEDENCE``)."""
+    arms = ", ".join(f"has({events}, '{s}'), '{s}'" for s in STATE_PRECEDENCE[:-1])
+    return f"multiIf({arms}, '{STATE_PRECEDENCE[-1]}')"
+
+
+def state_of(events: Sequence[str]) -> str:
+    """The Python twin of ``state_sql``."""
+    return next((s for s in STATE_PRECEDENCE if s in events), STATE_PRECEDENCE[-1])
+
+
+def resolved_commits_sql(database: str) -> str:
+    """Every COMMITTED row of ``{pipeline:String}``, one per slot by the resolution rule, in slot order."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' "
+        "ORDER BY commit_seq ASC, epoch DESC, event_time ASC, claim_id ASC LIMIT 1 BY commit_seq"
+    )
+
+
+def slot_winner_sql(database: str, event: LedgerEvent) -> str:
+    """The surviving row of one COMMITTED slot (``{slot:UInt64}`` = commit_seq) or EPOCH (= epoch)."""
+    key = "commit_seq" if event is LedgerEvent.COMMITTED else "epoch"
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' AND {key} = {{slot:UInt64}} "
+        "ORDER BY epoch DESC, event_time ASC, claim_id ASC LIMIT 1"
+    )
+
+
+def max_epoch_sql(database: str) -> str:
+    return f"SELECT max(epoch) FROM {qualified(database)} WHERE pipeline = {{pipeline:String}}"
+
+
+def head_sql(database: str) -> str:
+    """Per partition, the end offset of its latest commit; every commit shows in some group.
+
+    One statement reads the table once, so the last slot and the offsets come from one snapshot.
+    Commits without partitions land in the group ``('', 0)``; callers take ``max(seq)`` over all
+    groups and ignore that one.
+    """
+    return (
+        "SELECT topic, partition, argMax(end_offset, commit_seq) AS end_offset, max(commit_seq) AS seq "
+        f"FROM ({resolved_commits_sql(database)}) "
+        "LEFT ARRAY JOIN topics AS topic, partitions AS partition, end_offsets AS end_offset "
+        "GROUP BY topic, partition"
+    )
+
+
+def committed_unpublished_sql(database: str) -> str:
+    return (
+        f"SELECT * FROM ({resolved_commits_sql(database)}) WHERE txn NOT IN "
+        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} AND event = 'PUBLISHED') "
+        "ORDER BY commit_seq"
+    )
+
+
+def history_txns_sql(database: str) -> str:
+    """The latest ``{limit:UInt32}`` txns, newest first, in state ``{state:String}`` ('' for any)."""
+    return (
+        f"SELECT txn, {state_sql()} AS state FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND txn != '' "
+        "GROUP BY txn HAVING {state:String} = '' OR state = {state:String} "
+        "ORDER BY min(event_time) DESC, txn DESC LIMIT {limit:UInt32}"
+    )
+
+
+def txn_rows_sql(database: str) -> str:
+    """Every row of the txns in ``{txns:Array(String)}``, oldest first."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND txn IN {txns:Array(String)} ORDER BY event_time, event"
+    )
+
+
+def gap_rows_sql(database: str) -> str:
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND event = 'GAP' ORDER BY event_time"
+    )

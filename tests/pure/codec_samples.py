@@ -1,0 +1,44 @@
+"""One fixed sample of every control-message kind, shared by the golden-bytes tests.
+
+``golden/<kind>.v1.hex`` holds the bytes chtxn wrote for these samples when the fixture was
+made. Never edit or delete a fixture: when a field is appended, add a new fixture beside it.
+"""
+
+from __future__ import annotations
+
+from protocol.messages import (
+    Abort,
+    AckCommit,
+    ControlMessage,
+    EndCommit,
+    Heartbeat,
+    LeaderHeartbeat,
+    PartitionOffset,
+    PartitionPosition,
+    StartCommit,
+    WriteStatus,
+)
+
+_BASE = {"pipeline": "orders", "epoch": 3}
+
+SAMPLES: dict[str, ControlMessage] = {
+    "start-commit": StartCommit(
+        **_BASE, txn="e3_t17", sender="coord-a", stage_table="events__chtxn_e3_t17",
+        offsets=(PartitionOffset(topic="src", partition=0, offset=100), PartitionOffset(topic="src", partition=1, offset=7)),
+    ),
+    "end-commit": EndCommit(**_BASE, txn="e3_t17", sender="coord-a"),
+    "write-status": WriteStatus(
+        **_BASE, txn="e3_t17", sender="part-src-0", topic="src", partition=0, start_offset=100,
+        end_offset=250, rows=148, chunks=2, dead_letters=2, bytes=9000, errors=("row 3: CANNOT_PARSE_TEXT",),
+    ),
+    "ack-commit": AckCommit(
+        **_BASE, txn="e3_t17", sender="coord-a", commit_seq=41,
+        offsets=(PartitionOffset(topic="src", partition=0, offset=250),),
+    ),
+    "abort": Abort(**_BASE, txn="e3_t17", sender="coord-a", reason="write-status timeout"),
+    "heartbeat": Heartbeat(
+        **_BASE, txn="e3_t17", sender="part-src-0",
+        partitions=(PartitionPosition(topic="src", partition=0, position=180, log_end=300, buffered_rows=80),),
+    ),
+    "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a"),
+}
