@@ -172,10 +172,20 @@ class Publish:
 
 @dataclass(frozen=True)
 class AbortTxn:
-    """Drop the stage table and append ABORTED (the ABORT broadcast is a separate action)."""
+    """Drop the stage table and append ABORTED (the ABORT broadcast is a separate action).
+
+    ``kind`` is one of ``ABORT_KINDS``, for metrics; ``reason`` is for people.
+    """
 
     txn: Txn
     reason: str
+    kind: str
+
+
+ABORT_KINDS = (
+    "stage-create-failed", "write-status-timeout", "participant-dead", "participant-error",
+    "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown",
+)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import naming
+from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
     AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event,
     Offsets, PartitionsChanged, Phase, Publish, PublishResult, Ready, Received, RecordStarted,
@@ -36,7 +37,6 @@ from protocol.messages import (
     Abort, AckCommit, EndCommit, Heartbeat, PartitionOffset, StartCommit, TopicPartition, WriteStatus,
 )
 
-_COORDINATOR_KINDS = ("start-commit", "end-commit", "ack-commit", "abort", "leader-heartbeat")
 _OPEN = (Phase.CREATING, Phase.COLLECTING, Phase.ENDING)
 
 
@@ -112,7 +112,8 @@ class CoordinatorState:
 
     def _on_PartitionsChanged(self, event: PartitionsChanged, now: float) -> list[Action]:
         self.partitions = tuple(sorted(event.partitions))
-        self.initial.update({tp: o for tp, o in event.initial.items() if tp not in self.head})
+        # A partition's initial offset is fixed once known: a START may already have gone out from it.
+        self.initial.update({tp: o for tp, o in event.initial.items() if tp not in self.head and tp not in self.initial})
         return []
 
     def _on_Tick(self, event: Tick, now: float) -> list[Action]:
@@ -122,7 +123,7 @@ class CoordinatorState:
         self.stopping = True
         actions: list[Action] = []
         for txn in [t for t in self.txns if t.phase in _OPEN or t.phase is Phase.COMPLETE]:
-            actions += self._abort(txn, "coordinator shutting down", now)
+            actions += self._abort(txn, "coordinator shutting down", now, "shutdown")
         return actions
 
     def _on_Received(self, event: Received, now: float) -> list[Action]:
@@ -135,7 +136,7 @@ class CoordinatorState:
                 self.alive[pos.tp] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows)
             return []
         kind = type(msg).__struct_config__.tag
-        if kind in _COORDINATOR_KINDS:
+        if kind in COORDINATOR_KINDS:
             if msg.epoch > self.epoch:
                 return self._step_down(f"a coordinator of a newer epoch ({msg.epoch} > {self.epoch}) is sending")
             return []
@@ -153,11 +154,11 @@ class CoordinatorState:
             self.ignored += 1
             return []
         if ws.start_offset != txn.start[ws.tp]:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}", now)
+            return self._abort(txn, f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}", now, "offset-mismatch")
         if ws.errors:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} failed: {'; '.join(ws.errors)}", now)
+            return self._abort(txn, f"{ws.topic}-{ws.partition} failed: {'; '.join(ws.errors)}", now, "participant-error")
         if ws.end_offset < ws.start_offset:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} reported end {ws.end_offset} before start {ws.start_offset}", now)
+            return self._abort(txn, f"{ws.topic}-{ws.partition} reported end {ws.end_offset} before start {ws.start_offset}", now, "offset-mismatch")
         if ws.tp in txn.statuses:
             return []  # a repeated WRITE-STATUS (e.g. from a restarted participant) changes nothing
         txn.statuses[ws.tp] = ws
@@ -171,7 +172,7 @@ class CoordinatorState:
         if txn is None or txn.phase is not Phase.CREATING:
             return []
         if not event.ok:
-            return self._abort(txn, f"could not create stage table {txn.stage_table}: {event.error}", now)
+            return self._abort(txn, f"could not create stage table {txn.stage_table}: {event.error}", now, "stage-create-failed")
         # Step 3: START.
         txn.phase = Phase.COLLECTING
         txn.started_at = now
@@ -185,13 +186,13 @@ class CoordinatorState:
         if txn is None or txn.phase is not Phase.VERIFYING:
             return []
         if event.count is None:
-            return self._abort(txn, f"could not count the stage table: {event.error}", now)
+            return self._abort(txn, f"could not count the stage table: {event.error}", now, "count-failed")
         if event.count != txn.rows:
-            return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now)
+            return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now, "row-count-mismatch")
         stale = {tp: o for tp, o in txn.start.items() if o != self._base(tp)}
         if stale:
             tp, o = next(iter(sorted(stale.items())))
-            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self._base(tp)}", now)
+            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self._base(tp)}", now, "offset-mismatch")
         # Step 6: the commit point.
         txn.phase = Phase.COMMITTING
         txn.commit_seq = self.head_seq + 1
@@ -242,11 +243,11 @@ class CoordinatorState:
             if txn.phase in (Phase.COLLECTING, Phase.ENDING):
                 dead = self._dead_participants(txn, now)
                 if dead:
-                    actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now)
+                    actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now, "participant-dead")
                     continue
             if txn.phase is Phase.ENDING and now - txn.ended_at > t.write_status_timeout_s:
                 missing = ", ".join(f"{tp.topic}-{tp.partition}" for tp in txn.missing)
-                actions += self._abort(txn, f"write-status timeout: nothing from {missing}", now)
+                actions += self._abort(txn, f"write-status timeout: nothing from {missing}", now, "write-status-timeout")
                 continue
             if txn.phase is Phase.COMPLETE and self._is_oldest_uncommitted(txn):
                 txn.phase = Phase.VERIFYING  # Step 5
@@ -280,15 +281,15 @@ class CoordinatorState:
 
     # ---- helpers ----------------------------------------------------------------------
 
-    def _abort(self, txn: Txn, reason: str, now: float) -> list[Action]:
+    def _abort(self, txn: Txn, reason: str, now: float, kind: str) -> list[Action]:
         """Step 4's ABORT, cascading to every txn pipelined after this one."""
         actions: list[Action] = []
         doomed = [txn] + [t for t in self.txns if self._follows(t, txn)]
         for victim in doomed:
-            why = reason if victim is txn else f"cascade: {txn.id} aborted ({reason})"
+            why, why_kind = (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})", "cascade")
             if victim.phase is not Phase.CREATING:
                 actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
-            actions.append(AbortTxn(victim, why))
+            actions.append(AbortTxn(victim, why, why_kind))
             self.txns.remove(victim)
         return actions
 

@@ -1,0 +1,133 @@
+"""A driver for ``CoordinatorState`` tests: builds events and the exact actions expected back.
+
+The machine has no clock of its own; ``Driver.at(now, *events)`` feeds events at ``now`` in
+order and returns every action they produced, so a test reads as a timeline.
+"""
+
+from __future__ import annotations
+
+from protocol import naming
+from protocol.coordinator_events import (
+    AbortTxn, Action, Broadcast, CreateStage, Event, Offsets, Ready, Received, RecordStarted, StageCreated,
+    Txn,
+)
+from protocol.coordinator_state import CoordinatorState, Timing
+from protocol.messages import (
+    Abort, AckCommit, EndCommit, Heartbeat, PartitionOffset, PartitionPosition, StartCommit,
+    TopicPartition, WriteStatus,
+)
+
+PIPE = "orders"
+EPOCH = 3
+ME = "coord-a"
+TARGET = "shop.orders"
+P0 = TopicPartition(topic="events", partition=0)
+P1 = TopicPartition(topic="events", partition=1)
+P2 = TopicPartition(topic="events", partition=2)
+
+#: P0 was last committed at 40 (commit 7); P1 was never committed and starts at its earliest, 0.
+HEAD_SEQ = 7
+HEAD: Offsets = {P0: 40}
+INITIAL: Offsets = {P1: 0}
+START_1: Offsets = {P0: 40, P1: 0}
+
+TIMING = Timing(
+    interval_s=1.0, size_trigger_rows=100, write_status_timeout_s=10.0, heartbeat_timeout_s=3.0,
+    publish_retry_s=2.0,
+)
+T0 = 100.0
+
+
+def txn_id(n: int) -> str:
+    return naming.txn_id(EPOCH, n)
+
+
+def _coordinator(txn: str, epoch: int = EPOCH, sender: str = ME) -> dict:
+    return {"pipeline": PIPE, "epoch": epoch, "txn": txn, "sender": sender}
+
+
+def _offsets(offsets: Offsets) -> tuple[PartitionOffset, ...]:
+    return tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(offsets.items()))
+
+
+def participant(tp: TopicPartition) -> str:
+    return f"part-{tp.partition}"
+
+
+# ---- events ---------------------------------------------------------------------------
+
+
+def hb(tp: TopicPartition, *, sender: str | None = None, txn: str = "", buffered: int = 0,
+       pipeline: str = PIPE) -> Received:
+    position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1, buffered_rows=buffered)
+    return Received(Heartbeat(pipeline=pipeline, epoch=EPOCH, txn=txn, sender=sender or participant(tp), partitions=(position,)))
+
+
+def beats(*tps: TopicPartition, txn: str = "") -> list[Received]:
+    return [hb(tp, txn=txn) for tp in tps]
+
+
+def ws(txn: str, tp: TopicPartition, start: int, end: int, rows: int, *, epoch: int = EPOCH,
+       errors: tuple[str, ...] = ()) -> Received:
+    return Received(WriteStatus(
+        pipeline=PIPE, epoch=epoch, txn=txn, sender=participant(tp), topic=tp.topic, partition=tp.partition,
+        start_offset=start, end_offset=end, rows=rows, chunks=1 if rows else 0, errors=errors,
+    ))
+
+
+# ---- expected actions -----------------------------------------------------------------
+
+
+def create(n: int) -> CreateStage:
+    return CreateStage(txn_id(n), naming.stage_table(TARGET, txn_id(n)))
+
+
+def start(n: int, offsets: Offsets) -> Broadcast:
+    table = naming.stage_table(TARGET, txn_id(n))
+    return Broadcast(StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets)))
+
+
+def end(n: int) -> Broadcast:
+    return Broadcast(EndCommit(**_coordinator(txn_id(n))))
+
+
+def ack(n: int, offsets: Offsets, commit_seq: int) -> Broadcast:
+    return Broadcast(AckCommit(**_coordinator(txn_id(n)), offsets=_offsets(offsets), commit_seq=commit_seq))
+
+
+def abort(txn: Txn, reason: str, kind: str, *, broadcast: bool = True) -> list[Action]:
+    told = [Broadcast(Abort(**_coordinator(txn.id), reason=reason))] if broadcast else []
+    return [*told, AbortTxn(txn, reason, kind)]
+
+
+# ---- the driver -----------------------------------------------------------------------
+
+
+class Driver:
+    """One leader of epoch ``EPOCH`` and the time line of what it was fed."""
+
+    def __init__(self, timing: Timing = TIMING) -> None:
+        self.state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator=ME, target=TARGET, timing=timing)
+
+    def at(self, now: float, *events: Event) -> list[Action]:
+        actions: list[Action] = []
+        for event in events:
+            actions += self.state.handle(event, now)
+        return actions
+
+    def txn(self, n: int) -> Txn:
+        found = self.state.txn(txn_id(n))
+        assert found is not None, f"{txn_id(n)} is not in flight; in flight: {[t.id for t in self.state.txns]}"
+        return found
+
+    def started(self, now: float = T0) -> Txn:
+        """Ready, both partitions held, stage table created: txn 1 is collecting from ``START_1``."""
+        assert self.at(now, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
+        txn = self.txn(1)
+        assert self.at(now, StageCreated(txn.id)) == [start(1, START_1), RecordStarted(txn)]
+        return txn
+
+    def ended(self, n: int, now: float) -> None:
+        """Heartbeats from both partitions and the END of txn ``n`` at ``now``."""
+        assert self.at(now, *beats(P0, P1)) == [end(n)]
+

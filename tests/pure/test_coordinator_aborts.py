@@ -1,0 +1,237 @@
+"""The coordinator state machine when things go wrong: aborts, ignored messages, stepping down.
+
+DESIGN.md section 3 steps 4-6 and section 6: every abort broadcasts ABORT (once START went out),
+drops the stage table with ``AbortTxn``, and the next txn starts from the ledger head; a lost or
+unknown commit slot, or a newer coordinator, makes the leader step down and go inert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from protocol.coordinator_events import (
+    Commit, CommitResult, CountStage, Counted, Phase, Publish, PublishResult, Ready, Received, RecordStarted,
+    Shutdown, StageCreated, StepDown, Stopped, Tick,
+)
+from protocol.messages import Abort, AckCommit, EndCommit, LeaderHeartbeat, StartCommit
+
+from tests.pure.coordinator_driver import (
+    EPOCH, HEAD, HEAD_SEQ, INITIAL, ME, P0, P1, PIPE, START_1, T0, TIMING, Driver, abort, ack, beats, create, hb,
+    start, ws,
+)
+
+
+def verifying_1(d: Driver) -> None:
+    """Txn 1 complete (10 + 5 rows) and being counted; txn 2 is being created."""
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 50, 10), ws("e3_t1", P1, 0, 5, 5)) == [
+        CountStage(t1.id, t1.stage_table), create(2),
+    ]
+
+
+# ---- step 2 and step 4 ----------------------------------------------------------------
+
+
+def test_a_stage_table_that_cannot_be_created_aborts_without_a_broadcast() -> None:
+    d = Driver()
+    assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
+    t1 = d.txn(1)
+    why = "could not create stage table shop.orders__chtxn_e3_t1: Code: 57. Table already exists"
+    assert d.at(T0 + 0.1, StageCreated(t1.id, ok=False, error="Code: 57. Table already exists")) == [
+        *abort(t1, why, "stage-create-failed", broadcast=False), create(2),
+    ]
+
+
+def test_a_missing_write_status_aborts_at_the_timeout_and_the_next_txn_restarts_from_the_head() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 50, 10)) == []
+    for now in (T0 + 3, T0 + 5, T0 + 7, T0 + 9, T0 + 11):  # both participants keep heartbeating
+        assert d.at(now, *beats(P0, P1), Tick()) == []
+    assert t1.phase is Phase.ENDING  # 10 s after END is not yet past the timeout
+    assert d.at(T0 + 11.5, *beats(P0, P1)) == [
+        *abort(t1, "write-status timeout: nothing from events-1", "write-status-timeout"), create(2),
+    ]
+    t2 = d.txn(2)
+    assert d.at(T0 + 11.6, StageCreated(t2.id)) == [start(2, START_1), RecordStarted(t2)]
+
+
+def test_a_participant_silent_past_the_heartbeat_timeout_aborts_before_the_write_status_timeout() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)  # last heartbeat of P1's participant
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 50, 10)) == []
+    assert d.at(T0 + 4, hb(P0), Tick()) == []  # 3 s of silence is still alive
+    assert d.at(T0 + 4.1, Tick()) == abort(t1, "participant of events-1 stopped sending heartbeats", "participant-dead")
+    assert d.state.txns == []  # and no new START until P1 is held again
+    assert d.at(T0 + 5, hb(P0), Tick()) == []
+    assert d.at(T0 + 5.5, hb(P1, sender="part-1b")) == [create(2)]
+
+
+def test_a_participant_dying_before_end_aborts_at_once() -> None:
+    d = Driver(replace(TIMING, interval_s=60.0))
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, hb(P1)) == []
+    assert d.at(T0 + 3.5, hb(P1), Tick()) == abort(t1, "participant of events-0 stopped sending heartbeats", "participant-dead")
+
+
+def test_a_participant_replaced_mid_txn_aborts() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, hb(P1, sender="part-1")) == []  # the same holder changes nothing
+    assert d.at(T0 + 0.6, hb(P1, sender="part-1-retry")) == [
+        *abort(t1, "participant of events-1 stopped sending heartbeats", "participant-dead"), create(2),
+    ]
+
+
+def test_a_participant_replaced_after_its_write_status_does_not_abort() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P1, 0, 5, 5), hb(P1, sender="part-1-retry")) == []
+    assert d.at(T0 + 1.2, ws("e3_t1", P0, 40, 50, 10)) == [CountStage(t1.id, t1.stage_table), create(2)]
+
+
+# ---- WRITE-STATUS that abort ----------------------------------------------------------
+
+
+def test_a_write_status_with_errors_aborts() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    bad = ws("e3_t1", P1, 0, 5, 3, errors=("Code: 241. Memory limit exceeded", "gave up after 5 tries"))
+    assert d.at(T0 + 1.1, bad) == [
+        *abort(t1, "events-1 failed: Code: 241. Memory limit exceeded; gave up after 5 tries", "participant-error"),
+        create(2),
+    ]
+
+
+def test_a_write_status_starting_elsewhere_than_start_aborts() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 41, 50, 9)) == [
+        *abort(t1, "events-0 staged from 41, START said 40", "offset-mismatch"), create(2),
+    ]
+
+
+def test_a_write_status_ending_before_its_start_aborts() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 39, 0)) == [
+        *abort(t1, "events-0 reported end 39 before start 40", "offset-mismatch"), create(2),
+    ]
+
+
+# ---- step 5 ---------------------------------------------------------------------------
+
+
+def test_a_row_count_mismatch_aborts() -> None:
+    d = Driver()
+    verifying_1(d)
+    t1, t2 = d.txn(1), d.txn(2)
+    why = "row-count mismatch: stage table holds 16, participants reported 15"
+    assert d.at(T0 + 1.2, Counted(t1.id, 16)) == [
+        *abort(t1, why, "row-count-mismatch"),
+        *abort(t2, f"cascade: e3_t1 aborted ({why})", "cascade", broadcast=False),
+        create(3),
+    ]
+
+
+# ---- WRITE-STATUS that change nothing -------------------------------------------------
+
+
+@pytest.mark.parametrize("stray", [
+    ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH - 1),  # a stale epoch
+    ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH + 1),  # not ours either
+    ws("e3_t9", P0, 40, 50, 10),  # another txn
+    ws("e2_t1", P0, 40, 50, 10),  # another leader's txn
+], ids=["stale-epoch", "newer-epoch", "other-txn", "other-leaders-txn"])
+def test_a_write_status_not_for_the_current_txn_is_ignored(stray) -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, stray) == []
+    assert (t1.statuses, d.state.ignored) == ({}, 1)
+    assert d.at(T0 + 1.2, ws("e3_t1", P1, 0, 5, 5)) == []  # P0 still owes its WRITE-STATUS
+
+
+def test_a_duplicate_write_status_changes_nothing() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    first = ws("e3_t1", P0, 40, 50, 10)
+    assert d.at(T0 + 1.1, first, first, ws("e3_t1", P0, 40, 52, 12)) == []  # the first report stands
+    assert (t1.missing, t1.statuses[P0]) == ([P1], first.message)
+    assert d.at(T0 + 1.2, ws("e3_t1", P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table), create(2)]
+    assert d.at(T0 + 1.3, first) == []  # after the set is complete too
+    assert t1.rows == 15
+
+
+def test_messages_of_another_pipeline_are_ignored() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, hb(P1, sender="intruder", pipeline="payments")) == []
+    assert t1.phase is Phase.COLLECTING and d.state.ignored == 1
+
+
+# ---- step 6 and stepping down ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("won, reason", [
+    (False, "lost commit slot 8 of e3_t1 to another leader"),
+    (None, "commit outcome of e3_t1 unknown (Code: 209. Timeout); re-reading the ledger"),
+], ids=["lost", "unknown"])
+def test_a_commit_slot_not_won_steps_down_and_the_machine_goes_inert(won, reason) -> None:
+    d = Driver()
+    verifying_1(d)
+    t1 = d.txn(1)
+    assert d.at(T0 + 1.2, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 1.3, CommitResult(t1.id, won=won, error="Code: 209. Timeout")) == [StepDown(reason)]
+    assert d.state.stepped_down
+    inert = [
+        CommitResult(t1.id, won=True), PublishResult(t1.id, ok=True), StageCreated("e3_t2"), Tick(),
+        *beats(P0, P1), Shutdown(),
+    ]
+    assert d.at(T0 + 10, *inert) == []
+
+
+def coordinator_messages(epoch: int, sender: str) -> list:
+    env = {"pipeline": PIPE, "epoch": epoch, "txn": "e9_t1", "sender": sender}
+    return [
+        LeaderHeartbeat(**env), StartCommit(**env, stage_table="t", offsets=()), EndCommit(**env),
+        AckCommit(**env, offsets=()), Abort(**env, reason="x"),
+    ]
+
+
+@pytest.mark.parametrize("message", coordinator_messages(EPOCH + 1, "coord-b"), ids=lambda m: type(m).__name__)
+def test_a_coordinator_of_a_newer_epoch_makes_the_leader_step_down(message) -> None:
+    d = Driver()
+    d.started(T0)
+    assert d.at(T0 + 0.5, Received(message)) == [StepDown("a coordinator of a newer epoch (4 > 3) is sending")]
+    assert d.at(T0 + 2, *beats(P0, P1), Tick()) == []
+
+
+def test_its_own_echo_and_older_coordinators_are_ignored() -> None:
+    d = Driver()
+    d.started(T0)
+    echoes = coordinator_messages(EPOCH, ME) + coordinator_messages(EPOCH - 1, "coord-old")
+    assert d.at(T0 + 0.5, *(Received(m) for m in echoes)) == []
+    assert not d.state.stepped_down
+
+
+def test_shutdown_while_committing_waits_for_the_commit_and_publish() -> None:
+    d = Driver()
+    verifying_1(d)
+    t1, t2 = d.txn(1), d.txn(2)
+    assert d.at(T0 + 1.2, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 1.3, Shutdown()) == abort(t2, "coordinator shutting down", "shutdown", broadcast=False)
+    assert d.at(T0 + 1.4, CommitResult(t1.id, won=True)) == [ack(1, {P0: 50, P1: 5}, HEAD_SEQ + 1), Publish(t1)]
+    assert d.at(T0 + 1.5, PublishResult(t1.id, ok=False, error="Code: 999. Keeper down"), Tick()) == []
+    assert d.at(T0 + 3.5, Tick()) == [Publish(t1)]
+    assert d.at(T0 + 3.6, PublishResult(t1.id, ok=True)) == [Stopped()]

@@ -1,0 +1,296 @@
+"""The coordinator state machine on its happy paths: events in, the exact actions out.
+
+Walks DESIGN.md section 3: START only once every partition is held, END by interval or size,
+verify, commit point, ACK and publish, empty commits, pipelining, shutdown and new partitions.
+Aborts and stepping down are in ``test_coordinator_aborts.py``.
+"""
+
+from __future__ import annotations
+
+from protocol.coordinator_events import (
+    Commit, CommitResult, CountStage, Counted, PartitionsChanged, Phase, Publish, PublishResult, Ready,
+    RecordStarted, Shutdown, StageCreated, Stopped, Tick,
+)
+from protocol.messages import TopicPartition
+
+from tests.pure.coordinator_driver import (
+    HEAD, HEAD_SEQ, INITIAL, P0, P1, P2, START_1, T0, Driver, abort, ack, beats, create, end, hb, start, ws,
+)
+
+END_1 = {P0: 50, P1: 5}
+END_2 = {P0: 58, P1: 9}
+
+
+def complete_1(d: Driver, now: float) -> list:
+    """WRITE-STATUS of both partitions of txn 1: 10 + 5 rows, ends ``END_1``."""
+    assert d.at(now, ws("e3_t1", P0, 40, 50, 10)) == []
+    return d.at(now, ws("e3_t1", P1, 0, 5, 5))
+
+
+def committed_1(d: Driver) -> None:
+    """Txn 1 through START, END, WRITE-STATUS, verify and the commit point; txn 2 is being created."""
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert complete_1(d, T0 + 1.5) == [CountStage(t1.id, t1.stage_table), create(2)]
+    assert d.at(T0 + 1.6, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 1.7, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
+
+
+# ---- step 1-3: START ------------------------------------------------------------------
+
+
+def test_nothing_starts_before_ready() -> None:
+    d = Driver()
+    assert d.at(T0, *beats(P0, P1), Tick()) == []
+
+
+def test_no_start_until_every_partition_is_held_by_a_live_participant() -> None:
+    d = Driver()
+    assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL)) == []
+    assert d.at(T0, hb(P0)) == []
+    assert d.at(T0 + 3.5, hb(P1)) == []  # P0's participant has been silent past heartbeat_timeout_s
+    assert d.at(T0 + 4, hb(P0)) == [create(1)]
+
+
+def test_start_offsets_are_the_ledger_head_and_initial_for_never_committed_partitions() -> None:
+    d = Driver()
+    assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
+    t1 = d.txn(1)
+    assert (t1.phase, t1.stage_table) == (Phase.CREATING, "shop.orders__chtxn_e3_t1")
+    assert d.at(T0 + 0.2, Tick()) == []  # no START before the stage table exists
+    assert d.at(T0 + 0.3, StageCreated(t1.id)) == [start(1, {P0: 40, P1: 0}), RecordStarted(t1)]
+    assert (t1.phase, t1.started_at, t1.holders) == (Phase.COLLECTING, T0 + 0.3, {P0: "part-0", P1: "part-1"})
+
+
+# ---- step 3: END ----------------------------------------------------------------------
+
+
+def test_end_after_the_interval() -> None:
+    d = Driver()
+    d.started(T0)
+    assert d.at(T0 + 0.5, *beats(P0, P1), Tick()) == []
+    assert d.at(T0 + 0.999, Tick()) == []
+    assert d.at(T0 + 1.0, Tick()) == [end(1)]
+    assert d.txn(1).phase is Phase.ENDING
+    assert d.at(T0 + 1.1, Tick()) == []  # END goes out once
+
+
+def test_end_early_when_heartbeats_report_the_size_trigger() -> None:
+    d = Driver()
+    d.started(T0)
+    assert d.at(T0 + 0.1, hb(P0, txn="e3_t1", buffered=60)) == []
+    assert d.at(T0 + 0.2, hb(P1, txn="e3_t0", buffered=90)) == []  # rows of another txn do not count
+    assert d.at(T0 + 0.3, hb(P1, txn="e3_t1", buffered=39)) == []
+    assert d.at(T0 + 0.4, hb(P1, txn="e3_t1", buffered=40)) == [end(1)]  # 60 + 40 reaches 100
+
+
+# ---- steps 4-7: WRITE-STATUS, verify, commit point, ACK, publish ------------------------
+
+
+def test_a_full_transaction_commits_then_publishes() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.2, ws("e3_t1", P0, 40, 50, 10)) == []
+    assert t1.phase is Phase.ENDING and t1.missing == [P1]
+    # The set is complete: verify it, and pipeline txn 2 at once.
+    assert d.at(T0 + 1.3, ws("e3_t1", P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table), create(2)]
+    assert d.at(T0 + 1.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert t1.phase is Phase.COMMITTING and d.state.head == HEAD
+    assert d.at(T0 + 1.5, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
+    assert (d.state.head_seq, d.state.head) == (HEAD_SEQ + 1, END_1)
+    assert d.at(T0 + 1.6, PublishResult(t1.id, ok=True)) == []
+    assert d.state.txn(t1.id) is None and [t.id for t in d.state.txns] == ["e3_t2"]
+
+
+def test_an_idle_interval_still_commits_an_empty_transaction() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 40, 0)) == []
+    assert d.at(T0 + 1.2, ws("e3_t1", P1, 0, 0, 0)) == [CountStage(t1.id, t1.stage_table), create(2)]
+    assert d.at(T0 + 1.3, Counted(t1.id, 0)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 1.4, CommitResult(t1.id, won=True)) == [ack(1, START_1, HEAD_SEQ + 1), Publish(t1)]
+
+
+def test_write_status_before_end_completes_the_set_at_end() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, ws("e3_t1", P0, 40, 50, 10), ws("e3_t1", P1, 0, 5, 5)) == []
+    assert d.at(T0 + 1, *beats(P0, P1)) == [end(1), CountStage(t1.id, t1.stage_table), create(2)]
+
+
+def test_a_failed_publish_is_retried_after_publish_retry_s() -> None:
+    d = Driver()
+    committed_1(d)
+    t1 = d.txn(1)
+    assert d.at(T0 + 2, PublishResult(t1.id, ok=False, error="Code: 999. Keeper down")) == []
+    assert d.at(T0 + 3.9, Tick()) == []
+    assert d.at(T0 + 4, Tick()) == [Publish(t1)]
+    assert d.at(T0 + 4.5, Tick()) == []  # one retry in flight at a time
+    assert d.at(T0 + 5, PublishResult(t1.id, ok=True)) == []
+    assert d.state.txn(t1.id) is None
+
+
+# ---- pipelining -----------------------------------------------------------------------
+
+
+def test_next_start_goes_out_from_the_reported_ends_and_commits_only_after_the_previous() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    assert complete_1(d, T0 + 1.1) == [CountStage(t1.id, t1.stage_table), create(2)]
+    t2 = d.txn(2)
+    assert (t2.start, t2.after) == (END_1, t1.id)
+    assert d.at(T0 + 1.2, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    d.ended(2, T0 + 2.2)
+    # Txn 2's set is complete while txn 1 is still being verified: no verify, no txn 3 yet.
+    assert d.at(T0 + 2.3, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4)) == []
+    assert t2.phase is Phase.COMPLETE
+    assert d.at(T0 + 2.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 2.5, CommitResult(t1.id, won=True)) == [
+        ack(1, END_1, HEAD_SEQ + 1), Publish(t1), CountStage(t2.id, t2.stage_table), create(3),
+    ]
+    assert d.txn(3).start == END_2
+    assert d.at(T0 + 2.6, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
+    assert d.at(T0 + 2.7, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2), Publish(t2)]
+
+
+def test_an_abort_at_verify_cascades_to_the_pipelined_txn_and_restarts_from_the_ledger_head() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.1)
+    t2 = d.txn(2)
+    assert d.at(T0 + 1.2, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    why = "row-count mismatch: stage table holds 14, participants reported 15"
+    assert d.at(T0 + 1.3, Counted(t1.id, 14)) == [
+        *abort(t1, why, "row-count-mismatch"),
+        *abort(t2, f"cascade: e3_t1 aborted ({why})", "cascade"),
+        create(3),
+    ]
+    t3 = d.txn(3)
+    assert (t3.start, t3.after) == (START_1, None)
+    assert d.at(T0 + 1.4, StageCreated(t3.id)) == [start(3, START_1), RecordStarted(t3)]
+
+
+def test_a_cascade_to_a_txn_still_creating_its_stage_table_broadcasts_nothing_for_it() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.1)
+    t2 = d.txn(2)
+    why = "could not count the stage table: Code: 210. connection refused"
+    assert d.at(T0 + 1.2, Counted(t1.id, None, "Code: 210. connection refused")) == [
+        *abort(t1, why, "count-failed"),
+        *abort(t2, f"cascade: e3_t1 aborted ({why})", "cascade", broadcast=False),
+        create(3),
+    ]
+    assert d.at(T0 + 1.3, StageCreated(t2.id)) == []  # late answer for the aborted txn
+
+
+
+def test_an_abort_of_the_pipelined_txn_leaves_the_previous_one_committing() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.1)
+    t2 = d.txn(2)
+    assert d.at(T0 + 1.2, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    assert d.at(T0 + 1.3, ws(t2.id, P1, 5, 9, 4, errors=("boom",))) == [
+        *abort(t2, "events-1 failed: boom", "participant-error"), create(3),
+    ]
+    t3 = d.txn(3)
+    assert (t3.start, t3.after) == (END_1, t1.id)  # still pipelined after txn 1
+    assert d.at(T0 + 1.4, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
+        Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
+    ]
+    assert d.at(T0 + 1.5, StageCreated(t3.id)) == [start(3, END_1), RecordStarted(t3)]
+
+# ---- shutdown -------------------------------------------------------------------------
+
+
+def test_shutdown_aborts_the_open_txn_and_stops_once_the_committed_one_is_published() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.1)
+    t2 = d.txn(2)
+    assert d.at(T0 + 1.2, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    assert d.at(T0 + 1.3, Shutdown()) == abort(t2, "coordinator shutting down", "shutdown")
+    assert d.at(T0 + 1.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 1.5, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
+    assert d.at(T0 + 1.6, *beats(P0, P1), Tick()) == []  # no new txn while stopping
+    assert d.at(T0 + 1.7, PublishResult(t1.id, ok=True)) == [Stopped()]
+
+
+def test_shutdown_with_nothing_committed_stops_at_once() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, Shutdown()) == [*abort(t1, "coordinator shutting down", "shutdown"), Stopped()]
+
+
+
+def test_shutdown_aborts_a_complete_txn_waiting_behind_a_commit() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.1)
+    t2 = d.txn(2)
+    assert d.at(T0 + 1.2, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    d.ended(2, T0 + 2.2)
+    assert d.at(T0 + 2.3, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4)) == []
+    assert d.at(T0 + 2.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    assert d.at(T0 + 2.5, Shutdown()) == abort(t2, "coordinator shutting down", "shutdown")
+    assert d.at(T0 + 2.6, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
+    assert d.at(T0 + 2.7, PublishResult(t1.id, ok=True)) == [Stopped()]
+
+# ---- partitions -----------------------------------------------------------------------
+
+
+def test_a_new_partition_joins_the_next_txn_once_it_is_held() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, PartitionsChanged((P0, P1, P2), {P2: 7})) == []
+    assert t1.start == START_1  # the open txn keeps its partitions
+    assert d.at(T0 + 0.6, ws("e3_t1", P2, 7, 9, 2)) == []  # not a partition of txn 1: ignored
+    d.ended(1, T0 + 1)
+    assert complete_1(d, T0 + 1.1) == [CountStage(t1.id, t1.stage_table)]  # P2 not held yet
+    assert d.at(T0 + 1.2, hb(P2)) == [create(2)]
+    t2 = d.txn(2)
+    assert d.at(T0 + 1.3, StageCreated(t2.id)) == [start(2, {**END_1, P2: 7}), RecordStarted(t2)]
+    d.ended(2, T0 + 2.3)  # END needs no heartbeat from P2, but P2 must stay alive
+    assert d.at(T0 + 2.3, hb(P2)) == []
+    assert d.at(T0 + 2.4, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
+        Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
+    ]
+    assert d.at(T0 + 2.5, *(ws(t2.id, tp, s, s, 0) for tp, s in t2.start.items())) == [
+        CountStage(t2.id, t2.stage_table), create(3),
+    ]
+    assert d.at(T0 + 2.6, Counted(t2.id, 0)) == [Commit(t2, HEAD_SEQ + 2)]
+
+
+def test_ready_with_no_partitions_starts_nothing() -> None:
+    d = Driver()
+    assert d.at(T0, Ready(0, {}, {}), hb(TopicPartition(topic="other", partition=0)), Tick()) == []
+
+
+def test_partitions_changed_never_moves_the_start_of_a_known_never_committed_partition() -> None:
+    d = Driver()
+    t1 = d.started(T0)  # P1 was never committed: txn 1 reads it from its initial offset, 0
+    assert d.at(T0 + 0.5, PartitionsChanged((P0, P1, P2), {P1: 3, P2: 7}), hb(P2)) == []
+    d.ended(1, T0 + 1)
+    assert complete_1(d, T0 + 1.1) == [CountStage(t1.id, t1.stage_table), create(2)]
+    assert d.at(T0 + 1.2, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]  # not an offset mismatch
+    assert d.txn(2).start == {**END_1, P2: 7}
+
+
+def test_after_an_abort_a_never_committed_partition_restarts_from_its_first_initial_offset() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, PartitionsChanged((P0, P1), {P1: 3})) == []
+    d.ended(1, T0 + 1)
+    assert d.at(T0 + 1.1, ws("e3_t1", P1, 0, 5, 5, errors=("boom",))) == [
+        *abort(t1, "events-1 failed: boom", "participant-error"), create(2),
+    ]
+    assert d.txn(2).start == START_1  # records 0-2 of P1 are read again, not skipped
