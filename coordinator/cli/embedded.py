@@ -1,0 +1,187 @@
+"""``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker.
+
+Exit codes: ``up`` 0 when the stack runs (also when it already did), 1 when a server could not
+start; ``down`` 0; ``status`` 0 when every server runs and answers, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from embedded import daemon
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "embedded",
+        help="run a local Kafka broker and ClickHouse endpoint (no Docker)",
+        description="A Kafka-protocol broker (Tansu, memory storage) and a ClickHouse endpoint "
+        "(ClickHouse's engine through chDB, over ClickHouse's HTTP interface), on loopback, as "
+        "background processes that outlive the command.",
+        epilog="Example: chtxn embedded up && chtxn embedded status && chtxn embedded down",
+        formatter_class=_FORMATTER,
+    )
+    commands = parser.add_subparsers(dest="embedded_command", metavar="SUBCOMMAND", required=True)
+
+    up = commands.add_parser(
+        "up", help="start the stack in the background", formatter_class=_FORMATTER,
+        description="Start the broker and the ClickHouse endpoint unless they already run. A taken "
+        "port moves to a free one (the output says so). Kafka data lives in memory and is gone "
+        "after `down`; ClickHouse data stays in DATA_DIR/clickhouse.",
+        epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
+        "  eval \"$(chtxn embedded up --env)\"   # start it and point this shell's chtxn at it",
+    )
+    _data_dir_arg(up)
+    up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
+    up.add_argument("--clickhouse-port", type=int, default=8123,
+                    help="ClickHouse HTTP port (default 8123; 0: any free port)")
+    output = up.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the addresses as JSON, for scripts")
+    output.add_argument("--env", action="store_true",
+                        help="print only `export CHTXN_...=...` lines, for eval in a shell")
+    up.set_defaults(func=run_up)
+
+    down = commands.add_parser(
+        "down", help="stop the stack started by `up`", formatter_class=_FORMATTER,
+        description="Stop the servers `up` started from this data directory, and nothing else.",
+        epilog="Example: chtxn embedded down --purge",
+    )
+    _data_dir_arg(down)
+    down.add_argument("--purge", action="store_true",
+                      help="also delete the ClickHouse data and logs the stack wrote in DATA_DIR")
+    down.set_defaults(func=run_down)
+
+    status = commands.add_parser(
+        "status", help="show what runs", formatter_class=_FORMATTER,
+        description="Show the servers `up` started from this data directory: running or not, "
+        "answering or not, addresses, pids, logs. Exits 1 unless everything runs and answers.",
+        epilog="Example: chtxn embedded status --json",
+    )
+    _data_dir_arg(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
+    status.set_defaults(func=run_status)
+
+
+def _data_dir_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, default=daemon.DEFAULT_DATA_DIR,
+                        help=f"where the stack keeps its data, logs and state (default {daemon.DEFAULT_DATA_DIR})")
+
+
+def _env(state: daemon.StackState) -> dict[str, str]:
+    env = {}
+    if "kafka" in state.components:
+        env["CHTXN_KAFKA_BOOTSTRAP_SERVERS"] = state.components["kafka"].address
+    if "clickhouse" in state.components:
+        env["CHTXN_CLICKHOUSE_URL"] = state.components["clickhouse"].address
+    return env
+
+
+def run_up(args: argparse.Namespace) -> int:
+    result = daemon.up(args.data_dir, kafka_port=args.kafka_port, clickhouse_port=args.clickhouse_port)
+    state = result.state
+    if args.json:
+        print(json.dumps({
+            "already_up": result.already_up,
+            "started": result.started,
+            "notes": result.notes,
+            "data_dir": state.data_dir,
+            "kafka_bootstrap": state.components["kafka"].address,
+            "clickhouse_url": state.components["clickhouse"].address,
+            "env": _env(state),
+            "components": {name: _component_json(c) for name, c in state.components.items()},
+        }, indent=2))
+        return 0
+    if args.env:
+        print("".join(f"export {key}={value}\n" for key, value in _env(state).items()), end="")
+        for note in result.notes:
+            print(f"chtxn: note: {note}", file=sys.stderr)
+        return 0
+    console = _console()
+    headline = "already up" if result.already_up else "up"
+    console.print(f"[bold]chtxn embedded stack is {headline}[/bold] (data in {state.data_dir})")
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    table = Table(box=None, pad_edge=False)
+    for column in ("server", "address", "pid", "log"):
+        table.add_column(column, no_wrap=True)
+    for name, component in state.components.items():
+        table.add_row(daemon.TITLES[name], component.address, str(component.pid), component.log)
+    console.print(table)
+    bootstrap = state.components["kafka"].address
+    ch = state.components["clickhouse"]
+    console.print(
+        "\nPoint chtxn at it (these override the pipeline config):\n"
+        + "".join(f"  export {key}={value}\n" for key, value in _env(state).items())
+        + "\nUse it from Python:\n"
+        "  from confluent_kafka import Producer, Consumer\n"
+        f"  producer = Producer({{\"bootstrap.servers\": \"{bootstrap}\"}})\n"
+        "  producer.produce(\"demo\", b'{\"id\": 1}'); producer.flush()\n"
+        "  import clickhouse_connect\n"
+        f"  client = clickhouse_connect.get_client(host=\"{state.host}\", port={ch.port})\n"
+        "  client.query(\"SELECT version()\").result_rows\n"
+        "\nStop it with: chtxn embedded down"
+        + ("" if args.data_dir == daemon.DEFAULT_DATA_DIR else f" --data-dir {args.data_dir}")
+        + "  (Kafka data lives in memory and is gone after `down`)",
+        soft_wrap=True,
+    )
+    return 0
+
+
+def run_down(args: argparse.Namespace) -> int:
+    stopped = daemon.down(args.data_dir, purge=args.purge)
+    if stopped:
+        print("stopped: " + ", ".join(daemon.TITLES[name] for name in stopped))
+    else:
+        print(f"nothing was running from {args.data_dir}")
+    if args.purge:
+        print(f"deleted the ClickHouse data and logs in {args.data_dir}")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    statuses = daemon.status(args.data_dir)
+    healthy = bool(statuses) and len(statuses) == len(daemon.COMPONENTS) and all(
+        s.running and s.answering for s in statuses
+    )
+    if args.json:
+        print(json.dumps({
+            "data_dir": str(Path(args.data_dir).resolve()),
+            "up": healthy,
+            "components": {
+                s.name: {**_component_json(s.state), "running": s.running, "answering": s.answering}
+                for s in statuses
+            },
+        }, indent=2))
+        return 0 if healthy else 1
+    if not statuses:
+        print(f"not running: no embedded stack recorded in {args.data_dir} (start it with `chtxn embedded up`)")
+        return 1
+    table = Table(box=None, pad_edge=False)
+    for column in ("server", "state", "address", "pid", "started", "log"):
+        table.add_column(column, no_wrap=True)
+    for s in statuses:
+        state = ("[green]running[/green]" if s.answering
+                 else "[yellow]running, not answering[/yellow]" if s.running else "[red]stopped[/red]")
+        table.add_row(daemon.TITLES[s.name], state, s.state.address, str(s.state.pid), s.state.started_at, s.state.log)
+    _console().print(table)
+    if not healthy:
+        print("some servers are not running: `chtxn embedded up` starts what is missing", file=sys.stderr)
+    return 0 if healthy else 1
+
+
+def _console() -> Console:
+    """Rich output; wide when not on a terminal, so piped output is not cut at 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _component_json(component: daemon.ComponentState) -> dict[str, object]:
+    return {"address": component.address, "port": component.port, "pid": component.pid,
+            "log": component.log, "started_at": component.started_at}
