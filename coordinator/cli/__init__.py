@@ -19,7 +19,9 @@ COMMAND_MODULES = (
     "coordinator.cli.init",
     "coordinator.cli.service",
     "coordinator.cli.txn",
+    "coordinator.cli.verify",
     "coordinator.cli.participant",
+    "coordinator.cli.demo",
 )
 
 

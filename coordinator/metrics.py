@@ -1,0 +1,40 @@
+"""Prometheus metrics of the coordinator (``coordinator.metrics_port``; 0 serves none)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from protocol.coordinator_events import ABORT_KINDS
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class CoordinatorMetrics:
+    """One registry per service, so tests can run several coordinators in one process."""
+
+    def __init__(self, pipeline: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"labelnames": ["pipeline"], "registry": self.registry}
+        self.transactions = Counter("chtxn_transactions", "Transactions by outcome", ["pipeline", "outcome"], registry=self.registry)
+        self.aborts = Counter("chtxn_aborts", "Aborted transactions by reason", ["pipeline", "reason"], registry=self.registry)
+        self.commit_latency = Histogram(
+            "chtxn_commit_latency_seconds", "END-COMMIT to ACK-COMMIT", buckets=_LATENCY_BUCKETS, **labels)
+        self.publish_latency = Histogram(
+            "chtxn_publish_latency_seconds", "ACK-COMMIT to PUBLISHED", buckets=_LATENCY_BUCKETS, **labels)
+        self.rows = Counter("chtxn_rows_committed", "Rows committed", **labels)
+        self.bytes = Counter("chtxn_bytes_committed", "Bytes of records committed", **labels)
+        self.dead_letters = Counter("chtxn_dead_letters", "Records sent to the dead-letter topic", **labels)
+        self.participants = Gauge("chtxn_participants_alive", "Partitions held by a live participant", **labels)
+        self.leader = Gauge("chtxn_leader", "1 while this replica leads", **labels)
+        self.epoch = Gauge("chtxn_epoch", "Epoch this replica leads (0 as standby)", **labels)
+        self.lag = Gauge("chtxn_partition_lag", "Log end minus last committed offset",
+                         ["pipeline", "topic", "partition"], registry=self.registry)
+        self.pipeline = pipeline
+        for kind in ABORT_KINDS:  # every series present from the start
+            self.aborts.labels(pipeline, kind)
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(pipeline, outcome)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        if port:
+            start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,106 @@
+"""The coordinator service: a standby that watches the leader's lease, and leads when it lapses.
+
+Run N replicas; exactly one leads at a time. A standby that hears nothing from a leader for
+``coordinator.leader_lease_s`` claims epoch ``max + 1`` in the ledger by compare-and-set
+(``protocol.leadership``). A leader that loses a commit slot or sees a newer epoch steps down
+and becomes a standby again. ClickHouse or Kafka failures never end the service: it backs off
+and tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from clients.clickhouse import make_client
+from clients.kafka import BrokerUnreachable
+from coordinator.control import ControlChannel
+from coordinator.leader import Leader
+from coordinator.ledger_store import LedgerStore
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.stage import StageTables
+from protocol.config import PipelineConfig
+from protocol.errors import ChtxnError, SetupError
+from protocol.leadership import LeaseWatch
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+
+
+class CoordinatorService:
+    """One replica. ``run(stop)`` returns when ``stop`` is set (after a clean shutdown)."""
+
+    def __init__(self, cfg: PipelineConfig, *, clock: Callable[[], float] = time.monotonic,
+                 metrics: CoordinatorMetrics | None = None, leader_class: type[Leader] = Leader) -> None:
+        self.cfg = cfg
+        self.id = cfg.coordinator_id
+        self.clock = clock
+        self.metrics = metrics or CoordinatorMetrics(cfg.name)
+        self.epoch = 0  # the epoch this replica leads, 0 as standby
+        self.leaderships = 0
+        self.leader_class = leader_class  # tests inject faults with a subclass
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                self._run_once(stop)
+                failures = 0
+            except SetupError as exc:
+                if not isinstance(exc, BrokerUnreachable):
+                    raise  # the operator must act: missing topic/table, wrong partition count, gap
+                self._back_off(stop, failures, exc)
+                failures += 1
+            except (ChtxnError, OSError) as exc:
+                self._back_off(stop, failures, exc)
+                failures += 1
+
+    def _back_off(self, stop: threading.Event, failures: int, exc: Exception) -> None:
+        delay = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
+        log.error("coordinator failed; restarting", extra={"error": str(exc), "retry_in_s": delay})
+        stop.wait(delay)
+
+    def _run_once(self, stop: threading.Event) -> None:
+        ch = self.cfg.clickhouse
+        client = make_client(ch)
+        ledger = LedgerStore(client, ch.database, self.cfg.name)
+        stages = StageTables(client, database=ch.database, target=ch.target_table, pipeline=self.cfg.name,
+                             publish_mode=self.cfg.transaction.publish_mode)
+        ledger.ensure_tables()
+        control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}")
+        control.open()
+        try:
+            watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+            while not stop.is_set():
+                for message in control.poll(timeout=0.05):
+                    watch.observe(message, self.clock())
+                if not watch.expired(self.clock()):
+                    continue
+                epoch = max(watch.epoch, ledger.max_epoch()) + 1
+                if not ledger.claim_epoch(epoch, self.id):
+                    watch.claim_lost(self.clock(), ledger.max_epoch())
+                    continue
+                self._lead(epoch, control, ledger, stages, stop)
+                watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+        finally:
+            control.close()
+
+    def _lead(self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables,
+              stop: threading.Event) -> None:
+        log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
+        self.epoch = epoch
+        self.leaderships += 1
+        self.metrics.leader.labels(self.cfg.name).set(1)
+        self.metrics.epoch.labels(self.cfg.name).set(epoch)
+        try:
+            leader = self.leader_class(self.cfg, epoch=epoch, coordinator=self.id, control=control, ledger=ledger,
+                            stages=stages, metrics=self.metrics, clock=self.clock)
+            outcome = leader.run(stop)
+            log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
+        finally:
+            self.epoch = 0
+            self.metrics.leader.labels(self.cfg.name).set(0)
+            self.metrics.epoch.labels(self.cfg.name).set(0)

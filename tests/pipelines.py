@@ -1,0 +1,132 @@
+"""Build a whole pipeline on the test stack: topics, a target table with metadata columns, config."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import clickhouse_connect
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from clients import kafka as kafka_clients
+from clients.clickhouse import make_client
+from coordinator.ledger_store import LedgerStore
+from coordinator.verify import DeepReport, dead_letter_offsets, verify_deep
+from protocol.config import PipelineConfig, parse_config
+from protocol.messages import TopicPartition
+
+TARGET_DDL = """
+CREATE TABLE {db}.{table}
+(
+    id UInt64,
+    user String,
+    amount Float64,
+    _topic LowCardinality(String),
+    _partition Int32,
+    _offset Int64
+)
+ENGINE = MergeTree
+PARTITION BY _partition
+ORDER BY (_topic, _partition, _offset)
+"""
+
+
+@dataclass
+class Pipeline:
+    cfg: PipelineConfig
+    config_path: Path
+    partitions: list[TopicPartition]
+
+    @property
+    def topic(self) -> str:
+        return self.cfg.pipeline.topics[0]
+
+    def client(self):  # noqa: ANN201 - a clickhouse-connect client
+        return make_client(self.cfg.clickhouse)
+
+    def ledger(self) -> LedgerStore:
+        return LedgerStore(self.client(), self.cfg.clickhouse.database, self.cfg.name)
+
+    def produce(self, count: int, *, start_id: int = 0, bad_every: int = 0) -> int:
+        """``count`` JSON events spread over the partitions by key; every ``bad_every``-th is malformed."""
+        producer = Producer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers, "linger.ms": 5})
+        n_parts = len(self.partitions)
+        for i in range(start_id, start_id + count):
+            if bad_every and i % bad_every == bad_every - 1:
+                value = b'{"id": %d, "user": "broken' % i  # malformed JSON
+            else:
+                value = json.dumps({"id": i, "user": f"u{i % 97}", "amount": i * 0.5}).encode()
+            producer.produce(self.topic, value=value, key=str(i).encode(), partition=i % n_parts)
+            if i % 10_000 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0, "not every test record was delivered"
+        return count
+
+    def target_count(self) -> int:
+        db, table = self.cfg.clickhouse.database, self.cfg.clickhouse.target_table
+        return int(self.client().command(f"SELECT count() FROM `{db}`.`{table}`"))
+
+    def stage_tables(self) -> list[str]:
+        db, table = self.cfg.clickhouse.database, self.cfg.clickhouse.target_table
+        rows = self.client().query(
+            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String})",
+            parameters={"db": db, "p": f"{table}__chtxn_"},
+        ).result_rows
+        return [r[0] for r in rows]
+
+    def dead_letter_offsets(self) -> dict[TopicPartition, set[int]]:
+        """Source offsets named in the dead-letter topic's headers."""
+        return dead_letter_offsets(self.cfg)
+
+    def oracle(self, dead_letters: dict[TopicPartition, set[int]] | None = None) -> DeepReport:
+        """DESIGN.md section 8: every committed offset exactly once in the target, nothing else."""
+        ledger = self.ledger()
+        return verify_deep(self.client(), self.cfg.clickhouse.database, self.cfg.clickhouse.target_table,
+                           ledger.commits(), dead_letters, ledger.audit())
+
+
+def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, settings: dict | None = None,
+                  target_ddl: str = TARGET_DDL) -> Pipeline:
+    """A fresh pipeline: its own database, source topic, control and dead-letter topics, ledger."""
+    settings = settings or {}
+    sections: dict[str, dict] = {
+        "pipeline": {"name": name, "topics": [f"{name}_events"]},
+        "kafka": {"bootstrap_servers": stack.kafka_bootstrap},
+        "clickhouse": {"url": stack.clickhouse_url, "database": name, "target_table": "events"},
+        "transaction": {"interval_s": 0.5, "write_status_timeout_s": 10.0, "heartbeat_interval_s": 0.2,
+                        "heartbeat_misses": 10},
+        "participant": {"chunk_rows": 5000},
+        "coordinator": {"leader_lease_s": 1.5},
+    }
+    for key, value in settings.items():
+        section, field = key.split(".", 1)
+        sections.setdefault(section, {})[field] = value
+    text = "\n".join(_toml_section(s, fields) for s, fields in sections.items())
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    cfg = parse_config(text, source=str(path))
+
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    kafka_clients.create_topics(admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1,
+                                        cfg.dead_letter_topic: 1})
+    host, port = stack.clickhouse_url.removeprefix("http://").rstrip("/").split(":")
+    client = clickhouse_connect.get_client(host=host, port=int(port))
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{name}`")
+    client.command(target_ddl.format(db=f"`{name}`", table="`events`"))
+    LedgerStore(client, name, name).ensure_tables()
+    tps = [TopicPartition(topic=cfg.pipeline.topics[0], partition=p) for p in range(partitions)]
+    return Pipeline(cfg, path, tps)
+
+
+def _toml_section(name: str, fields: dict) -> str:
+    lines = [f"[{name}]"]
+    for key, value in fields.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def all_offsets(counts: Iterable[tuple[TopicPartition, int]]) -> dict[TopicPartition, set[int]]:
+    return {tp: set(range(n)) for tp, n in counts}
