@@ -35,6 +35,10 @@ class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     bootstrap_servers: str = "localhost:9092"
     properties: dict[str, str] = {}
 
+    def __repr__(self) -> str:  # sasl.password, ssl.key.password, ...secret never reach a log
+        shown = {k: "***" if any(w in k for w in ("password", "secret")) else v for k, v in self.properties.items()}
+        return f"KafkaSection(bootstrap_servers={self.bootstrap_servers!r}, properties={shown!r})"
+
 
 class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     url: str = "http://localhost:8123"
@@ -74,7 +78,7 @@ class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
 
 class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: str = ""  # default "<hostname>-<pid>"
-    leader_lease_s: float = 3.0  # a standby claims leadership after this much leader silence
+    leader_lease_s: float = 2.0  # a standby claims leadership after this much leader silence
     metrics_port: int = 0  # 0: no Prometheus endpoint
     clickhouse_retries: int = 8
 

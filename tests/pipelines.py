@@ -99,7 +99,6 @@ def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, sett
         "transaction": {"interval_s": 0.5, "write_status_timeout_s": 10.0, "heartbeat_interval_s": 0.2,
                         "heartbeat_misses": 10},
         "participant": {"chunk_rows": 5000},
-        "coordinator": {"leader_lease_s": 1.5},
     }
     for key, value in settings.items():
         section, field = key.split(".", 1)
