@@ -1,0 +1,228 @@
+"""The I/O shell of one participant task: polls Kafka, feeds the state machine, carries out actions.
+
+One task holds several source partitions and runs, until stopped:
+
+- one control consumer: partition 0 of the control topic, no group, from the high watermark at
+  start-up (a restarted task takes no part in a txn under way and waits for the next START);
+- one data consumer: its partitions by ``assign`` (no group membership), committing to the group
+  ``naming.consumer_group(pipeline)`` only after ACK-COMMIT, ``read_committed``, and
+  ``auto.offset.reset=error`` (an out-of-range START offset fails the txn instead of skipping);
+- one producer for control messages and dead letters;
+- a small pool of insert workers (``Stager``), so consumption and heartbeats go on while chunks
+  are inserted. When ``max_in_flight`` chunks are queued, data polling waits (back-pressure).
+
+The loop never blocks on ClickHouse; it blocks at most ``POLL_S`` in a Kafka poll. Construction
+does no I/O and the object stays picklable (Spark ships it to executors); clients are made in
+``run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from clients.clickhouse import make_client
+from clients.kafka import check_control_topic, consumer_conf, producer_conf
+from participant.dead_letters import DeadLetterSink
+from participant.stager import Stager, check_target
+from protocol.codec import decode, encode
+from protocol.config import PipelineConfig
+from protocol.messages import TopicPartition
+from protocol.participant_events import (
+    Action, ChunkStaged, CommitOffsets, DropTxn, Event, PartitionFailed, Pause, Polled, Received, Resume, Seek,
+    Send, StageChunk, Tick,
+)
+from protocol.participant_state import ParticipantState
+
+log = logging.getLogger(__name__)
+
+#: Longest wait in one Kafka poll: bounds how late a control message or a heartbeat can be.
+POLL_S = 0.05
+
+
+class TaskRunner:
+    """The participant of one task: ``partitions`` of the pipeline in ``cfg``."""
+
+    def __init__(
+        self, cfg: PipelineConfig, partitions: Sequence[TopicPartition], *, participant_id: str = "",
+        workers: int = 2, max_in_flight: int = 4, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not partitions:
+            raise ValueError("a participant task needs at least one partition")
+        self.cfg, self.partitions = cfg, tuple(sorted(partitions))
+        self.participant_id = participant_id
+        self.workers, self.max_in_flight, self.clock = workers, max_in_flight, clock
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Take part in txns until ``stop`` is set (Spark: until the task is killed)."""
+        stop = stop or threading.Event()
+        loop = _Loop(self)
+        try:
+            loop.start()
+            while not stop.is_set():
+                loop.once()
+        finally:
+            loop.close()
+
+
+class _Loop:
+    """The clients and the machine of one ``TaskRunner.run``."""
+
+    def __init__(self, runner: TaskRunner) -> None:
+        cfg = runner.cfg
+        self.cfg, self.clock, self.max_in_flight = cfg, runner.clock, runner.max_in_flight
+        first = runner.partitions[0]
+        self.sender = runner.participant_id or f"{socket.gethostname()}-{os.getpid()}-{first.topic}-{first.partition}"
+        self.machine = ParticipantState(
+            pipeline=cfg.name, sender=self.sender, partitions=runner.partitions,
+            chunk_rows=cfg.participant.chunk_rows, chunk_bytes=cfg.participant.chunk_bytes,
+            heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
+        )
+        self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
+        self.producer = Producer(producer_conf(cfg, **{"linger.ms": 2}))
+        self.control = Consumer(consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-participant", "enable.partition.eof": False}))
+        self.data = Consumer(consumer_conf(cfg, **{
+            "isolation.level": "read_committed", "auto.offset.reset": "error", "enable.partition.eof": False,
+        }))
+        self.stager = Stager(
+            client=self.client, section=cfg.clickhouse, attempts=cfg.participant.insert_retries,
+            dead_letters=DeadLetterSink(self.producer, topic=cfg.dead_letter_topic, pipeline=cfg.name),
+        )
+        self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
+        self.results: queue.SimpleQueue[ChunkStaged | None] = queue.SimpleQueue()  # None: skipped
+        self.in_flight = 0  # chunks submitted and not yet taken from ``results``
+        self.dropped: deque[str] = deque(maxlen=64)
+        self.assigned: set[tuple[str, int]] = set()
+
+    def start(self) -> None:
+        """Check what the task needs, then listen to the control topic from its end."""
+        cfg = self.cfg
+        check_target(self.stager, cfg.clickhouse.target_table)
+        check_control_topic(self.control, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
+        _, high = self.control.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
+        self.control.assign([KafkaTP(cfg.control_topic, 0, high)])
+        held = [f"{p.tp.topic}/{p.tp.partition}" for p in self.machine.parts.values()]
+        log.info("participant %s listening from control offset %d", self.sender, high, extra={"partitions": held})
+
+    def once(self) -> None:
+        """One turn: control messages, insert outcomes, heartbeat, one data poll."""
+        busy = self.machine.consuming and self.in_flight < self.max_in_flight
+        for msg in self.control.consume(num_messages=64, timeout=0 if busy else POLL_S):
+            if msg.error():
+                log.warning("control topic: %s", msg.error())
+                continue
+            message = decode(msg.value())
+            if message is not None:
+                self._feed(Received(message))
+        while True:
+            try:
+                result = self.results.get_nowait()
+            except queue.Empty:
+                break
+            self.in_flight -= 1
+            if result is not None:
+                self._feed(result)
+        if self.machine.heartbeat_due(self.clock()):
+            self._feed(Tick(self._log_ends()))
+        if self.machine.consuming and self.in_flight < self.max_in_flight:
+            self._poll_data()
+        self.producer.poll(0)
+
+    def _poll_data(self) -> None:
+        batch = self.data.consume(num_messages=self.cfg.participant.poll_batch, timeout=POLL_S)
+        records = [m for m in batch if m.error() is None]
+        if len(records) < len(batch):
+            for m in batch:
+                if m.error() is not None:
+                    self._on_data_error(m)
+        if records:
+            self._feed(Polled(records))
+
+    def _on_data_error(self, m: object) -> None:
+        error: KafkaError = m.error()  # type: ignore[attr-defined]
+        topic, partition = m.topic(), m.partition()  # type: ignore[attr-defined]
+        if (topic, partition) in self.machine.parts and not error.retriable():
+            self._feed(PartitionFailed(topic, partition, f"cannot read {topic}/{partition}: {error.str()}"))
+        else:
+            log.warning("data consumer: %s", error.str(), extra={"topic": topic, "partition": partition})
+
+    def _feed(self, event: Event) -> None:
+        for action in self.machine.handle(event, self.clock()):
+            self._do(action)
+
+    # ---- actions --------------------------------------------------------------------------
+
+    def _do(self, a: Action) -> None:
+        if isinstance(a, StageChunk):
+            self.in_flight += 1
+            self.pool.submit(self._stage, a)
+        elif isinstance(a, Send):
+            self.producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=encode(a.message))
+        elif isinstance(a, Seek):
+            self._seek(a)
+        elif isinstance(a, Pause):
+            self.data.pause([KafkaTP(tp.topic, tp.partition) for tp in a.partitions])
+        elif isinstance(a, Resume):
+            self.data.resume([KafkaTP(tp.topic, tp.partition) for tp in a.partitions])
+        elif isinstance(a, DropTxn):
+            self.dropped.append(a.txn)
+        elif isinstance(a, CommitOffsets):
+            try:
+                self.data.commit(offsets=[KafkaTP(o.topic, o.partition, o.offset) for o in a.offsets], asynchronous=True)
+            except Exception as exc:  # lag reporting only: never worth failing the task
+                log.warning("cannot commit offsets to the consumer group: %s", exc)
+        else:
+            raise TypeError(f"not a participant action: {a!r}")
+
+    def _seek(self, a: Seek) -> None:
+        """Re-assign at the offset: unlike ``seek``, this works before the first fetch, and it
+        drops whatever was fetched for the partition before."""
+        if (a.topic, a.partition) in self.assigned:
+            self.data.incremental_unassign([KafkaTP(a.topic, a.partition)])
+        self.data.incremental_assign([KafkaTP(a.topic, a.partition, a.offset)])
+        self.data.resume([KafkaTP(a.topic, a.partition)])  # a pause outlives a re-assignment
+        self.assigned.add((a.topic, a.partition))
+
+    def _stage(self, a: StageChunk) -> None:  # on a worker thread; always posts one result
+        chunk = a.chunk
+        if chunk.txn in self.dropped:
+            self.results.put(None)
+            return
+        try:
+            result = self.stager.stage(a.stage_table, chunk)
+        except Exception as exc:  # a bug: report it so the txn aborts instead of hanging
+            log.exception("staging chunk %s crashed", chunk.token)
+            result = ChunkStaged(
+                txn=chunk.txn, topic=chunk.topic, partition=chunk.partition, chunk_no=chunk.chunk_no,
+                error=f"staging crashed: {type(exc).__name__}: {exc}",
+            )
+        self.results.put(result)
+
+    def _log_ends(self) -> dict[TopicPartition, int]:
+        ends: dict[TopicPartition, int] = {}
+        for topic, partition in self.assigned:
+            try:
+                _, high = self.data.get_watermark_offsets(KafkaTP(topic, partition), cached=True)
+            except Exception:
+                continue
+            if high is not None and high >= 0:
+                ends[TopicPartition(topic=topic, partition=partition)] = high
+        return ends
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for closing in (self.control.close, self.data.close, lambda: self.producer.flush(5), self.client.close):
+            try:
+                closing()
+            except Exception as exc:
+                log.warning("closing the participant: %s", exc)

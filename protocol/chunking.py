@@ -1,0 +1,234 @@
+"""Chunking rules and chunk bodies: pure, so the same offsets always give the same chunks.
+
+Rules (the deduplication of retried inserts depends on them; see DESIGN.md section 3):
+
+1. Chunks of one partition in one txn are numbered from 0; chunk ``n`` has the token
+   ``naming.chunk_token(pipeline, txn, topic, partition, n)``.
+2. A chunk ends after ``chunk_rows`` records, or before the record that would take its payload
+   past ``chunk_bytes`` (a record larger than ``chunk_bytes`` forms a chunk of its own). Payload
+   bytes are ``len(value)``. Time never cuts a chunk, and neither do poll batch boundaries: a
+   chunk depends only on the sequence of records read from the txn's start offset.
+3. A chunk body is the records' values joined with ``b"\\n"``, untouched, unless the target has
+   metadata columns (``_topic``, ``_partition``, ``_offset``): then, for JSONEachRow, they are
+   spliced into each object at the byte level (``{"_topic":"t","_partition":0,"_offset":7,`` +
+   the rest of the object); no JSON is parsed.
+
+Records are anything with confluent-kafka's ``Message`` accessors (``offset()``, ``key()``,
+``value()``, ``topic()``, ``partition()``), so polled messages flow through without copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from protocol.errors import SetupError
+from protocol.naming import chunk_token
+
+#: Target columns the participant fills itself, when the target has them.
+METADATA_COLUMNS = ("_topic", "_partition", "_offset")
+#: Input formats whose records are JSON objects (ClickHouse aliases of JSONEachRow included).
+JSON_OBJECT_FORMATS = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
+
+_WHITESPACE = b" \t\r\n"
+_OPEN, _QUOTE = ord("{"), ord('"')
+
+
+class RecordLike(Protocol):
+    """The accessors of ``confluent_kafka.Message`` the participant uses."""
+
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Chunk:
+    """Records ``[first_offset, next_offset)`` of one partition, as read, to stage under ``token``.
+
+    Offsets inside may have gaps (transaction markers, compaction); ``next_offset`` is the offset
+    of the last record + 1.
+    """
+
+    txn: str
+    topic: str
+    partition: int
+    chunk_no: int
+    token: str
+    records: tuple[RecordLike, ...]
+    first_offset: int
+    next_offset: int
+    bytes: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.records)
+
+
+class ChunkBuilder:
+    """Cuts the records of one partition in one txn into chunks, by rule 2 above.
+
+    ``next_offset`` is the offset after the last record taken. Records below it (stale
+    deliveries) are skipped, never chunked twice.
+    """
+
+    def __init__(
+        self, *, pipeline: str, txn: str, topic: str, partition: int, start_offset: int,
+        chunk_rows: int, chunk_bytes: int,
+    ) -> None:
+        if chunk_rows <= 0 or chunk_bytes <= 0:
+            raise ValueError(f"chunk_rows ({chunk_rows}) and chunk_bytes ({chunk_bytes}) must be > 0")
+        self.pipeline, self.txn, self.topic, self.partition = pipeline, txn, topic, partition
+        self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
+        self.next_offset = start_offset
+        self.chunks_cut = 0
+        self.rows_read = 0
+        self.bytes_read = 0
+        self._open: list[RecordLike] = []
+        self._open_bytes = 0
+        self._open_first = start_offset
+
+    def add(self, records: Sequence[RecordLike], lo: int = 0, hi: int | None = None) -> list[Chunk]:
+        """Take ``records[lo:hi]`` (all of this builder's partition); return the chunks they close."""
+        closed: list[Chunk] = []
+        open_, rows_cap, bytes_cap = self._open, self.chunk_rows, self.chunk_bytes
+        for i in range(lo, len(records) if hi is None else hi):
+            record = records[i]
+            offset = record.offset()
+            if offset < self.next_offset:
+                continue
+            value = record.value()
+            size = len(value) if value is not None else 0
+            if open_ and self._open_bytes + size > bytes_cap:
+                closed.append(self._cut())
+                open_ = self._open
+            if not open_:
+                self._open_first = offset
+            open_.append(record)
+            self._open_bytes += size
+            self.next_offset = offset + 1
+            self.rows_read += 1
+            self.bytes_read += size
+            if len(open_) >= rows_cap:
+                closed.append(self._cut())
+                open_ = self._open
+        return closed
+
+    def flush(self) -> Chunk | None:
+        """Close the open chunk (END); None when it holds no record."""
+        return self._cut() if self._open else None
+
+    def _cut(self) -> Chunk:
+        chunk = Chunk(
+            txn=self.txn, topic=self.topic, partition=self.partition, chunk_no=self.chunks_cut,
+            token=chunk_token(self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut),
+            records=tuple(self._open), first_offset=self._open_first, next_offset=self.next_offset,
+            bytes=self._open_bytes,
+        )
+        self.chunks_cut += 1
+        self._open = []
+        self._open_bytes = 0
+        return chunk
+
+
+def record_problem(value: bytes | None, *, json_objects: bool) -> str | None:
+    """Why ``value`` cannot be one row, found without parsing; None when it may be.
+
+    Empty values would silently become zero rows; in JSONEachRow a record that is not an object
+    (an array, a scalar) would become zero or several rows, breaking the row count of the txn.
+    """
+    if not value:
+        return "empty record (null or zero-length value): nothing to insert"
+    if json_objects and (_object_start(value) < 0 or len(value.strip(_WHITESPACE)) < 2):
+        return "not a JSON object: JSONEachRow takes exactly one {...} object per record"
+    return None
+
+
+def json_problem(value: bytes) -> str | None:
+    """Why ``value`` is not one JSON object, found by parsing it (the slow pre-check)."""
+    try:
+        decoded = msgspec.json.decode(value)
+    except msgspec.DecodeError as exc:
+        return f"malformed JSON: {exc}"
+    if not isinstance(decoded, dict):
+        return f"not a JSON object but a {type(decoded).__name__}"
+    return None
+
+
+def _object_start(value: bytes) -> int:
+    """Index of the opening brace of a JSON object, or -1."""
+    if value[0] == _OPEN:
+        return 0
+    stripped = value.lstrip(_WHITESPACE)
+    return len(value) - len(stripped) if stripped[:1] == b"{" else -1
+
+
+class BodyBuilder:
+    """Builds insert bodies for one partition: plain joins, or metadata spliced into JSON objects.
+
+    Construct with the metadata columns the target has; ``input_format`` must be a JSON object
+    format when there are any (``check_format`` says so at start-up).
+    """
+
+    def __init__(self, *, topic: str, partition: int, input_format: str, columns: Collection[str] = ()) -> None:
+        check_format(input_format, columns)
+        present = [c for c in METADATA_COLUMNS if c in columns]
+        self.json_objects = input_format in JSON_OBJECT_FORMATS
+        self.with_offset = "_offset" in present
+        fields = []
+        if "_topic" in present:
+            fields.append(b'"_topic":' + msgspec.json.encode(topic))
+        if "_partition" in present:
+            fields.append(b'"_partition":%d' % partition)
+        head = b"{" + b",".join(fields)
+        if self.with_offset:
+            head += (b"," if fields else b"") + b'"_offset":'
+        self.splice = bool(present)
+        self._head = head
+
+    def body(self, records: Sequence[RecordLike]) -> bytes:
+        """The insert body of ``records`` (each must have passed ``record_problem``)."""
+        if not self.splice:
+            return b"\n".join([r.value() for r in records])  # type: ignore[misc]
+        head = self._head.replace(b"%", b"%%")
+        lines: list[bytes] = []
+        append = lines.append
+        if self.with_offset:
+            fast = head + b"%d,%s"
+            for r in records:
+                v: bytes = r.value()  # type: ignore[assignment]
+                if v[0] == _OPEN and v[1] == _QUOTE:  # '{"': a non-empty object, no leading blanks
+                    append(fast % (r.offset(), v[1:]))
+                else:
+                    append(self._splice_slowly(v, b"%d" % r.offset()))
+        else:
+            fast = head + b",%s"
+            for r in records:
+                v = r.value()  # type: ignore[assignment]
+                if v[0] == _OPEN and v[1] == _QUOTE:
+                    append(fast % v[1:])
+                else:
+                    append(self._splice_slowly(v, b""))
+        return b"\n".join(lines)
+
+    def _splice_slowly(self, value: bytes, offset: bytes) -> bytes:
+        """Blanks around the brace, or an empty object (``{}`` takes no comma)."""
+        rest = value[_object_start(value) + 1:]
+        empty = rest.lstrip(_WHITESPACE)[:1] == b"}"
+        return self._head + offset + (b"" if empty else b",") + rest
+
+
+def check_format(input_format: str, columns: Collection[str]) -> None:
+    """Refuse metadata columns with an input format the participant cannot splice into."""
+    present = [c for c in METADATA_COLUMNS if c in columns]
+    if present and input_format not in JSON_OBJECT_FORMATS:
+        raise SetupError(
+            f"the target table has metadata columns {present} but clickhouse.input_format is "
+            f"{input_format!r}: chtxn fills them only for JSONEachRow records; use JSONEachRow "
+            "or drop/rename those columns"
+        )

@@ -1,0 +1,179 @@
+"""Chunking and token rules: the same offsets always give the same chunks; metadata splice."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from protocol.chunking import BodyBuilder, ChunkBuilder, check_format, json_problem, record_problem
+from protocol.errors import SetupError
+
+
+@dataclass(frozen=True)
+class Rec:
+    """The accessors of a confluent-kafka Message."""
+
+    t: str
+    p: int
+    o: int
+    v: bytes | None
+    k: bytes | None = None
+
+    def topic(self) -> str:
+        return self.t
+
+    def partition(self) -> int:
+        return self.p
+
+    def offset(self) -> int:
+        return self.o
+
+    def key(self) -> bytes | None:
+        return self.k
+
+    def value(self) -> bytes | None:
+        return self.v
+
+
+def records(offsets: list[int], size: int = 10, topic: str = "src", partition: int = 0) -> list[Rec]:
+    return [Rec(topic, partition, o, b"x" * size) for o in offsets]
+
+
+def builder(start: int = 0, rows: int = 3, nbytes: int = 1000) -> ChunkBuilder:
+    return ChunkBuilder(pipeline="pl", txn="e1_t1", topic="src", partition=0, start_offset=start, chunk_rows=rows, chunk_bytes=nbytes)
+
+
+def cut(recs: list[Rec], batch: int, **kw) -> list[tuple]:
+    b = builder(**kw)
+    chunks = []
+    for i in range(0, len(recs), batch):
+        chunks += b.add(recs[i:i + batch])
+    last = b.flush()
+    chunks += [last] if last else []
+    return [(c.chunk_no, c.token, c.first_offset, c.next_offset, tuple(r.o for r in c.records), c.bytes) for c in chunks]
+
+
+def test_chunks_by_rows_numbered_from_zero_with_tokens():
+    assert cut(records(list(range(7))), batch=100) == [
+        (0, "pl/e1_t1/src/0/0", 0, 3, (0, 1, 2), 30),
+        (1, "pl/e1_t1/src/0/1", 3, 6, (3, 4, 5), 30),
+        (2, "pl/e1_t1/src/0/2", 6, 7, (6,), 10),
+    ]
+
+
+def test_chunks_by_bytes_cut_before_the_record_that_would_overflow():
+    recs = [Rec("src", 0, 0, b"a" * 40), Rec("src", 0, 1, b"b" * 40), Rec("src", 0, 2, b"c" * 30), Rec("src", 0, 3, b"d" * 200)]
+    assert [(c[2], c[3], c[5]) for c in cut(recs, batch=1, rows=100, nbytes=100)] == [
+        (0, 2, 80),  # 80 + 30 would pass 100
+        (2, 3, 30),  # a record larger than chunk_bytes forms a chunk of its own
+        (3, 4, 200),
+    ]
+
+
+def test_exactly_full_chunk_is_cut_at_the_boundary():
+    recs = records([0, 1, 2, 3], size=50)
+    assert [c[4] for c in cut(recs, batch=2, rows=100, nbytes=100)] == [(0, 1), (2, 3)]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 13, 1000])
+def test_poll_batch_boundaries_never_change_chunks(batch):
+    recs = [Rec("src", 0, o, b"y" * (1 + (o * 7) % 23)) for o in range(5, 60)]
+    assert cut(recs, batch=batch, start=5, rows=4, nbytes=40) == cut(recs, batch=1000, start=5, rows=4, nbytes=40)
+
+
+def test_offset_gaps_are_kept_and_stale_records_skipped():
+    b = builder(start=10, rows=100)
+    b.add(records([10, 11]))
+    b.add(records([9, 11, 14]))  # 9 and 11 are stale deliveries: skipped
+    chunk = b.flush()
+    assert [r.o for r in chunk.records] == [10, 11, 14]
+    assert (chunk.first_offset, chunk.next_offset, b.next_offset, b.rows_read) == (10, 15, 15, 3)
+
+
+def test_add_takes_a_slice():
+    b = builder(rows=100)
+    recs = records([0, 1, 2, 3])
+    assert b.add(recs, 1, 3) == []
+    assert [r.o for r in b.flush().records] == [1, 2]
+
+
+def test_flush_of_an_empty_chunk_is_none():
+    b = builder()
+    assert b.flush() is None
+    b.add(records([0, 1, 2]))  # closed by rows
+    assert b.flush() is None and b.chunks_cut == 1
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError):
+        builder(rows=0)
+
+
+def splice(values: list[bytes], columns=("_topic", "_partition", "_offset"), fmt="JSONEachRow") -> list[dict]:
+    body = BodyBuilder(topic="src.a", partition=3, input_format=fmt, columns=columns).body(
+        [Rec("src.a", 3, 100 + i, v) for i, v in enumerate(values)]
+    )
+    decoder, text, out, at = json.JSONDecoder(), body.decode(), [], 0
+    while text[at:].strip():
+        obj, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
+        out.append(obj)
+    return out
+
+
+def test_splice_prepends_metadata_without_parsing():
+    body = BodyBuilder(topic="src.a", partition=3, input_format="JSONEachRow", columns=("_topic", "_partition", "_offset", "x")).body(
+        [Rec("src.a", 3, 7, b'{"x":1}'), Rec("src.a", 3, 9, b'{"x":2}')]
+    )
+    assert body == b'{"_topic":"src.a","_partition":3,"_offset":7,"x":1}\n{"_topic":"src.a","_partition":3,"_offset":9,"x":2}'
+
+
+def test_splice_handles_empty_objects_whitespace_and_nested_values():
+    assert splice([b"{}", b"  {\"a\": [1, {\"b\": 2}]}", b"{ }", b"{\n\"c\":\"}\"}"]) == [
+        {"_topic": "src.a", "_partition": 3, "_offset": 100},
+        {"_topic": "src.a", "_partition": 3, "_offset": 101, "a": [1, {"b": 2}]},
+        {"_topic": "src.a", "_partition": 3, "_offset": 102},
+        {"_topic": "src.a", "_partition": 3, "_offset": 103, "c": "}"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "columns, expected",
+    [
+        (("_offset",), {"_offset": 100, "v": 1}),
+        (("_topic",), {"_topic": "src.a", "v": 1}),
+        (("_partition", "_offset"), {"_partition": 3, "_offset": 100, "v": 1}),
+        (("_topic", "_partition"), {"_topic": "src.a", "_partition": 3, "v": 1}),
+    ],
+)
+def test_splice_fills_only_the_columns_the_target_has(columns, expected):
+    assert splice([b'{"v":1}'], columns=columns) == [expected]
+
+
+def test_without_metadata_columns_the_body_is_the_values_joined():
+    body = BodyBuilder(topic="t", partition=0, input_format="CSV").body([Rec("t", 0, 0, b"1,a"), Rec("t", 0, 1, b"2,b")])
+    assert body == b"1,a\n2,b"
+
+
+def test_metadata_columns_with_a_non_json_format_fail_clearly():
+    with pytest.raises(SetupError, match="input_format is 'CSV'.*JSONEachRow"):
+        check_format("CSV", ["x", "_offset"])
+    check_format("CSV", ["x"])
+    check_format("NDJSON", ["_offset"])
+
+
+def test_cheap_record_checks():
+    assert record_problem(None, json_objects=True).startswith("empty record")
+    assert record_problem(b"", json_objects=False).startswith("empty record")
+    assert record_problem(b"[1,2]", json_objects=True).startswith("not a JSON object")
+    assert record_problem(b" {", json_objects=True).startswith("not a JSON object")
+    assert record_problem(b"{", json_objects=True).startswith("not a JSON object")
+    assert record_problem(b"  {}", json_objects=True) is None
+    assert record_problem(b"1,2", json_objects=False) is None
+
+
+def test_json_pre_check():
+    assert json_problem(b'{"a":1}') is None
+    assert json_problem(b'{"a":').startswith("malformed JSON")
+    assert json_problem(b"[1]") == "not a JSON object but a list"
