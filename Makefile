@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-pure check-prereqs clean
+.PHONY: install test test-pure demo check-prereqs clean
 
 install: $(STAMP)
 
@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml | check-prereqs
 
 test: install
 	$(PY) -m pytest tests
+
+demo: install
+	$(VENV)/bin/chtxn demo --events 200000
 
 test-pure: install
 	$(PY) -m pytest tests/pure

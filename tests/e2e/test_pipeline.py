@@ -1,0 +1,168 @@
+"""The whole pipeline on the embedded stack: a coordinator process and the Spark participant job
+(real Spark in local mode), with faults. Every test ends with the exactly-once oracle.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import unique_name, wait_until
+from tests.pipelines import Pipeline, make_pipeline
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Processes:
+    """The pipeline's processes, each in its own process group, stopped at the end."""
+
+    def __init__(self, pipeline: Pipeline, logs: Path) -> None:
+        self.pipeline = pipeline
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name}
+        proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *argv, "--config", str(self.pipeline.config_path)],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def coordinator(self, name: str = "coordinator") -> subprocess.Popen:
+        return self.start(name, "coordinator")
+
+    def participants(self, slots: int) -> subprocess.Popen:
+        return self.start("participant", "participant", "--master", f"local[{slots},4]")
+
+    def kill(self, name: str) -> None:
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self.procs[name].wait(30)
+
+    def alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None and proc.returncode not in (-signal.SIGKILL,):
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
+    def tail(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text()[-4000:]
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+@contextmanager
+def running(pipeline: Pipeline, tmp_path: Path, slots: int):
+    procs = Processes(pipeline, tmp_path)
+    try:
+        procs.coordinator()
+        procs.participants(slots)
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def committed(pipeline: Pipeline, expected: int, procs: Processes, timeout_s: float = 300) -> None:
+    def done() -> bool:
+        procs.alive()
+        return pipeline.target_count() >= expected
+
+    wait_until(done, timeout_s, f"{expected} rows in the target")
+
+
+def assert_exactly_once(pipeline: Pipeline, rows: int, dead_letters=None) -> None:
+    report = pipeline.oracle(dead_letters)
+    assert report.ok, report.anomalies
+    assert report.rows_in_target == rows
+
+
+def python_workers() -> list[int]:
+    """PySpark's Python workers: processes forked by a ``pyspark.daemon`` (same command line)."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
+    daemons = {}
+    for line in out.splitlines()[1:]:
+        pid, ppid, args = line.strip().split(None, 2)
+        if "pyspark.daemon" in args:
+            daemons[int(pid)] = int(ppid)
+    return sorted(pid for pid, ppid in daemons.items() if ppid in daemons)
+
+
+def test_four_partitions_100k_events_exactly_once(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("e2e100k"), partitions=4,
+                             settings={"transaction.interval_s": 1.0, "participant.chunk_rows": 10_000})
+    produced = pipeline.produce(100_000)
+    with running(pipeline, tmp_path, slots=4) as procs:
+        committed(pipeline, produced, procs)
+    assert_exactly_once(pipeline, produced)
+    aborted = pipeline.ledger().history(limit=1000, state="ABORTED")
+    assert all(t.reason == "coordinator shutting down" or "orphan" in t.reason or "heartbeats" in t.reason
+               for t in aborted), [t.reason for t in aborted]
+
+
+def test_python_worker_sigkill_mid_transaction(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("e2ekillw"), partitions=2,
+                             settings={"participant.chunk_rows": 2_000})
+    produced = pipeline.produce(20_000)
+    with running(pipeline, tmp_path, slots=2) as procs:
+        wait_until(lambda: procs.alive() or pipeline.target_count() > 0, 180, "the first rows committed")
+        workers = wait_until(python_workers, 30, "a PySpark Python worker")
+        os.kill(workers[0], signal.SIGKILL)
+        more = pipeline.produce(20_000, start_id=produced)
+        committed(pipeline, produced + more, procs)
+    assert_exactly_once(pipeline, produced + more)
+
+
+def test_coordinator_sigkill_mid_transaction_and_restart(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("e2ekillc"), partitions=2)
+    produced = pipeline.produce(20_000)
+    with running(pipeline, tmp_path, slots=2) as procs:
+        wait_until(lambda: procs.alive() or pipeline.target_count() > 0, 180, "the first rows committed")
+        more = pipeline.produce(20_000, start_id=produced)
+        procs.kill("coordinator")
+        procs.coordinator("coordinator-restarted")
+        committed(pipeline, produced + more, procs)
+    assert_exactly_once(pipeline, produced + more)
+
+
+def test_malformed_records_go_to_the_dead_letter_topic(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("e2edlq"), partitions=2,
+                             settings={"participant.chunk_rows": 2_000})
+    produced = pipeline.produce(20_000, bad_every=100)  # 1% malformed
+    bad = produced // 100
+    with running(pipeline, tmp_path, slots=2) as procs:
+        committed(pipeline, produced - bad, procs)
+    dead = pipeline.dead_letter_offsets()
+    assert sum(len(v) for v in dead.values()) == bad
+    for tp, offsets in dead.items():  # the malformed ones are every 100th id, spread by id % 2
+        assert all(o % 50 == 49 for o in offsets), (tp, sorted(offsets)[:5])
+    assert_exactly_once(pipeline, produced - bad, dead)
+
+
+def test_idle_topic_commits_empty_transactions(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("e2eidle"), partitions=2,
+                             settings={"transaction.interval_s": 0.5})
+    produced = pipeline.produce(1_000)
+    with running(pipeline, tmp_path, slots=2) as procs:
+        committed(pipeline, produced, procs)
+        ledger = pipeline.ledger()
+        base = len(ledger.commits())
+        wait_until(lambda: procs.alive() or len(ledger.commits()) >= base + 6, 60, "six more (empty) commits")
+        idle = ledger.commits()[base:]
+        assert all(c.total_rows == 0 for c in idle)
+        assert ledger.history(limit=1000, state="ABORTED") == []
+    assert_exactly_once(pipeline, produced)
