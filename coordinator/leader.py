@@ -91,7 +91,7 @@ class Leader:
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self.cfg.coordinator.leader_lease_s / 3
-                self.metrics.participants.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
+                self._gauges(now)
             if now >= next_partition_check:
                 next_partition_check = now + PARTITION_CHECK_S
                 outcome = outcome or self._check_partitions()
@@ -268,6 +268,11 @@ class Leader:
             raise BrokerUnreachable(
                 f"cannot read the offsets of {tp.topic}-{tp.partition} from {self.cfg.kafka.bootstrap_servers}: {exc}"
             ) from None
+
+    def _gauges(self, now: float) -> None:
+        self.metrics.participants.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
+        for tp, lag in self.state.lag().items():
+            self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
 
     def _heartbeat(self) -> None:
         self.control.send(LeaderHeartbeat(pipeline=self.cfg.name, epoch=self.epoch, txn="", sender=self.coordinator))

@@ -55,6 +55,7 @@ class _Liveness:
     seen_at: float
     txn: str = ""
     buffered_rows: int = 0
+    log_end: int = -1  # the partition's end as the participant last saw it (-1: unknown)
 
 
 class CoordinatorState:
@@ -96,6 +97,13 @@ class CoordinatorState:
     def open_txn(self) -> Txn | None:
         return next((t for t in self.txns if t.phase in _OPEN), None)
 
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per partition: log end (from heartbeats) minus the last committed offset."""
+        return {
+            tp: max(0, live.log_end - self._base(tp))
+            for tp, live in self.alive.items() if live.log_end >= 0 and tp in self.partitions
+        }
+
     def live_partitions(self, now: float) -> set[TopicPartition]:
         limit = self.timing.heartbeat_timeout_s
         return {tp for tp, live in self.alive.items() if now - live.seen_at <= limit}
@@ -133,7 +141,7 @@ class CoordinatorState:
             return []
         if isinstance(msg, Heartbeat):
             for pos in msg.partitions:
-                self.alive[pos.tp] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows)
+                self.alive[pos.tp] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end)
             return []
         kind = type(msg).__struct_config__.tag
         if kind in COORDINATOR_KINDS:

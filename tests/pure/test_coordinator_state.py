@@ -294,3 +294,19 @@ def test_after_an_abort_a_never_committed_partition_restarts_from_its_first_init
         *abort(t1, "events-1 failed: boom", "participant-error"), create(2),
     ]
     assert d.txn(2).start == START_1  # records 0-2 of P1 are read again, not skipped
+
+
+def test_lag_is_log_end_from_heartbeats_minus_the_committed_offset() -> None:
+    from protocol.coordinator_events import Received
+    from protocol.messages import Heartbeat, PartitionPosition
+
+    positions = (PartitionPosition(topic=P0.topic, partition=0, position=45, log_end=70),
+                 PartitionPosition(topic=P1.topic, partition=1, position=0, log_end=-1))
+    beat = Received(Heartbeat(pipeline="orders", epoch=3, txn="", sender="x", partitions=positions))
+    before = Driver()
+    before.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), beat)
+    assert before.state.lag() == {P0: 70 - HEAD[P0]}  # P1's log end is unknown
+    after = Driver()
+    committed_1(after)
+    after.at(T0 + 2, beat)
+    assert after.state.lag() == {P0: 70 - END_1[P0]}
