@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "coordinator.cli.service",
     "coordinator.cli.txn",
     "coordinator.cli.verify",
+    "coordinator.cli.status",
     "coordinator.cli.participant",
     "coordinator.cli.demo",
 )

@@ -1,0 +1,139 @@
+"""``chtxn status``: the pipeline at a glance — leader, last commit, participants, lag."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import msgspec
+from confluent_kafka import Consumer, TopicPartition as KafkaTP
+from rich.console import Console
+from rich.table import Table
+
+from clients import kafka as kafka_clients
+from coordinator.cli.txn import _missing_ledger, open_ledger
+from protocol import codec
+from protocol.config import PipelineConfig, load_config
+from protocol.errors import ClickHouseError
+from protocol.messages import Heartbeat, LeaderHeartbeat
+
+#: How far back the control topic is read for heartbeats.
+CONTROL_TAIL = 2_000
+
+
+class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    committed: int | None  # next offset to read after the last commit; None: never committed
+    log_end: int
+    lag: int | None
+    participant: str  # "" when no live participant holds it
+
+
+class Status(msgspec.Struct, frozen=True, kw_only=True):
+    pipeline: str
+    leader: str  # "" when no leader was heard from within the lease
+    epoch: int
+    last_commit_seq: int
+    last_txn: str
+    last_txn_state: str
+    last_abort_reason: str
+    partitions: tuple[PartitionStatus, ...]
+    healthy: bool
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="the pipeline at a glance: leader, last commit, participants, lag",
+        description="Reads the ledger (epoch, last commit), the tail of the control topic (the leader's and the "
+        "participants' heartbeats) and the source partitions' ends. Exit code 0 when a leader and a live "
+        "participant for every partition were heard from, 1 otherwise.",
+        epilog="Example: chtxn status --config pipeline.toml --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=run)
+
+
+def collect(cfg: PipelineConfig, config_path: str) -> Status:
+    ledger = open_ledger(cfg)
+    try:
+        head_seq, head = ledger.head()
+        epoch = ledger.max_epoch()
+        latest = ledger.history(limit=1)
+        aborted = ledger.history(limit=1, state="ABORTED")
+    except ClickHouseError as exc:
+        raise _missing_ledger(exc, cfg, config_path) from None
+    leader, holders = _heartbeats(cfg)
+    consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-status"}))
+    try:
+        partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
+        rows = []
+        for tp in partitions:
+            _, high = consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10)
+            committed = head.get(tp)
+            rows.append(PartitionStatus(
+                topic=tp.topic, partition=tp.partition, committed=committed, log_end=high,
+                lag=max(0, high - committed) if committed is not None else None, participant=holders.get(tp, ""),
+            ))
+    finally:
+        consumer.close()
+    return Status(
+        pipeline=cfg.name, leader=leader, epoch=epoch, last_commit_seq=head_seq,
+        last_txn=latest[0].txn if latest else "", last_txn_state=latest[0].state if latest else "",
+        last_abort_reason=aborted[0].reason if aborted else "", partitions=tuple(rows),
+        healthy=bool(leader) and all(r.participant for r in rows),
+    )
+
+
+def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
+    """The leader and the holder of each partition heard within their timeouts, from the control topic."""
+    consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-status",
+                                                             "enable.partition.eof": True}))
+    try:
+        low, high = consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
+        consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, high - CONTROL_TAIL))])
+        now_ms = time.time() * 1000
+        leader, holders = "", {}
+        done = False
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            for record in consumer.consume(500, 0.5):
+                if record.error() is not None:
+                    done = True  # partition EOF
+                    continue
+                message = codec.decode(record.value())
+                age_s = (now_ms - record.timestamp()[1]) / 1000
+                if isinstance(message, LeaderHeartbeat) and age_s <= cfg.coordinator.leader_lease_s:
+                    leader = f"{message.sender} (epoch {message.epoch})"
+                elif isinstance(message, Heartbeat) and age_s <= cfg.heartbeat_timeout_s:
+                    for pos in message.partitions:
+                        holders[pos.tp] = message.sender
+        return leader, holders
+    finally:
+        consumer.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, os.environ)
+    status = collect(cfg, args.config)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(status)).decode())
+        return 0 if status.healthy else 1
+    console = Console()
+    console.print(f"pipeline [bold]{status.pipeline}[/]: leader {status.leader or '[red]none heard[/]'}; "
+                  f"highest epoch {status.epoch}; last commit slot {status.last_commit_seq}; "
+                  f"latest txn {status.last_txn or '-'} {status.last_txn_state}")
+    if status.last_abort_reason:
+        console.print(f"last abort: {status.last_abort_reason}")
+    table = Table(title="source partitions")
+    for column in ("partition", "committed", "log end", "lag", "participant"):
+        table.add_column(column, justify="left" if column in ("partition", "participant") else "right")
+    for p in status.partitions:
+        table.add_row(f"{p.topic}-{p.partition}", "-" if p.committed is None else str(p.committed), str(p.log_end),
+                      "-" if p.lag is None else str(p.lag), p.participant or "[red]none live[/]")
+    console.print(table)
+    return 0 if status.healthy else 1

@@ -1,0 +1,51 @@
+"""``chtxn status`` and ``chtxn verify`` against a running pipeline (scripted participants)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import unique_name, wait_until
+from tests.integration.scripted_participants import ScriptedParticipants
+from tests.integration.test_coordinator import REPO, coordinator
+from tests.pipelines import make_pipeline
+
+
+def chtxn(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("status"))
+    produced = pipeline.produce(1_000)
+    config = str(pipeline.config_path)
+    idle = chtxn("status", "--config", config, "--json")
+    assert idle.returncode == 1, idle.stderr
+    assert json.loads(idle.stdout)["healthy"] is False
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"), coordinator(pipeline, "status-c1"):
+        wait_until(lambda: pipeline.target_count() == produced, 60, "rows published")
+        result = chtxn("status", "--config", config, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        status = json.loads(result.stdout)
+        assert status["leader"].startswith("status-c1")
+        assert {p["participant"] for p in status["partitions"]} == {"scripted-p"}
+        assert sum(p["committed"] for p in status["partitions"]) == produced
+        table = chtxn("status", "--config", config)
+        assert "status-c1" in table.stdout and "scripted-p" in table.stdout
+    verified = chtxn("verify", "--config", config, "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert report["ok"] and report["deep"]["rows_in_target"] == produced
+
+
+def test_verify_deep_fails_on_a_duplicated_row(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("verifydup"))
+    produced = pipeline.produce(200)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline):
+        wait_until(lambda: pipeline.target_count() == produced, 60, "rows published")
+    db, table = pipeline.cfg.clickhouse.database, pipeline.cfg.clickhouse.target_table
+    pipeline.client().command(f"INSERT INTO `{db}`.`{table}` SELECT * FROM `{db}`.`{table}` LIMIT 1")
+    result = chtxn("verify", "--config", str(pipeline.config_path), "--deep")
+    assert result.returncode == 1
+    assert "1 duplicates" in result.stdout and "FAILED" in result.stdout
