@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 STAGE_DEDUP_WINDOW = 100_000
 
 
+def _deduplicates(engine: str, engine_full: str) -> bool:
+    """Whether a MergeTree table drops a block it has seen (within its deduplication window)."""
+    return "Replicated" in engine or "Shared" in engine or "non_replicated_deduplication_window" in engine_full
+
+
 def _ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -38,7 +43,8 @@ class StageTables:
     # ---- checks done once at take-over ----------------------------------------------------
 
     def check_target(self) -> None:
-        """Refuse what cannot work: a missing target, ``move`` into a table with views."""
+        """Refuse what cannot work: a missing target, ``move`` into a table with views, and
+        ``insert-select`` into a target (or a view's table) that would store a repeated publish twice."""
         rows = self.client.query(
             "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": self.database, "t": self.target},
@@ -57,25 +63,50 @@ class StageTables:
                 f"target table {self.database}.{self.target} has dependent materialized views ({', '.join(views)}), "
                 "which do not fire on ALTER TABLE ... MOVE PARTITION: set transaction.publish_mode = \"insert-select\""
             )
-        if self.publish_mode == "insert-select" and "Replicated" not in engine and "non_replicated_deduplication_window" not in engine_full:
+        if self.publish_mode == "insert-select" and not _deduplicates(engine, engine_full):
             raise SetupError(
                 f"publish_mode insert-select needs deduplication on {self.database}.{self.target} so that a repeated "
                 f"publish stores rows once: ALTER TABLE {self.database}.{self.target} MODIFY SETTING "
                 "non_replicated_deduplication_window = 1000"
             )
+        unsafe = self._view_tables_without_dedup(views) if self.publish_mode == "insert-select" else []
+        if unsafe:
+            view, table = unsafe[0]
+            raise SetupError(
+                f"materialized view {view} on {self.database}.{self.target} writes to {table}, which does not "
+                "deduplicate, so a repeated publish would count its rows twice there: ALTER TABLE "
+                f"{table} MODIFY SETTING non_replicated_deduplication_window = 1000"
+            )
 
     def dependent_views(self) -> list[str]:
+        """Materialized views that read from the target (``db.view``), which fire on INSERT only."""
         rows = self.client.query(
-            "SELECT name FROM system.tables WHERE engine = 'MaterializedView' "
-            "AND has(dependencies_table, {t:String}) AND has(dependencies_database, {db:String})",
+            "SELECT dependencies_database, dependencies_table FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": self.database, "t": self.target},
         ).result_rows
-        rows += self.client.query(  # views declared with TO target
-            "SELECT name FROM system.tables WHERE engine = 'MaterializedView' AND database = {db:String} "
-            "AND position(create_table_query, {to:String}) > 0",
-            parameters={"db": self.database, "to": f"TO {self.database}.{self.target}"},
+        return sorted(f"{db}.{name}" for dbs, names in rows for db, name in zip(dbs, names))
+
+    def _view_tables_without_dedup(self, views: list[str]) -> list[tuple[str, str]]:
+        """(view, its table) for each view whose table would store a repeated publish twice.
+
+        Newer ClickHouse servers (26.x at least) pass a block deduplicated in the target on to the
+        views, where only the view's own table can drop it again. Servers whose ``system.tables``
+        has no ``target_table`` column are not checked.
+        """
+        if not views or not int(self.client.command(
+            "SELECT count() FROM system.columns WHERE database = 'system' AND table = 'tables' AND name = 'target_table'"
+        )):
+            return []
+        rows = self.client.query(
+            "SELECT concat(v.database, '.', v.name), concat(t.database, '.', t.name), t.engine, t.engine_full "
+            "FROM system.tables AS v INNER JOIN system.tables AS t "
+            "ON t.database = v.target_database AND t.name = v.target_table "
+            "WHERE concat(v.database, '.', v.name) IN {views:Array(String)}",
+            parameters={"views": views},
         ).result_rows
-        return sorted({r[0] for r in rows})
+        return [(view, table) for view, table, engine, full in sorted(rows)
+                if "MergeTree" in engine and not _deduplicates(engine, full)]
 
     # ---- step 2 -----------------------------------------------------------------------------
 
@@ -116,6 +147,7 @@ class StageTables:
                 settings={
                     "insert_deduplication_token": naming.publish_token(self.pipeline, txn),
                     "insert_deduplicate": 1,
+                    "deduplicate_blocks_in_dependent_materialized_views": 1,
                     "async_insert": 0,
                 },
             )

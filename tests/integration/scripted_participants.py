@@ -41,6 +41,7 @@ class ScriptedParticipants:
         self.statuses: list[WriteStatus] = []
         self.starts: list[StartCommit] = []
         self.aborts: list[Abort] = []
+        self.withheld: list[tuple[str, TopicPartition]] = []  # (txn, partition) of each WRITE-STATUS not sent
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scripted-participants", daemon=True)
@@ -116,7 +117,10 @@ class ScriptedParticipants:
             start = self._open.pop(message.txn)
             for offset in start.offsets:
                 tp = offset.tp
-                if tp not in self.partitions or tp in self.knobs.withhold_status:
+                if tp not in self.partitions:
+                    continue
+                if tp in self.knobs.withhold_status:
+                    self.withheld.append((message.txn, tp))
                     continue
                 status = self._stage(start, tp, offset.offset)
                 self.statuses.append(status)
