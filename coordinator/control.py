@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition as KafkaTP
 
 from clients import kafka as kafka_clients
+from clients.kafka import BrokerUnreachable
 from protocol import codec
 from protocol.config import PipelineConfig
-from protocol.errors import SetupError
 from protocol.messages import ControlMessage
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 class ControlChannel:
     """Reads the control topic from its end at start-up (history is never needed) and broadcasts.
 
-    ``send`` waits for the broker's acknowledgement: a message the caller saw sent is durable.
+    ``send`` waits for the broker's acknowledgement: a message the caller saw sent is durable; one
+    not acknowledged in time raises ``BrokerUnreachable`` (transient: the service backs off and
+    starts again).
     """
 
     def __init__(self, cfg: PipelineConfig, *, client_id: str) -> None:
@@ -62,7 +64,7 @@ class ControlChannel:
         assert self._producer is not None, "open() first"
         self._producer.produce(self.topic, key=self.cfg.name.encode(), value=codec.encode(message))
         if self._producer.flush(timeout) > 0:
-            raise SetupError(
+            raise BrokerUnreachable(
                 f"could not deliver a {type(message).__name__} to control topic {self.topic} within {timeout:g} s: "
                 f"is the broker at {self.cfg.kafka.bootstrap_servers} up?"
             )

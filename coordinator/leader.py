@@ -84,7 +84,9 @@ class Leader:
         outcome = self._feed(Ready(head_seq, head, self._initial(partitions, head)))
         next_heartbeat = next_partition_check = self.clock()
         shutting = False
+        fresh_s = self.cfg.heartbeat_timeout_s / 4
         while outcome is None:
+            listened_at = self.clock()
             for message in self.control.poll(timeout=0.02):
                 outcome = outcome or self._feed(Received(message))
             now = self.clock()
@@ -98,7 +100,8 @@ class Leader:
             if stop.is_set() and not shutting:
                 shutting = True
                 outcome = outcome or self._feed(Shutdown())
-            outcome = outcome or self._feed(Tick())
+            if self.clock() - listened_at <= fresh_s:  # Tick judges silence: only right after listening
+                outcome = outcome or self._feed(Tick())
         return outcome
 
     def _feed(self, event: Event) -> str | None:

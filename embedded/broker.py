@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from embedded.service import LoopbackService, NotReady
 from protocol.errors import SetupError
@@ -49,7 +50,8 @@ class EmbeddedBroker(LoopbackService):
     """A Tansu broker on ``host:port`` (``port=0``: a free port) with memory storage.
 
     ``detached=True`` lets the broker outlive this process (``chtxn embedded up``); ``log_path``
-    receives its output. Example::
+    receives its output. ``advertised_host``/``advertised_port`` (default: where it listens) are the
+    address the broker gives clients in metadata, e.g. a proxy in front of it. Example::
 
         with EmbeddedBroker() as broker:
             Producer({"bootstrap.servers": broker.bootstrap})
@@ -57,6 +59,12 @@ class EmbeddedBroker(LoopbackService):
 
     name = "kafka"
     title = "the embedded Kafka broker (Tansu)"
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, advertised_host: str = "",
+                 advertised_port: int = 0, **kwargs: Any) -> None:
+        super().__init__(port, host, **kwargs)
+        self.advertised_host = advertised_host
+        self.advertised_port = advertised_port
 
     @property
     def bootstrap(self) -> str:
@@ -72,7 +80,8 @@ class EmbeddedBroker(LoopbackService):
 
     def _argv(self) -> list[str]:
         url = f"tcp://{self.host}:{self.port}"
-        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://{self.advertised_host or self.host}:{self.advertised_port or self.port}"
+        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                 "--storage-engine", "memory://tansu/"]
 
     def _env(self) -> dict[str, str]:

@@ -80,7 +80,8 @@ class PartitionsChanged:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passed; the machine checks its timers."""
+    """Time passed; the machine checks its timers. Fed only right after the control topic was read:
+    participant silence is judged on ``Tick`` alone, so a leader's own stall is never counted as it."""
 
 
 @dataclass(frozen=True)

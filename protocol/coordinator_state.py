@@ -87,7 +87,7 @@ class CoordinatorState:
         handler = getattr(self, f"_on_{type(event).__name__}")
         actions: list[Action] = handler(event, now)
         if not self.stepped_down:
-            actions += self._advance(now)
+            actions += self._advance(now, judge_silence=isinstance(event, Tick))
         return actions
 
     def txn(self, txn_id: str) -> Txn | None:
@@ -234,7 +234,7 @@ class CoordinatorState:
 
     # ---- the driver of every step -----------------------------------------------------
 
-    def _advance(self, now: float) -> list[Action]:
+    def _advance(self, now: float, judge_silence: bool = False) -> list[Action]:
         actions: list[Action] = []
         t = self.timing
         for txn in list(self.txns):
@@ -249,7 +249,7 @@ class CoordinatorState:
                     if not txn.missing:
                         txn.phase, txn.complete_at = Phase.COMPLETE, now
             if txn.phase in (Phase.COLLECTING, Phase.ENDING):
-                dead = self._dead_participants(txn, now)
+                dead = self._dead_participants(txn, now, judge_silence)
                 if dead:
                     actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now, "participant-dead")
                     continue
@@ -310,12 +310,13 @@ class CoordinatorState:
             after = parent.after if parent else None
         return False
 
-    def _dead_participants(self, txn: Txn, now: float) -> str:
-        """Partitions still owing a WRITE-STATUS whose participant is silent or was replaced."""
+    def _dead_participants(self, txn: Txn, now: float, judge_silence: bool) -> str:
+        """Partitions still owing a WRITE-STATUS whose participant was replaced or (judged only on
+        ``Tick``, right after the runner read the control topic) is silent."""
         live = self.live_partitions(now)
         gone = [
             tp for tp in txn.missing
-            if tp not in live or (tp in txn.holders and self.alive[tp].sender != txn.holders[tp])
+            if (judge_silence and tp not in live) or (tp in txn.holders and self.alive[tp].sender != txn.holders[tp])
         ]
         return ", ".join(f"{tp.topic}-{tp.partition}" for tp in gone)
 

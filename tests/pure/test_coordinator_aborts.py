@@ -79,6 +79,17 @@ def test_a_participant_dying_before_end_aborts_at_once() -> None:
     assert d.at(T0 + 3.5, hb(P1), Tick()) == abort(t1, "participant of events-0 stopped sending heartbeats", "participant-dead")
 
 
+def test_silence_is_judged_on_tick_only_so_a_stalled_leader_reads_its_backlog_first() -> None:
+    """A leader blocked past the heartbeat timeout (e.g. by a slow ClickHouse) must not count its
+    own stall as the participants' silence: the events it handles next judge no silence, the Tick
+    the runner feeds right after reading the control topic does."""
+    d = Driver(replace(TIMING, interval_s=60.0))
+    t1 = d.started(T0)
+    assert d.at(T0 + 5, hb(P0), hb(P1), Tick()) == []  # a 5 s stall, then the backlog: both alive
+    assert d.at(T0 + 9, hb(P0)) == []
+    assert d.at(T0 + 9, Tick()) == abort(t1, "participant of events-1 stopped sending heartbeats", "participant-dead")
+
+
 def test_a_participant_replaced_mid_txn_aborts() -> None:
     d = Driver()
     t1 = d.started(T0)
