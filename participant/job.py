@@ -112,8 +112,11 @@ class ParticipantJob:
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
             return 0
         finally:
-            sc.cancelAllJobs()
-            sc.stop()
+            try:
+                sc.cancelAllJobs()
+                sc.stop()
+            except Exception as exc:  # Spark's own shutdown hook may have stopped it first
+                log.info("SparkContext already stopped: %s", _first_line(exc))
 
     def _preflight(self) -> None:
         """Refuse at once what no task could fix (``SetupError``); ClickHouse being away is not refused."""
