@@ -1,0 +1,61 @@
+"""CPU seconds by component, from ``/proc`` (Linux): where a run's CPU time goes.
+
+``snapshot()`` reads user + system time of every live process and files it under a component
+by its command line; the difference of two snapshots is the CPU each component used between
+them. Processes that start and exit between two snapshots are missed (the benchmark's own
+workers report their CPU themselves). ``other`` is everything else on the machine: on a shared
+machine, the load the benchmark competed with.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+#: Component -> substrings of the command line that identify it (first match wins).
+COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("clickhouse", ("embedded.clickhouse_server",)),
+    ("broker", ("tansu",)),
+    ("coordinator", ("coordinator.cli coordinator",)),
+    ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
+    ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
+    ("plain loop", ("multiprocessing.spawn",)),
+    ("benchmark driver", ("benchmarks.pipeline", "coordinator.cli participant", "embedded.procs")),
+)
+
+
+def snapshot() -> dict[int, tuple[str, float]]:
+    """pid -> (component, CPU seconds so far) for every process readable now."""
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        found[int(entry.name)] = (_component(cmdline), seconds)
+    return found
+
+
+def used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per component between two snapshots (processes alive at ``after``)."""
+    totals: dict[str, float] = {}
+    for pid, (component, seconds) in after.items():
+        start = before.get(pid)
+        delta = seconds - (start[1] if start and start[0] == component else 0.0)
+        if delta > 0:
+            totals[component] = totals.get(component, 0.0) + delta
+    return totals
+
+
+def _component(cmdline: str) -> str:
+    for name, needles in COMPONENTS:
+        if any(n in cmdline for n in needles):
+            return name
+    return "other"

@@ -1,0 +1,97 @@
+"""The benchmark's rich tables: rows/s side by side, the chtxn txn figures, and where time and CPU go."""
+
+from __future__ import annotations
+
+import os
+
+from rich.table import Table
+
+from benchmarks import cpu
+from benchmarks.chtxn_run import PipelineFigures
+from benchmarks.plain import Outcome
+
+
+def _pct(values: list[float], q: float) -> str:
+    """The nearest-rank ``q`` quantile of sorted ``values``."""
+    if not values:
+        return "-"
+    return f"{values[min(len(values) - 1, int(q * len(values)))]:.0f}"
+
+
+def results(outcomes: list[Outcome], figures: PipelineFigures, title: str) -> Table:
+    """Rows/s of every run, and each relative to the plain loop (a)."""
+    table = Table(title=title)
+    for column in ("run", "rows", "seconds", "rows/s", "vs (a)"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    names = {"consume": "(c) consume only (confluent-kafka)", "insert": "(c) insert only (JSONEachRow, spliced)",
+             "loop": "(a) plain at-least-once loop"}
+    base = next((o.rows_per_s for o in outcomes if o.mode == "loop"), 0.0)
+    for o in outcomes:
+        table.add_row(names[o.mode], f"{o.rows:,}", f"{o.window_s:.2f}", f"{o.rows_per_s:,.0f}",
+                      f"{o.rows_per_s / base:.2f}" if base else "-")
+    table.add_row("(b) chtxn, steady state (ledger)", f"{figures.rows:,}", f"{figures.window_s:.2f}",
+                  f"{figures.rows_per_s:,.0f}", f"{figures.rows_per_s / base:.2f}" if base else "-")
+    wall_rate = figures.rows / figures.wall_s if figures.wall_s else 0.0
+    table.add_row("(b) chtxn, wall time incl. Spark start-up", f"{figures.rows:,}", f"{figures.wall_s:.2f}",
+                  f"{wall_rate:,.0f}", f"{wall_rate / base:.2f}" if base else "-")
+    return table
+
+
+def pipeline_table(f: PipelineFigures) -> Table:
+    """The chtxn run's txns, latencies and phases."""
+    table = Table(title="chtxn transactions (from the ledger)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    aborts = ", ".join(f"{n} x {reason}" for reason, n in f.aborts.items()) or "0"
+    for name, value in (
+        ("data txns committed (empty ones)", f"{f.data_txns} ({f.empty_txns})"),
+        ("rows per data txn, mean", f"{f.rows / f.data_txns:,.0f}"),
+        ("aborts (besides shutdown)", aborts),
+        ("END -> commit point, p50 / p95 ms", f"{_pct(f.commit_ms, 0.5)} / {_pct(f.commit_ms, 0.95)}"),
+        ("commit point -> published, p50 ms", _pct(f.publish_ms, 0.5)),
+        ("START -> END, p50 ms", _pct(f.consume_ms, 0.5)),
+        ("processes started -> first data START, s", f"{f.spark_ready_s:.1f}"),
+    ):
+        table.add_row(name, value)
+    p = f.phases
+    if p is not None:
+        table.add_section()
+        for name, value in (
+            (f"control topic, median of {p.txns} data txns: END -> last WRITE-STATUS ms (inserting, not reading)",
+             f"{p.flush_ms:.0f}"),
+            ("last WRITE-STATUS -> next START ms (coordinator turnaround)", f"{p.turnaround_ms:.0f}"),
+            ("last WRITE-STATUS -> ACK-COMMIT ms", f"{p.to_ack_ms:.0f}"),
+            ("share of the cycle participants can read", f"{p.reading_share:.0%}"),
+            ("chunks per data txn, mean", f"{p.chunks_per_txn:.1f}"),
+        ):
+            table.add_row(name, value)
+    return table
+
+
+def loop_phases_table(outcomes: list[Outcome]) -> Table:
+    """Where the reference loops' processes spend their time."""
+    table = Table(title="where the plain loop's processes spend their time (seconds, summed over processes)")
+    table.add_column("run")
+    for phase in ("consume", "body", "insert", "commit"):
+        table.add_column(phase, justify="right")
+    for o in outcomes:
+        table.add_row(o.mode, *(f"{o.phases_s.get(p, 0.0):.2f}" for p in ("consume", "body", "insert", "commit")))
+    return table
+
+
+def cpu_table(outcomes: list[Outcome], figures: PipelineFigures) -> Table:
+    """CPU seconds per 100k rows by component, and how busy the machine was."""
+    runs = [(o.mode, o.cpu_s, o.rows, o.cpu_window_s) for o in outcomes]
+    runs.append(("chtxn", figures.cpu_s, figures.rows, figures.cpu_window_s))
+    table = Table(title="CPU seconds per 100k rows, by component (other: every other process on the machine)")
+    table.add_column("component")
+    for name, *_ in runs:
+        table.add_column(name, justify="right")
+    components = [c for c, _ in cpu.COMPONENTS] + ["other"]
+    for component in components:
+        if any(usage.get(component) for _, usage, _, _ in runs):
+            table.add_row(component, *(f"{usage.get(component, 0.0) / rows * 1e5:.2f}" for _, usage, rows, _ in runs))
+    table.add_row("share of the machine used by the run (other excluded)", *(
+        f"{sum(v for c, v in usage.items() if c != 'other') / (window * (os.cpu_count() or 1)):.0%}" if window else "-"
+        for _, usage, _, window in runs))
+    return table

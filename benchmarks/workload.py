@@ -1,0 +1,126 @@
+"""The benchmark's data and set-up: the demo's JSON events, one topic, and two identical tables.
+
+``prepare`` gives a fresh pipeline on a running ``EmbeddedStack``: a source topic with
+``partitions`` partitions (plus the control and dead-letter topics), database ``bench`` with the
+chtxn target ``bench.events``, the plain loop's ``bench.events_plain`` and the insert ceiling's
+``bench.events_ceiling`` (all the demo's schema, metadata columns included), and the ledger. ``produce`` writes the demo's events and returns
+only once the broker has acknowledged every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from clients import kafka as kafka_clients
+from clients.clickhouse import make_client
+from coordinator.cli.demo import TARGET_DDL, events
+from coordinator.ledger_store import LedgerStore
+from protocol.config import PipelineConfig, load_config
+from protocol.errors import ChtxnError
+
+DATABASE = "bench"
+TARGET = "events"
+PLAIN = "events_plain"
+CEILING = "events_ceiling"
+TOPIC = "bench_events"
+#: What the plain loop commits its offsets under (the pipeline's own group is ``bench``).
+PLAIN_GROUP = "bench-plain"
+
+PIPELINE_TOML = """
+[pipeline]
+name = "bench"
+topics = ["{topic}"]
+
+[kafka]
+bootstrap_servers = "{kafka}"
+
+[clickhouse]
+url = "{clickhouse}"
+database = "{database}"
+target_table = "{target}"
+
+[transaction]
+interval_s = {interval_s}
+size_trigger_rows = {size_trigger_rows}
+
+[participant]
+chunk_rows = {chunk_rows}
+
+[kafka.properties]
+{properties}
+"""
+
+
+def write_config(path: Path, *, kafka: str, clickhouse: str, interval_s: float, size_trigger_rows: int,
+                 chunk_rows: int, properties: dict[str, str] | None = None) -> PipelineConfig:
+    """Write the benchmark pipeline's TOML to ``path`` and load it (the coordinator and job read it too).
+
+    ``properties`` are librdkafka properties for ``[kafka.properties]``.
+    """
+    path.write_text(PIPELINE_TOML.format(
+        topic=TOPIC, kafka=kafka, clickhouse=clickhouse, database=DATABASE, target=TARGET,
+        interval_s=interval_s, size_trigger_rows=size_trigger_rows, chunk_rows=chunk_rows,
+        properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),
+    ))
+    return load_config(str(path), {})
+
+
+def prepare(cfg: PipelineConfig, partitions: int) -> None:
+    """Topics, the two tables and the ledger, on a stack where they do not exist yet."""
+    admin = kafka_clients.admin(cfg)
+    kafka_clients.create_topics(admin, {TOPIC: partitions, cfg.control_topic: 1, cfg.dead_letter_topic: 1})
+    client = make_client(cfg.clickhouse.__class__(url=cfg.clickhouse.url, database="default"))
+    try:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+        for table in (TARGET, PLAIN, CEILING):
+            client.command(TARGET_DDL.replace("demo.events", f"{DATABASE}.{table}"))
+        LedgerStore(client, DATABASE, cfg.name).ensure_tables()
+    finally:
+        client.close()
+
+
+def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
+    """``count`` demo events (about 200 bytes of JSON each) keyed by user, spread over the partitions.
+
+    Returns each partition's end offset (last acknowledged offset + 1), taken from the delivery
+    reports: the embedded broker's high watermark is not reliable (it can lag behind the last
+    record batch), so it is not asked.
+    """
+    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "linger.ms": 20,
+                         "batch.size": 1_000_000, "compression.type": "none"})
+    ends: dict[int, int] = {}
+    failed: list[str] = []
+
+    def delivered(error: object, message: object) -> None:
+        if error is not None:
+            failed.append(str(error))
+        else:
+            partition, offset = message.partition(), message.offset()  # type: ignore[attr-defined]
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+
+    for i, value in events(count):
+        while True:
+            try:
+                producer.produce(TOPIC, value=value, key=str(i % 50_000).encode(), on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 5_000 == 4_999:
+            producer.poll(0)
+    left = producer.flush(120)
+    if left or failed:
+        raise ChtxnError(f"{left + len(failed)} of the benchmark's {count} events were not acknowledged by the broker "
+                         f"within 120 s{': ' + failed[0] if failed else ''}")
+    return ends
+
+
+def count_rows(cfg: PipelineConfig, table: str) -> int:
+    """Rows in ``bench.<table>``."""
+    client = make_client(cfg.clickhouse)
+    try:
+        return int(client.command(f"SELECT count() FROM {DATABASE}.{table}"))
+    finally:
+        client.close()
