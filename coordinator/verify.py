@@ -7,9 +7,13 @@ sent to the dead-letter topic), and nothing outside those ranges.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
+from confluent_kafka import Consumer, TopicPartition as KafkaTP
+
+from clients import kafka as kafka_clients
 
 from protocol.ledger import LedgerRow
 from protocol.messages import TopicPartition
@@ -102,10 +106,6 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
 
 def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartition, set[int]]:
     """Source offsets this pipeline sent to its dead-letter topic (read from its headers, to the end)."""
-    from confluent_kafka import Consumer, TopicPartition as KafkaTP
-
-    from clients import kafka as kafka_clients
-
     consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-verify", "auto.offset.reset": "earliest"}))
     try:
         metadata = kafka_clients.cluster_metadata(consumer, bootstrap=cfg.kafka.bootstrap_servers).topics.get(cfg.dead_letter_topic)
@@ -118,8 +118,6 @@ def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartitio
                 ends[p] = high
         consumer.assign([KafkaTP(cfg.dead_letter_topic, p, 0) for p in ends])
         found: dict[TopicPartition, set[int]] = {}
-        import time
-
         deadline = time.monotonic() + timeout_s
         while ends and time.monotonic() < deadline:
             for record in consumer.consume(1000, 0.5):

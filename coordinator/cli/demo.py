@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 from confluent_kafka import Producer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -157,7 +158,7 @@ def _prepare(cfg: PipelineConfig, partitions: int, console: Console) -> None:
     admin = kafka_clients.admin(cfg)
     kafka_clients.create_topics(admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1,
                                         cfg.dead_letter_topic: 1})
-    client = make_client(cfg.clickhouse.__class__(url=cfg.clickhouse.url, database="default"))
+    client = make_client(msgspec.structs.replace(cfg.clickhouse, database="default"))
     client.command("CREATE DATABASE IF NOT EXISTS demo")
     client.command(TARGET_DDL)
     LedgerStore(client, cfg.clickhouse.database, cfg.name).ensure_tables()
