@@ -1,9 +1,22 @@
 """The leader's I/O shell: feeds Kafka, timers and I/O outcomes to ``CoordinatorState``.
 
 Actions are carried out in order; each I/O action's outcome goes straight back into the
-machine as an event. Take-over duties (roll forward committed txns, drop orphan stage tables,
-read the ledger head) run before the first START. The commit point itself is
-``LedgerStore.claim_commit`` (step 6 of ``protocol.coordinator_state``).
+machine as an event. The commit point itself is ``LedgerStore.claim_commit`` (step 6 of
+``protocol.coordinator_state``).
+
+Take-over, before the first START, in this order:
+
+1. Check the target table.
+2. Seal: read the head and claim slot head+1 with an empty commit of this epoch. Until the seal
+   is ours, no stage table is touched: an older leader's commit that lands first is rolled
+   forward below, and one that comes later loses its slot and steps down. A seal lost to a
+   newer epoch means a newer leader exists: step down.
+3. Roll forward, in commit order, every committed txn not yet published.
+4. Drop this pipeline's other stage tables (orphans): nothing older can commit them any more.
+
+Liveness: the leader heartbeat goes out from its own thread with its own producer, so a leader
+blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop stuck for longer than
+``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take over (the seal keeps that safe).
 """
 
 from __future__ import annotations
@@ -14,8 +27,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition as KafkaTP
+import msgspec
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition as KafkaTP
 
+from clients import failpoints
 from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from clients.clickhouse import retrying
@@ -24,20 +39,28 @@ from coordinator.ledger_store import LedgerStore
 from coordinator import ledger_rows
 from coordinator.ledger_rows import ledger_row
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage import StageTables
+from coordinator.stage import StageTableMissing, StageTables
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event,
+    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event, GapFound,
     PartitionsChanged, Phase, Publish, PublishResult, Ready, Received, RecordStarted, Shutdown, StageCreated,
     StepDown, Stopped, Tick,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.errors import ChtxnError, SetupError
+from protocol import codec
+from protocol.ledger import LedgerEvent
 from protocol.messages import LeaderHeartbeat, TopicPartition
 
 log = logging.getLogger(__name__)
 
 PARTITION_CHECK_S = 5.0
+#: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
+LOOP_STALL_LIMIT_S = 120.0
+
+
+class SteppedDown(ChtxnError):
+    """Take-over found a newer leader: this replica must not lead."""
 
 
 class Leader:
@@ -65,38 +88,47 @@ class Leader:
         self._admin: Any = None
         self._offsets_reader: Any = None
         self._ack_at: dict[str, float] = {}
+        self._progress_at = clock()
+        self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> str:
-        self._heartbeat()
+        done = threading.Event()
+        beating = threading.Thread(target=self._heartbeats, args=(done,), name=f"leader-heartbeat-e{self.epoch}",
+                                   daemon=True)
+        beating.start()
         self._admin = kafka_clients.admin(self.cfg)
         self._offsets_reader = Consumer(kafka_clients.consumer_conf(self.cfg, **{"client.id": f"chtxn-coordinator-{self.coordinator}"}))
         try:
             return self._run(stop)
+        except SteppedDown as exc:
+            return f"stepped down: {exc}"
         finally:
+            done.set()
+            beating.join(10)
             self._offsets_reader.close()
 
     def _run(self, stop: threading.Event) -> str:
-        self.take_over()
-        head_seq, head = self.ledger.head()
+        head_seq, head = self.take_over()
+        failpoints.hit("leader.after-take-over", self.coordinator)
         partitions = kafka_clients.partitions_of(self._admin, self.cfg.pipeline.topics)
-        outcome = self._feed(Ready(head_seq, head, self._initial(partitions, head)))
-        next_heartbeat = next_partition_check = self.clock()
+        initial = self._initial(partitions, head)
+        outcome = self._feed(Ready(head_seq, head, initial))
+        next_gauges = next_partition_check = self.clock()
         shutting = False
         fresh_s = self.cfg.heartbeat_timeout_s / 4
         while outcome is None:
-            listened_at = self.clock()
+            listened_at = self._progress_at = self.clock()
             for message in self.control.poll(timeout=0.02):
                 outcome = outcome or self._feed(Received(message))
             now = self.clock()
-            if now >= next_heartbeat:
-                self._heartbeat()
-                next_heartbeat = now + self.cfg.coordinator.leader_lease_s / 3
+            if now >= next_gauges:
+                next_gauges = now + self.cfg.coordinator.leader_lease_s / 3
                 self._gauges(now)
             if now >= next_partition_check:
                 next_partition_check = now + PARTITION_CHECK_S
-                outcome = outcome or self._check_partitions()
+                outcome = outcome or self._check_partitions() or self._check_gaps()
             if stop.is_set() and not shutting:
                 shutting = True
                 outcome = outcome or self._feed(Shutdown())
@@ -146,18 +178,26 @@ class Leader:
             log.warning("could not record STARTED", extra={"txn": action.txn.id, "error": str(exc)})
 
     def _do_CountStage(self, action: CountStage) -> Event:
+        failpoints.hit("leader.before-count", self.coordinator)
+        table = action.stage_table
         try:
-            return Counted(action.txn, self.retry(f"count {action.stage_table}")(self.stages.count, action.stage_table))
+            altered = self.retry(f"compare {table} with the target")(self.stages.structure_difference, table)
+            count = self.retry(f"count {table}")(self.stages.count, table)
+            partitions = self.retry(f"count {table} per partition")(self.stages.partition_stats, table)
         except ChtxnError as exc:
             return Counted(action.txn, None, error=str(exc))
+        return Counted(action.txn, count, partitions=partitions, altered=altered)
 
     def _do_Commit(self, action: Commit) -> Event:
         # Step 6, the commit point.
+        failpoints.hit("leader.before-commit", self.coordinator)
         row = ledger_row(self, action.txn, "COMMITTED", commit_seq=action.commit_seq)
         try:
             won = self.ledger.claim_commit(row)
         except ChtxnError as exc:
             return CommitResult(action.txn.id, None, error=str(exc))
+        if won:
+            failpoints.hit("leader.after-commit", self.coordinator)
         if won:
             txn = action.txn
             self.metrics.transactions.labels(self.cfg.name, "committed").inc()
@@ -174,15 +214,39 @@ class Leader:
     def _do_Publish(self, action: Publish) -> Event:
         txn = action.txn
         try:
-            self.retry(f"publish {txn.id}")(self.stages.publish, txn.stage_table, txn.id)
-            self.ledger.append(ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq))
+            lost = self._publish(txn.id, txn.stage_table,
+                                 lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq))
         except (ChtxnError, RuntimeError) as exc:
             log.error("publish failed; will retry", extra={"txn": txn.id, "error": str(exc)})
             return PublishResult(txn.id, ok=False, error=str(exc))
         acked = self._ack_at.pop(txn.id, None)
-        if acked is not None:
+        if acked is not None and not lost:
             self.metrics.publish_latency.labels(self.cfg.name).observe(self.clock() - acked)
-        return PublishResult(txn.id, ok=True)
+        return PublishResult(txn.id, ok=True, lost=lost)
+
+    def _publish(self, txn_id: str, stage: str, published_row: Callable[[], Any], commit_seq: int = 0) -> bool:
+        """Step 7 for one committed txn: rows into the target, PUBLISHED, drop. True if it was lost.
+
+        A missing stage table with no PUBLISHED row means the rows are gone: that is recorded as
+        LOST (an alarm: error log, metric, ``chtxn verify`` fails), never as PUBLISHED.
+        """
+        failpoints.hit("leader.before-publish", self.coordinator)
+        try:
+            self.retry(f"publish {txn_id}")(
+                self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator))
+        except StageTableMissing as exc:
+            summary = self.ledger.txn(txn_id)
+            if summary is not None and summary.state == "PUBLISHED":
+                return False  # another leader finished it
+            log.error("committed txn lost: its stage table is gone", extra={"txn": txn_id, "error": str(exc)})
+            self.metrics.lost.labels(self.cfg.name).inc()
+            lost = msgspec.structs.replace(published_row(), event=LedgerEvent.LOST, published_at=0.0, reason=str(exc))
+            self.ledger.append(lost)
+            return True
+        failpoints.hit("leader.before-published-row", self.coordinator)
+        self.ledger.append(published_row())
+        self.retry(f"drop {stage}")(self.stages.drop_all, stage)
+        return False
 
     def _do_AbortTxn(self, action: AbortTxn) -> None:
         txn = action.txn
@@ -195,6 +259,8 @@ class Leader:
             self.ledger.append(ledger_row(self, txn, "ABORTED", reason=action.reason))
         except ChtxnError as exc:  # the orphan is dropped by the next take-over; nothing committed depends on it
             log.error("abort clean-up failed", extra={"txn": txn.id, "error": str(exc)})
+        if action.kind == "participant-error":
+            self._check_gaps()  # an offset out of range may be a gap that opened while we ran
 
     def _drop_uncommitted(self) -> None:
         """Best effort on stepping down: this epoch's stage tables that can never commit."""
@@ -209,44 +275,96 @@ class Leader:
 
     # ---- take-over and periodic duties -------------------------------------------------------
 
-    def take_over(self) -> None:
-        """Publish what was committed but not published; abort and drop every other stage table."""
+    def take_over(self) -> tuple[int, dict[TopicPartition, int]]:
+        """Take-over steps 1-4 (module docstring); returns the head after the seal."""
         self.retry("check the target table")(self.stages.check_target)
-        committed = {row.txn: row for row in self.ledger.committed_unpublished()}
-        for txn_id, row in committed.items():
-            log.warning("rolling forward the publish of a committed txn", extra={"txn": txn_id})
-            self.retry(f"publish {txn_id}")(self.stages.publish, row.stage_table, txn_id)
-            self.ledger.append(ledger_rows.published_from(row, epoch=self.epoch, coordinator=self.coordinator))
-        for txn_id, table in self.retry("list stage tables")(self.stages.existing).items():
-            if txn_id in committed:
-                continue
+        while True:  # Step 2: seal
+            head_seq, head = self.ledger.head()
+            failpoints.hit("leader.before-seal", self.coordinator)
+            if self.ledger.seal(self.epoch, self.coordinator, head_seq):
+                break
+            winner = self.ledger.commit_at(head_seq + 1)
+            if winner is not None and winner.epoch > self.epoch:
+                raise SteppedDown(f"slot {head_seq + 1} is held by epoch {winner.epoch} > {self.epoch}")
+            log.warning("a late commit took the slot to seal; rolling it forward",
+                        extra={"slot": head_seq + 1, "txn": winner.txn if winner else "?"})
+        seal = self.ledger.commit_at(head_seq + 1)
+        assert seal is not None
+        self.ledger.append(ledger_rows.published_from(seal, epoch=self.epoch, coordinator=self.coordinator))
+        for row in self.ledger.committed_unpublished():  # Step 3: roll forward, in commit order
+            log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
+            self._publish(row.txn, row.stage_table,
+                          lambda row=row: ledger_rows.published_from(row, epoch=self.epoch, coordinator=self.coordinator))
+        for txn_id, table in self.retry("list stage tables")(self.stages.existing).items():  # Step 4
             summary = self.ledger.txn(txn_id)
             if summary is not None and summary.state in ("COMMITTED", "PUBLISHED"):
-                self.retry(f"publish {txn_id}")(self.stages.publish, table, txn_id)
+                self._publish(txn_id, table, lambda s=summary: ledger_rows.published_from_summary(
+                    s, pipeline=self.cfg.name, epoch=self.epoch, coordinator=self.coordinator))
                 continue
             log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
-            self.retry(f"drop {table}")(self.stages.drop, table)
+            self.retry(f"drop {table}")(self.stages.drop_all, table)
             self.ledger.append(ledger_rows.orphan_aborted(
                 txn_id, table, pipeline=self.cfg.name, target=self.cfg.clickhouse.target_table,
                 epoch=self.epoch, coordinator=self.coordinator))
+        return head_seq + 1, head
 
     def _initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Where never-committed partitions start, and gaps where retention passed the head."""
-        initial = {}
+        """Where each partition's next txn may start, beyond its committed end: the recorded
+        initial offset of a never-committed partition, or where a skipped gap ends.
+
+        ``start_from = latest`` applies to the partitions of a pipeline's very first start;
+        partitions added later start from their earliest offset (all their records came after
+        the pipeline started). The choice is recorded in the ledger once, so a later leader
+        never moves it.
+        """
+        recorded = self.ledger.initial_offsets()
+        first_start = not head and not recorded
+        initial: dict[TopicPartition, int] = {}
         for tp in partitions:
-            low, high = self._watermarks(tp)
             if tp not in head:
-                initial[tp] = low if self.cfg.pipeline.start_from == "earliest" else high
-            elif head[tp] < low:
-                self._gap(tp, head[tp], low)
-                initial[tp] = low
+                if tp not in recorded:
+                    low, high = self._watermarks(tp)
+                    choice = high if (first_start and self.cfg.pipeline.start_from == "latest") else low
+                    recorded[tp] = self.ledger.claim_initial(tp, choice, epoch=self.epoch, coordinator=self.coordinator)
+                initial[tp] = recorded[tp]
+        base = {tp: max(head.get(tp, 0), initial.get(tp, 0)) for tp in partitions}
+        for tp, skip_to in self._gaps(base).items():
+            initial[tp] = skip_to
         return initial
+
+    def _gaps(self, base: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Partitions whose next offset is gone (retention), each recorded once as a GAP; per
+        ``on_gap``, raise (fail) or return where to go on from (skip)."""
+        skips = {}
+        for tp, offset in sorted(base.items()):
+            low, _ = self._watermarks(tp)
+            if offset < low:
+                self._gap(tp, offset, low)
+                skips[tp] = low
+        return skips
+
+    def _check_gaps(self) -> str | None:
+        """A gap that opened while leading (lag passed retention during an outage)."""
+        if not self.state.ready:
+            return None
+        try:
+            skips = self._gaps({tp: self.state.base(tp) for tp in self.state.partitions})
+        except BrokerUnreachable as exc:
+            log.warning("could not check for gaps", extra={"error": str(exc)})
+            return None
+        outcome = None
+        for tp, offset in skips.items():
+            outcome = outcome or self._feed(GapFound(tp, offset))
+        return outcome
 
     def _gap(self, tp: TopicPartition, head: int, low: int) -> None:
         message = (f"{tp.topic}-{tp.partition}: offsets {head}..{low - 1} are gone (retention) before they were "
                    "committed")
-        self.ledger.append(ledger_rows.gap(tp, head, low, pipeline=self.cfg.name, target=self.cfg.clickhouse.target_table,
-                                           epoch=self.epoch, coordinator=self.coordinator))
+        if (tp, head, low) not in self._gaps_recorded:
+            self.ledger.append(ledger_rows.gap(tp, head, low, pipeline=self.cfg.name,
+                                               target=self.cfg.clickhouse.target_table,
+                                               epoch=self.epoch, coordinator=self.coordinator))
+            self._gaps_recorded.add((tp, head, low))
         if self.cfg.pipeline.on_gap == "fail":
             raise SetupError(f"{message}; set pipeline.on_gap = \"skip\" to go on from offset {low}")
         log.error("gap skipped", extra={"topic": tp.topic, "partition": tp.partition, "from": head, "to": low})
@@ -260,7 +378,7 @@ class Leader:
         if tuple(partitions) == self.state.partitions:
             return None
         new = [tp for tp in partitions if tp not in self.state.head and tp not in self.state.initial]
-        initial = {tp: self._watermarks(tp)[0 if self.cfg.pipeline.start_from == "earliest" else 1] for tp in new}
+        initial = self._initial(new, dict(self.state.head))
         log.warning("source partitions changed", extra={"partitions": len(partitions)})
         return self._feed(PartitionsChanged(tuple(partitions), initial))
 
@@ -277,5 +395,23 @@ class Leader:
         for tp, lag in self.state.lag().items():
             self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
 
-    def _heartbeat(self) -> None:
-        self.control.send(LeaderHeartbeat(pipeline=self.cfg.name, epoch=self.epoch, txn="", sender=self.coordinator))
+    def _heartbeats(self, done: threading.Event) -> None:
+        """The lease, on its own thread and producer: never waits on the loop's ClickHouse or Kafka I/O."""
+        producer = Producer(kafka_clients.producer_conf(self.cfg, **{
+            "client.id": f"chtxn-coordinator-{self.coordinator}-lease", "linger.ms": 0}))
+        beat = codec.encode(LeaderHeartbeat(pipeline=self.cfg.name, epoch=self.epoch, txn="", sender=self.coordinator))
+        interval = self.cfg.coordinator.leader_lease_s / 3
+        try:
+            while not done.is_set():
+                if self.clock() - self._progress_at <= LOOP_STALL_LIMIT_S:
+                    try:
+                        producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=beat)
+                    except BufferError:
+                        pass  # the broker is unreachable: the lease lapses, as it should
+                else:
+                    log.error("the leader loop is stuck; no longer heartbeating",
+                              extra={"stuck_s": round(self.clock() - self._progress_at, 1)})
+                producer.poll(0)
+                done.wait(interval)
+        finally:
+            producer.flush(1)

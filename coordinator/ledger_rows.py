@@ -51,6 +51,15 @@ def published_from(committed: LedgerRow, *, epoch: int, coordinator: str) -> Led
     )
 
 
+def published_from_summary(summary: Any, *, pipeline: str, epoch: int, coordinator: str) -> LedgerRow:
+    """The PUBLISHED row of a committed txn known only by its ledger summary."""
+    return LedgerRow(
+        pipeline=pipeline, txn=summary.txn, event=LedgerEvent.PUBLISHED, epoch=epoch, commit_seq=summary.commit_seq,
+        coordinator=coordinator, target=summary.target, stage_table=summary.stage_table, ranges=summary.ranges,
+        total_rows=summary.total_rows, committed_at=summary.committed_at, published_at=time.time(),
+    )
+
+
 def orphan_aborted(txn: str, stage_table: str, *, pipeline: str, target: str, epoch: int, coordinator: str) -> LedgerRow:
     return LedgerRow(
         pipeline=pipeline, txn=txn, event=LedgerEvent.ABORTED, epoch=epoch, coordinator=coordinator,

@@ -6,8 +6,9 @@ Guarantees:
 - ``claim_commit`` / ``claim_epoch`` are compare-and-set: of any number of racing claimers
   of one slot, at most one gets True (ClickHouse keeps one row per token; each claimer reads
   the slot back and wins only if the surviving row carries its own random ``claim_id``).
-- Reads resolve a duplicated slot by the highest epoch (``protocol.ledger``), so every reader
-  sees the same single chain of commits.
+- Reads resolve a duplicated slot by the first claim (``protocol.ledger``), so every reader
+  sees the same single chain of commits, and a late claim never rewrites it.
+- ``seal`` lets a new leader fence every older one out of the next commit slot.
 - On replicated ClickHouse (``replicated=True``) inserts wait for a quorum and reads see every
   quorum insert (``insert_quorum``, ``select_sequential_consistency``).
 Calls retry retryable ClickHouse errors and then raise ``protocol.errors.ClickHouseError``.
@@ -73,12 +74,40 @@ class LedgerStore:
     # -- writes -------------------------------------------------------------------------------
 
     def append(self, row: LedgerRow) -> None:
-        """Append a STARTED, PUBLISHED, ABORTED or GAP row (a retried append is stored once)."""
-        if row.event in (LedgerEvent.COMMITTED, LedgerEvent.EPOCH):
-            raise ValueError(f"{row.event.value} rows are claimed with claim_commit / claim_epoch, not appended")
-        digest = hashlib.sha256(msgspec.msgpack.encode(row)).hexdigest()[:16]
-        token = f"{self._pipeline}/{row.event.value.lower()}/{row.txn}/{digest}"
+        """Append a STARTED, PUBLISHED, ABORTED, LOST or GAP row (a retried append is stored once;
+        a GAP is stored once per skipped range, whoever records it)."""
+        if row.event in (LedgerEvent.COMMITTED, LedgerEvent.EPOCH, LedgerEvent.INITIAL):
+            raise ValueError(f"{row.event.value} rows are claimed, not appended")
+        if row.event is LedgerEvent.GAP and len(row.ranges) == 1:
+            g = row.ranges[0]
+            token = naming.gap_token(self._pipeline, g.topic, g.partition, g.start, g.end)
+        else:
+            digest = hashlib.sha256(msgspec.msgpack.encode(row)).hexdigest()[:16]
+            token = f"{self._pipeline}/{row.event.value.lower()}/{row.txn}/{digest}"
         self._insert(row, token, f"append {row.event.value} of txn {row.txn} to the ledger")
+
+    def seal(self, epoch: int, coordinator: str, head_seq: int) -> bool:
+        """Claim slot ``head_seq + 1`` with an empty commit of ``epoch``; True if the seal is ours.
+
+        A new leader seals before it drops or publishes any stage table: an older leader's late
+        claim of that slot then loses, so nothing it acknowledges can have been cleaned up. False
+        means some commit landed in the slot first: read the head again, roll it forward, seal again.
+        """
+        row = LedgerRow(
+            pipeline=self._pipeline, txn=naming.seal_txn(epoch), event=LedgerEvent.COMMITTED, epoch=epoch,
+            commit_seq=head_seq + 1, coordinator=coordinator, reason="seal: a new leader fences older ones",
+        )
+        return self.claim_commit(row)
+
+    def claim_initial(self, tp: TopicPartition, offset: int, *, epoch: int, coordinator: str) -> int:
+        """Fix where never-committed ``tp`` starts; returns the offset that won (the first claim)."""
+        row = LedgerRow(
+            pipeline=self._pipeline, txn="", event=LedgerEvent.INITIAL, epoch=epoch, coordinator=coordinator,
+            ranges=(ledger.PartitionRange(topic=tp.topic, partition=tp.partition, start=offset, end=offset),),
+        )
+        token = naming.initial_token(self._pipeline, tp.topic, tp.partition)
+        self._insert(row, token, f"record the initial offset of {tp.topic}-{tp.partition}")
+        return self.initial_offsets().get(tp, offset)
 
     def claim_commit(self, row: LedgerRow) -> bool:
         """The commit point: claim slot ``row.commit_seq`` for ``row``; True if it is ours.
@@ -115,6 +144,23 @@ class LedgerStore:
         return winner is not None and winner.claim_id == mine.claim_id
 
     # -- reads --------------------------------------------------------------------------------
+
+    def initial_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition, the start offset first recorded for it (INITIAL rows; first claim wins)."""
+        chosen: dict[TopicPartition, int] = {}
+        for r in self._query("read initial offsets", ledger.event_rows_sql(self._database, LedgerEvent.INITIAL)):
+            for g in ledger.from_result_row(r).ranges:
+                chosen.setdefault(g.tp, g.start)
+        return chosen
+
+    def gaps(self) -> list[LedgerRow]:
+        """Every GAP row of the pipeline, oldest first."""
+        return [ledger.from_result_row(r) for r in self._query("read gaps", ledger.gap_rows_sql(self._database))]
+
+    def lost(self) -> list[LedgerRow]:
+        """Committed txns whose rows could not be published (stage table gone): alarms."""
+        sql = ledger.event_rows_sql(self._database, LedgerEvent.LOST)
+        return [ledger.from_result_row(r) for r in self._query("read lost txns", sql)]
 
     def commit_at(self, commit_seq: int) -> LedgerRow | None:
         """The COMMITTED row owning slot ``commit_seq``, or None if the slot is free."""
@@ -165,9 +211,9 @@ class LedgerStore:
         return summarize(rows) if rows else None
 
     def audit(self) -> list[str]:
-        """Anomalies of the commit chain per partition (overlap, backward, gap); empty if sound."""
-        gaps = [ledger.from_result_row(r) for r in self._query("read gaps", ledger.gap_rows_sql(self._database))]
-        return audit(self.commits(), gaps)
+        """Anomalies of the commit chain per partition (overlap, backward, gap) and committed txns
+        lost before publish; empty if sound."""
+        return audit(self.commits(), self.gaps(), self.lost())
 
     # -- plumbing -----------------------------------------------------------------------------
 

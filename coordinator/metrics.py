@@ -23,6 +23,8 @@ class CoordinatorMetrics:
             "chtxn_publish_latency_seconds", "ACK-COMMIT to PUBLISHED", buckets=_LATENCY_BUCKETS, **labels)
         self.rows = Counter("chtxn_rows_committed", "Rows committed", **labels)
         self.bytes = Counter("chtxn_bytes_committed", "Bytes of records committed", **labels)
+        self.lost = Counter("chtxn_lost_transactions", "Committed txns whose stage table was gone at publish (alarm)",
+                            **labels)
         self.dead_letters = Counter("chtxn_dead_letters", "Records sent to the dead-letter topic", **labels)
         self.participants = Gauge("chtxn_participants_alive", "Partitions held by a live participant", **labels)
         self.leader = Gauge("chtxn_leader", "1 while this replica leads", **labels)
@@ -34,6 +36,7 @@ class CoordinatorMetrics:
             self.aborts.labels(pipeline, kind)
         for outcome in ("committed", "aborted"):
             self.transactions.labels(pipeline, outcome)
+        self.lost.labels(pipeline)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         if port:

@@ -1,15 +1,32 @@
 """Stage tables: create (step 2), count (step 5), publish (step 7), drop, and find orphans.
 
 Every call here is idempotent, so a new leader can roll any of them forward after a crash.
+Guarantees:
+
+- A stage table keeps every staged row as inserted until publish: for targets whose engine
+  merges rows away (Replacing, Summing, Collapsing, VersionedCollapsing, Aggregating, ...)
+  the stage table is a plain ``MergeTree`` with the target's columns, keys and settings, so its
+  ``count()`` is the number of rows staged. ``MOVE PARTITION`` into the target is allowed
+  across merge modes; the target then collapses the rows in its own merges, as it would rows
+  inserted directly (query with ``FINAL`` for the collapsed view).
+- ``publish`` never reports rows it did not put in the target: a missing stage table raises
+  ``StageTableMissing``. It leaves the (emptied) stage table for the caller to drop *after* the
+  PUBLISHED row is written, so "stage table gone, no PUBLISHED row" always means lost rows.
+- A target ALTERed after a stage table was made (``structure_difference``) is published by a
+  deduplicated insert-select into a restage table of the new structure, then moved: idempotent.
+- Every name and every clean-up is scoped by the pipeline (``protocol.naming``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Literal
 
 from protocol import naming
-from protocol.errors import SetupError
+from protocol.coordinator_events import PartitionStats
+from protocol.errors import ChtxnError, SetupError
+from protocol.messages import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +34,47 @@ log = logging.getLogger(__name__)
 STAGE_DEDUP_WINDOW = 100_000
 
 
+#: Engines that merge rows away; their stage tables are plain MergeTree (see the module docstring).
+MERGING_ENGINES = frozenset({
+    "ReplacingMergeTree", "SummingMergeTree", "CollapsingMergeTree", "VersionedCollapsingMergeTree",
+    "AggregatingMergeTree", "GraphiteMergeTree", "CoalescingMergeTree",
+})
+
+
+class StageTableMissing(ChtxnError):
+    """A committed txn's stage table is gone before its rows reached the target."""
+
+
+def _window(engine_full: str, setting: str) -> int | None:
+    match = re.search(rf"\b{setting}\s*=\s*(\d+)", engine_full)
+    return int(match.group(1)) if match else None
+
+
 def _deduplicates(engine: str, engine_full: str) -> bool:
-    """Whether a MergeTree table drops a block it has seen (within its deduplication window)."""
-    return "Replicated" in engine or "Shared" in engine or "non_replicated_deduplication_window" in engine_full
+    """Whether a MergeTree table drops a block it has seen (a deduplication window above 0)."""
+    if "Replicated" in engine or "Shared" in engine:
+        return _window(engine_full, "replicated_deduplication_window") != 0  # the default window is > 0
+    return (_window(engine_full, "non_replicated_deduplication_window") or 0) > 0
+
+
+def _engine_clause_as(engine_full: str, engine: str) -> str:
+    """``engine_full`` with its engine call (name and arguments) replaced by plain ``MergeTree``."""
+    rest = engine_full[len(engine):] if engine_full.startswith(engine) else engine_full
+    if rest.startswith("("):
+        depth, quote, i = 0, "", 0
+        for i, ch in enumerate(rest):
+            if quote:
+                quote = "" if ch == quote and rest[i - 1] != "\\" else quote
+            elif ch in "'`\"":
+                quote = ch
+            elif ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+        rest = rest[i + 1:]
+    return "MergeTree" + rest
 
 
 def _ident(name: str) -> str:
@@ -111,48 +166,138 @@ class StageTables:
     # ---- step 2 -----------------------------------------------------------------------------
 
     def create(self, stage: str) -> None:
-        """A clone of the target (same engine, keys, storage policy, indices, projections), with dedup on."""
-        self.client.command(f"CREATE TABLE IF NOT EXISTS {self._q(stage)} AS {self._q(self.target)}")
+        """A clone of the target (columns, keys, storage policy, indices, projections), with dedup
+        on; a plain MergeTree when the target's engine merges rows away."""
+        self._create_like_target(stage)
+
+    def _create_like_target(self, table: str) -> None:
+        engine, engine_full = self._engine(self.target)
+        clause = f" ENGINE = {_engine_clause_as(engine_full, engine)}" if engine in MERGING_ENGINES else ""
+        self.client.command(f"CREATE TABLE IF NOT EXISTS {self._q(table)} AS {self._q(self.target)}{clause}")
         self.client.command(
-            f"ALTER TABLE {self._q(stage)} MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+            f"ALTER TABLE {self._q(table)} MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
         )
+
+    def _engine(self, table: str) -> tuple[str, str]:
+        rows = self.client.query(
+            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": table},
+        ).result_rows
+        if not rows:
+            raise SetupError(f"table {self.database}.{table} does not exist")
+        return rows[0][0], rows[0][1]
 
     # ---- step 5 -----------------------------------------------------------------------------
 
     def count(self, stage: str) -> int:
         return int(self.client.command(f"SELECT count() FROM {self._q(stage)}"))
 
+    def partition_stats(self, stage: str) -> dict[TopicPartition, PartitionStats] | None:
+        """Per source partition: rows and offset bounds, when the table has the metadata columns."""
+        if not {"_topic", "_partition", "_offset"} <= {name for name, _ in self._columns(stage)}:
+            return None
+        rows = self.client.query(
+            f"SELECT _topic, _partition, count(), min(_offset), max(_offset) FROM {self._q(stage)} "
+            "GROUP BY _topic, _partition"
+        ).result_rows
+        return {
+            TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
+            for t, p, n, lo, hi in rows
+        }
+
+    def structure_difference(self, stage: str) -> str:
+        """How the target's structure now differs from ``stage``'s, "" when a move would work."""
+        mine, theirs = self._shape(stage), self._shape(self.target)
+        if mine == theirs:
+            return ""
+        (my_cols, *my_keys), (their_cols, *their_keys) = mine, theirs
+        if my_cols != their_cols:
+            added = [n for n, _ in their_cols if n not in dict(my_cols)]
+            gone = [n for n, _ in my_cols if n not in dict(their_cols)]
+            parts = ([f"columns added: {', '.join(added)}"] if added else []) + (
+                [f"columns dropped: {', '.join(gone)}"] if gone else [])
+            return "; ".join(parts) or "column types or order changed"
+        return "partition, sorting or primary key changed"
+
+    def _shape(self, table: str) -> tuple:
+        """Columns and keys. For targets whose engine merges rows, only the partition key: their
+        engines extend the sorting key implicitly (VersionedCollapsing adds its version column),
+        which the plain MergeTree stage table does not, and a move between them works."""
+        keys = self.client.query(
+            "SELECT engine, partition_key, sorting_key, primary_key FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": self.target},
+        ).result_rows
+        merging = bool(keys) and keys[0][0] in MERGING_ENGINES
+        keys = self.client.query(
+            "SELECT partition_key, sorting_key, primary_key FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": table},
+        ).result_rows
+        partition, sorting, primary = keys[0] if keys else ("", "", "")
+        return (tuple(self._columns(table)), partition, "" if merging else sorting, "" if merging else primary)
+
+    def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
+        kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
+        return [(n, t) for n, t in self.client.query(
+            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}"
+            f"{kinds} ORDER BY position",
+            parameters={"db": self.database, "t": table},
+        ).result_rows]
+
     # ---- step 7 -----------------------------------------------------------------------------
 
-    def publish(self, stage: str, txn: str) -> int:
-        """Move the stage table's rows into the target and drop it; returns the rows moved now.
+    def publish(self, stage: str, txn: str, on_move: Any = None) -> int:
+        """Put the stage table's rows into the target; returns the rows the stage table held.
 
-        Safe to repeat at any point: a partition already moved is gone from the stage table, and
-        a stage table already dropped means the publish had finished.
+        Safe to repeat at any point (a partition already moved is gone from the stage table; the
+        insert-selects are deduplicated). Does not drop the stage table: drop it with
+        ``drop_all(stage)`` once the PUBLISHED row is written. Raises ``StageTableMissing`` when
+        the stage table does not exist. ``on_move`` is called between partition moves (failpoints).
         """
         if not self.exists(stage):
-            return 0
+            raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
         rows = self.count(stage)
-        if self.publish_mode == "move":
-            for partition_id in self._partition_ids(stage):
-                self.client.command(
-                    f"ALTER TABLE {self._q(stage)} MOVE PARTITION ID '{partition_id}' TO TABLE {self._q(self.target)}"
-                )
-            left = self.count(stage)
-            if left:
-                raise RuntimeError(f"stage table {stage} still holds {left} rows after moving every partition")
+        restage = naming.restage_table(stage)
+        if self.publish_mode == "move" and (self.structure_difference(stage) or self.exists(restage)):
+            log.warning("the target changed after txn %s was staged: publishing it by insert-select", txn)
+            self._create_like_target(restage)
+            self._insert_select(restage, stage, naming.publish_token(self.pipeline, txn) + "/restage")
+            self._move_all(restage, on_move)
+        elif self.publish_mode == "move":
+            self._move_all(stage, on_move)
         else:
-            self.client.command(
-                f"INSERT INTO {self._q(self.target)} SELECT * FROM {self._q(stage)} ORDER BY ALL",
-                settings={
-                    "insert_deduplication_token": naming.publish_token(self.pipeline, txn),
-                    "insert_deduplicate": 1,
-                    "deduplicate_blocks_in_dependent_materialized_views": 1,
-                    "async_insert": 0,
-                },
-            )
-        self.drop(stage)
+            self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
         return rows
+
+    def _move_all(self, source: str, on_move: Any = None) -> None:
+        for i, partition_id in enumerate(self._partition_ids(source)):
+            if i and on_move is not None:
+                on_move()
+            self.client.command(
+                f"ALTER TABLE {self._q(source)} MOVE PARTITION ID '{partition_id}' TO TABLE {self._q(self.target)}"
+            )
+        left = self.count(source)
+        if left:
+            raise RuntimeError(f"table {source} still holds {left} rows after moving every partition")
+
+    def _insert_select(self, into: str, source: str, token: str) -> None:
+        """A deduplicated copy of ``source`` into ``into``, by the columns they share (by name)."""
+        theirs = {name for name, _ in self._columns(source)}
+        columns = ", ".join(_ident(n) for n, _ in self._columns(into, insertable=True) if n in theirs)
+        self.client.command(
+            f"INSERT INTO {self._q(into)} ({columns}) SELECT {columns} FROM {self._q(source)} ORDER BY ALL",
+            settings={
+                "insert_deduplication_token": token,
+                "insert_deduplicate": 1,
+                "deduplicate_blocks_in_dependent_materialized_views": 1,
+                "async_insert": 0,
+            },
+        )
+
+    def drop_all(self, stage: str) -> None:
+        """Drop a stage table and its restage table, if any."""
+        self.drop(naming.restage_table(stage))
+        self.drop(stage)
 
     def _partition_ids(self, stage: str) -> list[str]:
         rows = self.client.query(
@@ -173,15 +318,16 @@ class StageTables:
         )))
 
     def existing(self) -> dict[str, str]:
-        """Every stage table of this target now in the database, by txn id."""
-        prefix = naming.stage_table_prefix(self.target)
+        """Every stage table of this pipeline into this target now in the database, by txn id
+        (restage tables are found through their stage table's txn)."""
+        prefix = naming.stage_table_prefix(self.target, self.pipeline)
         rows = self.client.query(
-            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String})",
+            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
             parameters={"db": self.database, "p": prefix},
         ).result_rows
         found = {}
         for (name,) in rows:
-            txn = naming.txn_of_stage_table(self.target, name)
+            txn = naming.txn_of_stage_table(self.target, self.pipeline, name)
             if txn is not None:
-                found[txn] = name
+                found[txn] = naming.stage_table(self.target, self.pipeline, txn)
         return found

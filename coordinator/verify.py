@@ -8,6 +8,7 @@ sent to the dead-letter topic), and nothing outside those ranges.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -51,8 +52,12 @@ def committed_ranges(commits: list[LedgerRow]) -> dict[TopicPartition, list[tupl
 
 def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow],
                 dead_letters: dict[TopicPartition, set[int]] | None = None,
-                chain_anomalies: list[str] | None = None) -> DeepReport:
-    """Check the target against the committed ranges (``commits``: the resolved commit chain)."""
+                chain_anomalies: list[str] | None = None, topics: Collection[str] | None = None) -> DeepReport:
+    """Check the target against the committed ranges (``commits``: the resolved commit chain).
+
+    ``topics``: the pipeline's source topics; rows of other topics in a shared target belong to
+    other pipelines and are not checked (None: check every row).
+    """
     dead_letters = dead_letters or {}
     anomalies = list(chain_anomalies or [])
     table = f"`{database}`.`{target}`"
@@ -64,6 +69,9 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
         ).result_rows
     }
     ranges = committed_ranges(commits)
+    if topics is not None:
+        stats = {k: v for k, v in stats.items() if k[0] in topics}
+        ranges = {tp: r for tp, r in ranges.items() if tp.topic in topics}
     checks = []
     for tp in sorted(set(ranges) | {TopicPartition(topic=t, partition=p) for t, p in stats}):
         spans = sorted(ranges.get(tp, []))

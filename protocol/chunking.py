@@ -3,7 +3,8 @@
 Rules (the deduplication of retried inserts depends on them; see DESIGN.md section 3):
 
 1. Chunks of one partition in one txn are numbered from 0; chunk ``n`` has the token
-   ``naming.chunk_token(pipeline, txn, topic, partition, n)``.
+   ``naming.chunk_token(pipeline, txn, topic, partition, n, first, next)`` (its offset range binds
+   the token to its content).
 2. A chunk ends after ``chunk_rows`` records, or before the record that would take its payload
    past ``chunk_bytes`` (a record larger than ``chunk_bytes`` forms a chunk of its own). Payload
    bytes are ``len(value)``. Time never cuts a chunk, and neither do poll batch boundaries: a
@@ -126,7 +127,8 @@ class ChunkBuilder:
     def _cut(self) -> Chunk:
         chunk = Chunk(
             txn=self.txn, topic=self.topic, partition=self.partition, chunk_no=self.chunks_cut,
-            token=chunk_token(self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut),
+            token=chunk_token(self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut,
+                              self._open_first, self.next_offset),
             records=tuple(self._open), first_offset=self._open_first, next_offset=self.next_offset,
             bytes=self._open_bytes,
         )

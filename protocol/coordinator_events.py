@@ -41,6 +41,7 @@ class Txn:
     holders: dict[TopicPartition, str] = field(default_factory=dict)  # participant ids at START
     commit_seq: int = 0
     publish_not_before: float = 0.0
+    publish_in_flight: bool = False
 
     @property
     def end(self) -> Offsets:
@@ -97,12 +98,36 @@ class StageCreated:
 
 
 @dataclass(frozen=True)
+class PartitionStats:
+    """What the stage table holds of one source partition (from the metadata columns)."""
+
+    rows: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
 class Counted:
-    """Step 5 result: ``count()`` of the stage table, or None when it could not be read."""
+    """Step 5 result: ``count()`` of the stage table, or None when it could not be read.
+
+    ``partitions`` is the per-partition view when the target has the metadata columns (else
+    None); ``altered`` describes how the target's structure now differs from the stage table's
+    ("" when they match).
+    """
 
     txn: str
     count: int | None
     error: str = ""
+    partitions: dict[TopicPartition, PartitionStats] | None = None
+    altered: str = ""
+
+
+@dataclass(frozen=True)
+class GapFound:
+    """Offsets below ``offset`` of ``tp`` are gone (retention) and ``on_gap = skip``: go on from ``offset``."""
+
+    tp: TopicPartition
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -116,9 +141,12 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class PublishResult:
+    """Step 7 result. ``ok`` with ``lost``: the stage table was gone (an alarm, recorded as LOST)."""
+
     txn: str
     ok: bool
     error: str = ""
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,7 +154,8 @@ class Shutdown:
     """SIGTERM: finish what is committed, abort what is not, then stop."""
 
 
-Event = Ready | PartitionsChanged | Tick | Received | StageCreated | Counted | CommitResult | PublishResult | Shutdown
+Event = (Ready | PartitionsChanged | Tick | Received | StageCreated | Counted | CommitResult | PublishResult | Shutdown
+         | GapFound)
 
 
 # ---- actions ----------------------------------------------------------------------------
@@ -185,7 +214,7 @@ class AbortTxn:
 
 ABORT_KINDS = (
     "stage-create-failed", "write-status-timeout", "participant-dead", "participant-error",
-    "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown",
+    "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown", "target-altered",
 )
 
 

@@ -10,12 +10,19 @@ One transaction, as the leader of ``epoch`` runs it (DESIGN.md section 3):
 4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
    participant of the txn is gone, ABORT: drop the stage table, append ABORTED; the next txn
    starts from the ledger head.
-5. Verify: ``count()`` of the stage table equals the rows reported, and every partition's start
-   equals the ledger head. A mismatch aborts.
+5. Verify: ``count()`` of the stage table equals the rows reported (and, with the metadata
+   columns, each partition's rows and offsets match its WRITE-STATUS), the target's structure
+   still matches the stage table's, and every partition's start equals the ledger head. A
+   mismatch aborts.
 6. Commit point: append COMMITTED claiming ``commit_seq = head + 1`` by compare-and-set. Losing
    it means another leader exists: step down.
 7. Broadcast ACK-COMMIT, then publish (move the stage table into the target), append PUBLISHED.
+   Publishes happen strictly in commit order: a failed publish of k holds back k+1.
 8. An idle interval still commits (an empty commit).
+
+Fencing: START names one holder (participant id) per partition, preferring the previous holder
+while it heartbeats. Only the holder's WRITE-STATUS counts and only its silence aborts the txn;
+another live copy of the same participant stands down.
 
 Pipelining: the next START goes out as soon as the WRITE-STATUS set of the previous txn is
 complete, from the end offsets it reported; if the previous txn then aborts, so does the next.
@@ -30,11 +37,12 @@ from protocol import naming
 from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
     AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event,
-    Offsets, PartitionsChanged, Phase, Publish, PublishResult, Ready, Received, RecordStarted,
-    Shutdown, StageCreated, StepDown, Stopped, Tick, Txn,
+    GapFound, Offsets, PartitionsChanged, PartitionStats, Phase, Publish, PublishResult, Ready, Received,
+    RecordStarted, Shutdown, StageCreated, StepDown, Stopped, Tick, Txn,
 )
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, PartitionOffset, StartCommit, TopicPartition, WriteStatus,
+    Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, StartCommit, TopicPartition,
+    WriteStatus,
 )
 
 _OPEN = (Phase.CREATING, Phase.COLLECTING, Phase.ENDING)
@@ -75,7 +83,8 @@ class CoordinatorState:
         self.initial: Offsets = {}
         self.partitions: tuple[TopicPartition, ...] = ()
         self.txns: list[Txn] = []  # uncommitted and unpublished txns, oldest first
-        self.alive: dict[TopicPartition, _Liveness] = {}
+        self.alive: dict[TopicPartition, dict[str, _Liveness]] = {}  # per partition, per participant copy
+        self.holders: dict[TopicPartition, str] = {}  # who staged each partition in the latest START
         self.ignored = 0  # stale-epoch and foreign messages skipped
         self._next_seq = 1
 
@@ -99,16 +108,35 @@ class CoordinatorState:
 
     def lag(self) -> dict[TopicPartition, int]:
         """Per partition: log end (from heartbeats) minus the last committed offset."""
-        return {
-            tp: max(0, live.log_end - self._base(tp))
-            for tp, live in self.alive.items() if live.log_end >= 0 and tp in self.partitions
-        }
+        lags = {}
+        for tp, copies in self.alive.items():
+            live = max(copies.values(), key=lambda c: c.seen_at)
+            if live.log_end >= 0 and tp in self.partitions:
+                lags[tp] = max(0, live.log_end - self._base(tp))
+        return lags
 
     def live_partitions(self, now: float) -> set[TopicPartition]:
+        return {tp for tp in self.alive if self._live_copies(tp, now)}
+
+    def _live_copies(self, tp: TopicPartition, now: float) -> dict[str, _Liveness]:
         limit = self.timing.heartbeat_timeout_s
-        return {tp for tp, live in self.alive.items() if now - live.seen_at <= limit}
+        return {s: c for s, c in self.alive.get(tp, {}).items() if now - c.seen_at <= limit}
+
+    def _holder(self, tp: TopicPartition, now: float) -> str:
+        """The copy to stage ``tp``: the previous holder while it lives, else the freshest copy."""
+        live = self._live_copies(tp, now)
+        previous = self.holders.get(tp)
+        if previous in live:
+            return previous  # type: ignore[return-value]
+        return max(live.values(), key=lambda c: c.seen_at).sender if live else ""
 
     # ---- events -----------------------------------------------------------------------
+
+    def _on_GapFound(self, event: GapFound, now: float) -> list[Action]:
+        """Offsets below ``event.offset`` are gone: the partition goes on from there (``on_gap = skip``).
+        Txns that started below it fail their start check and abort."""
+        self.initial[event.tp] = max(self.initial.get(event.tp, 0), event.offset)
+        return []
 
     def _on_Ready(self, event: Ready, now: float) -> list[Action]:
         self.ready = True
@@ -140,8 +168,12 @@ class CoordinatorState:
             self.ignored += 1
             return []
         if isinstance(msg, Heartbeat):
+            forget = now - 10 * self.timing.heartbeat_timeout_s
             for pos in msg.partitions:
-                self.alive[pos.tp] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end)
+                copies = self.alive.setdefault(pos.tp, {})
+                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end)
+                for sender in [s for s, c in copies.items() if c.seen_at < forget]:
+                    del copies[sender]
             return []
         kind = type(msg).__struct_config__.tag
         if kind in COORDINATOR_KINDS:
@@ -158,8 +190,8 @@ class CoordinatorState:
         if ws.epoch != self.epoch or txn is None or txn.phase not in (Phase.COLLECTING, Phase.ENDING):
             self.ignored += 1  # stale epoch, another txn, or one already decided
             return []
-        if ws.tp not in txn.start:
-            self.ignored += 1
+        if ws.tp not in txn.start or (ws.tp in txn.holders and ws.sender != txn.holders[ws.tp]):
+            self.ignored += 1  # not in this txn, or a fenced copy of the participant
             return []
         if ws.start_offset != txn.start[ws.tp]:
             return self._abort(txn, f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}", now, "offset-mismatch")
@@ -184,9 +216,11 @@ class CoordinatorState:
         # Step 3: START.
         txn.phase = Phase.COLLECTING
         txn.started_at = now
-        txn.holders = {tp: live.sender for tp, live in self.alive.items() if tp in txn.start}
+        txn.holders = {tp: holder for tp in txn.start if (holder := self._holder(tp, now))}
+        self.holders.update(txn.holders)
         offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
-        start = StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets)
+        holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))
+        start = StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders)
         return [Broadcast(start), RecordStarted(txn)]
 
     def _on_Counted(self, event: Counted, now: float) -> list[Action]:
@@ -195,8 +229,14 @@ class CoordinatorState:
             return []
         if event.count is None:
             return self._abort(txn, f"could not count the stage table: {event.error}", now, "count-failed")
+        if event.altered:
+            return self._abort(txn, f"the target table changed after the stage table was made ({event.altered}); "
+                               "the next txn stages in the new structure", now, "target-altered")
         if event.count != txn.rows:
             return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now, "row-count-mismatch")
+        wrong = self._partition_mismatch(txn, event.partitions)
+        if wrong:
+            return self._abort(txn, f"row-count mismatch: {wrong}", now, "row-count-mismatch")
         stale = {tp: o for tp, o in txn.start.items() if o != self._base(tp)}
         if stale:
             tp, o = next(iter(sorted(stale.items())))
@@ -216,16 +256,17 @@ class CoordinatorState:
             return self._step_down(f"lost commit slot {txn.commit_seq} of {txn.id} to another leader")
         self.head_seq = txn.commit_seq
         self.head.update(txn.end)
-        # Step 7: ACK-COMMIT, then publish.
+        # Step 7: ACK-COMMIT, then publish (``_advance`` publishes in commit order).
         txn.phase = Phase.PUBLISHING
         offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.end.items()))
         ack = AckCommit(**self._envelope(txn.id), offsets=offsets, commit_seq=txn.commit_seq)
-        return [Broadcast(ack), Publish(txn)]
+        return [Broadcast(ack)]
 
     def _on_PublishResult(self, event: PublishResult, now: float) -> list[Action]:
         txn = self.txn(event.txn)
         if txn is None or txn.phase is not Phase.PUBLISHING:
             return []
+        txn.publish_in_flight = False
         if event.ok:
             self.txns.remove(txn)
         else:
@@ -241,7 +282,10 @@ class CoordinatorState:
             if txn not in self.txns:
                 continue  # aborted by a cascade in this loop
             if txn.phase is Phase.COLLECTING:
-                staged = sum(live.buffered_rows for live in self.alive.values() if live.txn == txn.id)
+                staged = sum(
+                    live.buffered_rows for tp, holder in txn.holders.items()
+                    if (live := self.alive.get(tp, {}).get(holder)) is not None and live.txn == txn.id
+                )
                 if now - txn.started_at >= t.interval_s or staged >= t.size_trigger_rows or self.stopping:
                     txn.phase = Phase.ENDING
                     txn.ended_at = now
@@ -260,8 +304,10 @@ class CoordinatorState:
             if txn.phase is Phase.COMPLETE and self._is_oldest_uncommitted(txn):
                 txn.phase = Phase.VERIFYING  # Step 5
                 actions.append(CountStage(txn.id, txn.stage_table))
-            if txn.phase is Phase.PUBLISHING and txn.publish_not_before and now >= txn.publish_not_before:
+            if (txn.phase is Phase.PUBLISHING and not txn.publish_in_flight and now >= txn.publish_not_before
+                    and self._is_oldest_publishing(txn)):
                 txn.publish_not_before = 0.0
+                txn.publish_in_flight = True
                 actions.append(Publish(txn))
         actions += self._maybe_start(now)
         if self.stopping and not self.txns:
@@ -283,7 +329,7 @@ class CoordinatorState:
         # Step 2: the stage table.
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
-        txn = Txn(txn_id, naming.stage_table(self.target, txn_id), start, now, after=previous.id if previous else None)
+        txn = Txn(txn_id, naming.stage_table(self.target, self.pipeline, txn_id), start, now, after=previous.id if previous else None)
         self.txns.append(txn)
         return [CreateStage(txn.id, txn.stage_table)]
 
@@ -311,14 +357,31 @@ class CoordinatorState:
         return False
 
     def _dead_participants(self, txn: Txn, now: float, judge_silence: bool) -> str:
-        """Partitions still owing a WRITE-STATUS whose participant was replaced or (judged only on
-        ``Tick``, right after the runner read the control topic) is silent."""
-        live = self.live_partitions(now)
-        gone = [
-            tp for tp in txn.missing
-            if (judge_silence and tp not in live) or (tp in txn.holders and self.alive[tp].sender != txn.holders[tp])
-        ]
+        """Partitions still owing a WRITE-STATUS whose holder is silent (judged only on ``Tick``,
+        right after the runner read the control topic). Other copies of a participant, alive or
+        not, do not count: only the holder named in START stages the partition."""
+        if not judge_silence:
+            return ""
+        gone = [tp for tp in txn.missing if txn.holders.get(tp) not in self._live_copies(tp, now)]
         return ", ".join(f"{tp.topic}-{tp.partition}" for tp in gone)
+
+    def _partition_mismatch(self, txn: Txn, stats: dict[TopicPartition, PartitionStats] | None) -> str:
+        """How the stage table's rows of each partition differ from its WRITE-STATUS ("" if they agree)."""
+        if stats is None:
+            return ""
+        for tp in sorted(set(stats) | set(txn.statuses)):
+            ws = txn.statuses.get(tp)
+            got = stats.get(tp)
+            rows = ws.rows if ws else 0
+            if (got.rows if got else 0) != rows:
+                return f"{tp.topic}-{tp.partition}: stage table holds {got.rows if got else 0} rows, its participant reported {rows}"
+            if got and ws and not (ws.start_offset <= got.min_offset and got.max_offset < ws.end_offset):
+                return (f"{tp.topic}-{tp.partition}: stage table holds offsets {got.min_offset}..{got.max_offset}, "
+                        f"outside the reported [{ws.start_offset}, {ws.end_offset})")
+        return ""
+
+    def _is_oldest_publishing(self, txn: Txn) -> bool:
+        return next((t for t in self.txns if t.phase is Phase.PUBLISHING), None) is txn
 
     def _is_oldest_uncommitted(self, txn: Txn) -> bool:
         for t in self.txns:
@@ -328,8 +391,13 @@ class CoordinatorState:
                 return False
         return False
 
+    def base(self, tp: TopicPartition) -> int:
+        return self._base(tp)
+
     def _base(self, tp: TopicPartition) -> int:
-        return self.head.get(tp, self.initial.get(tp, 0))
+        """Where ``tp``'s next txn must start: its last committed end, or a later floor (its initial
+        offset when never committed, or where a skipped gap ended)."""
+        return max(self.head.get(tp, 0), self.initial.get(tp, 0))
 
     def _step_down(self, reason: str) -> list[Action]:
         self.stepped_down = True

@@ -9,12 +9,21 @@ database. Events:
   ``naming.commit_token`` so that of two leaders racing for one slot exactly one row survives;
 - ``PUBLISHED``: the stage table was moved (or copied) into the target and dropped;
 - ``ABORTED``: the txn was dropped, with ``reason``;
-- ``GAP``: offsets between two commits were gone (retention) and skipped, per ``on_gap = skip``.
+- ``GAP``: offsets between two commits were gone (retention) and skipped, per ``on_gap = skip``;
+- ``LOST``: a committed txn whose stage table was missing at publish (an alarm: ``chtxn verify`` fails);
+- ``INITIAL``: the offset a never-committed partition starts from, chosen once (token
+  ``<pipeline>/initial/<topic>/<partition>``, first write wins) so a new leader never moves it.
 
 **Resolution rule for readers.** Deduplication makes a commit slot hold one row. Past the
-deduplication window a slot could hold two: the one with the highest ``epoch`` wins, then the
-earliest ``event_time``, then the smallest ``claim_id``. Every query here applies it, so the
-chain of commits is always one line.
+deduplication window a slot could hold two: the **first claim wins for ever** (the earliest
+``event_time``, then the smallest ``claim_id``), whatever the epochs, so a late claim can never
+rewrite a slot whose owner went on to publish. Every query here applies it, so the chain of
+commits is always one line.
+
+**Seals.** A new leader claims slot head+1 with an empty COMMITTED row of its own (txn
+``e<epoch>_t0``, no stage table, no ranges) before it touches any stage table. A late commit of
+an older leader then finds its slot taken and steps down; if the older commit landed first, the
+new leader rolls it forward and seals the next slot.
 
 Offsets are Kafka's "next offset to read"; times are unix seconds (0.0 when unknown).
 This module is pure: the SQL is text, run by ``coordinator.ledger_store``.
@@ -46,10 +55,12 @@ class LedgerEvent(str, enum.Enum):
     ABORTED = "ABORTED"
     EPOCH = "EPOCH"
     GAP = "GAP"
+    LOST = "LOST"  # committed, but its stage table was gone before publish: an alarm, never PUBLISHED
+    INITIAL = "INITIAL"  # where a never-committed partition starts, fixed once chosen
 
 
 #: A txn's state is the first of these it has an event for.
-STATE_PRECEDENCE: tuple[str, ...] = ("PUBLISHED", "COMMITTED", "ABORTED", "STARTED")
+STATE_PRECEDENCE: tuple[str, ...] = ("PUBLISHED", "LOST", "COMMITTED", "ABORTED", "STARTED")
 
 
 class PartitionRange(msgspec.Struct, frozen=True, kw_only=True):
@@ -198,7 +209,7 @@ def resolved_commits_sql(database: str) -> str:
     return (
         f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
         "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' "
-        "ORDER BY commit_seq ASC, epoch DESC, event_time ASC, claim_id ASC LIMIT 1 BY commit_seq"
+        "ORDER BY commit_seq ASC, event_time ASC, claim_id ASC LIMIT 1 BY commit_seq"
     )
 
 
@@ -208,7 +219,7 @@ def slot_winner_sql(database: str, event: LedgerEvent) -> str:
     return (
         f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
         f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' AND {key} = {{slot:UInt64}} "
-        "ORDER BY epoch DESC, event_time ASC, claim_id ASC LIMIT 1"
+        "ORDER BY event_time ASC, claim_id ASC LIMIT 1"
     )
 
 
@@ -232,10 +243,19 @@ def head_sql(database: str) -> str:
 
 
 def committed_unpublished_sql(database: str) -> str:
+    """Committed txns with a stage table (seals have none) and neither PUBLISHED nor LOST, in slot order."""
     return (
-        f"SELECT * FROM ({resolved_commits_sql(database)}) WHERE txn NOT IN "
-        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} AND event = 'PUBLISHED') "
+        f"SELECT * FROM ({resolved_commits_sql(database)}) WHERE stage_table != '' AND txn NOT IN "
+        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} AND event IN ('PUBLISHED', 'LOST')) "
         "ORDER BY commit_seq"
+    )
+
+
+def event_rows_sql(database: str, event: LedgerEvent) -> str:
+    """Every ``event`` row of ``{pipeline:String}``, oldest first."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' ORDER BY event_time, claim_id"
     )
 
 
@@ -258,7 +278,4 @@ def txn_rows_sql(database: str) -> str:
 
 
 def gap_rows_sql(database: str) -> str:
-    return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND event = 'GAP' ORDER BY event_time"
-    )
+    return event_rows_sql(database, LedgerEvent.GAP)

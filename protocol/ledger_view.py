@@ -44,7 +44,7 @@ class TxnSummary(msgspec.Struct, frozen=True, kw_only=True):
 #: Order of events of one txn written within the same millisecond.
 _EVENT_ORDER = {e: i for i, e in enumerate((
     LedgerEvent.EPOCH, LedgerEvent.STARTED, LedgerEvent.GAP, LedgerEvent.ABORTED,
-    LedgerEvent.COMMITTED, LedgerEvent.PUBLISHED,
+    LedgerEvent.COMMITTED, LedgerEvent.LOST, LedgerEvent.PUBLISHED, LedgerEvent.INITIAL,
 ))}
 
 
@@ -63,6 +63,7 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
     committed = by_event.get(LedgerEvent.COMMITTED)
     published = by_event.get(LedgerEvent.PUBLISHED)
     aborted = by_event.get(LedgerEvent.ABORTED)
+    lost = by_event.get(LedgerEvent.LOST)
     main = committed or aborted or started or rows[0]
     if committed:
         ranges = committed.ranges
@@ -99,7 +100,7 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
         commit_ms=_ms(ended_at, committed_at),
         publish_ms=_ms(committed_at, published_at),
         total_ms=_ms(started_at, finished),
-        reason=aborted.reason if aborted else "",
+        reason=(lost or aborted).reason if (lost or aborted) else "",
         events=events,
         gaps=tuple(g for r in rows if r.event is LedgerEvent.GAP for g in r.ranges),
     )
@@ -109,14 +110,15 @@ def _fmt(tp: TopicPartition) -> str:
     return f"{tp.topic}/{tp.partition}"
 
 
-def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = ()) -> list[str]:
+def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Sequence[LedgerRow] = ()) -> list[str]:
     """Anomalies of the commit chain, one sentence each; empty when the chain is sound.
 
     ``commits`` are the resolved COMMITTED rows in slot order (one per slot). Checked: slots
     run 1, 2, 3, ... without holes; per partition, each commit starts where the previous one of
     that partition ended (no overlap: records stored twice; no gap: records never stored) and
     never ends before it starts. A gap recorded by a GAP row (skipped, ``on_gap = skip``) is
-    still reported, with the record of it.
+    still reported, with the record of it. Every LOST txn (committed, but its stage table was
+    gone at publish) is reported: its rows are not in the target.
     """
     recorded: dict[tuple[TopicPartition, int, int], LedgerRow] = {
         (g.tp, g.start, g.end): row for row in gaps for g in row.ranges
@@ -154,4 +156,6 @@ def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = ()) -> list[
                         f"between {before} and {where}{skipped}"
                     )
             last[r.tp] = (r.end, commit)
+    for row in lost:
+        problems.append(f"txn {row.txn} (commit {row.commit_seq}) was committed but never published: {row.reason}")
     return problems

@@ -67,11 +67,24 @@ class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     sender: str  # coordinator id or participant id
 
 
+class PartitionHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """The one participant (``sender`` id) that stages ``topic``/``partition`` in a txn."""
+
+    topic: str
+    partition: int
+    sender: str
+
+
 class StartCommit(_Control, tag="start-commit"):
-    """Coordinator -> all: stage records from these offsets into ``stage_table``."""
+    """Coordinator -> all: stage records from these offsets into ``stage_table``.
+
+    ``holders`` fences participants: when it names a partition, only that sender stages it in
+    this txn; any other live copy of the participant stands down (empty: no fencing, old leaders).
+    """
 
     stage_table: str
     offsets: tuple[PartitionOffset, ...]
+    holders: tuple[PartitionHolder, ...] = ()
 
 
 class EndCommit(_Control, tag="end-commit"):

@@ -5,12 +5,18 @@ from __future__ import annotations
 import re
 
 STAGE_MARKER = "__chtxn_"
+RESTAGE_SUFFIX = "__restage"
 _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
 
 
 def txn_id(epoch: int, seq: int) -> str:
     """Txn ids are unique across leaders because epochs are claimed by compare-and-set."""
     return f"e{epoch}_t{seq}"
+
+
+def seal_txn(epoch: int) -> str:
+    """The txn id of a new leader's seal (an empty commit); normal txns count from 1."""
+    return txn_id(epoch, 0)
 
 
 def parse_txn_id(txn: str) -> tuple[int, int]:
@@ -20,26 +26,41 @@ def parse_txn_id(txn: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def stage_table(target: str, txn: str) -> str:
-    return f"{target}{STAGE_MARKER}{txn}"
+def stage_table(target: str, pipeline: str, txn: str) -> str:
+    """``<target>__chtxn_<pipeline>__<txn>``: scoped by pipeline, so pipelines sharing a target
+    never touch each other's stage tables."""
+    return f"{target}{STAGE_MARKER}{pipeline}__{txn}"
 
 
-def stage_table_prefix(target: str) -> str:
-    """Every stage table of ``target`` starts with this (for orphan clean-up)."""
-    return f"{target}{STAGE_MARKER}"
+def restage_table(stage: str) -> str:
+    """Where a committed txn's rows are re-staged in the target's new structure when the target
+    was ALTERed after its stage table was made (publish by insert-select into this, then move)."""
+    return f"{stage}{RESTAGE_SUFFIX}"
 
 
-def txn_of_stage_table(target: str, table: str) -> str | None:
-    prefix = stage_table_prefix(target)
+def stage_table_prefix(target: str, pipeline: str) -> str:
+    """Every stage table of ``pipeline`` into ``target`` starts with this (for orphan clean-up)."""
+    return f"{target}{STAGE_MARKER}{pipeline}__"
+
+
+def txn_of_stage_table(target: str, pipeline: str, table: str) -> str | None:
+    """The txn whose stage (or restage) table ``table`` is, if it is one of ``pipeline`` into ``target``.
+
+    Unambiguous although pipeline names may contain ``__``: what follows the prefix must be a
+    whole txn id (and an optional restage suffix), which no pipeline name's tail can be.
+    """
+    prefix = stage_table_prefix(target, pipeline)
     if not table.startswith(prefix):
         return None
-    txn = table[len(prefix):]
+    txn = table[len(prefix):].removesuffix(RESTAGE_SUFFIX)
     return txn if _TXN_RE.match(txn) else None
 
 
-def chunk_token(pipeline: str, txn: str, topic: str, partition: int, chunk_no: int) -> str:
-    """``insert_deduplication_token`` of a staged chunk: the same chunk always gets the same token."""
-    return f"{pipeline}/{txn}/{topic}/{partition}/{chunk_no}"
+def chunk_token(pipeline: str, txn: str, topic: str, partition: int, chunk_no: int, first: int, next_offset: int) -> str:
+    """``insert_deduplication_token`` of a staged chunk: the same chunk always gets the same token,
+    and the offset range binds the token to the chunk's content (the chunk cut at END is cut by
+    time, so two writers of one chunk number may hold different records)."""
+    return f"{pipeline}/{txn}/{topic}/{partition}/{chunk_no}/{first}-{next_offset}"
 
 
 def commit_token(pipeline: str, commit_seq: int) -> str:
@@ -49,6 +70,16 @@ def commit_token(pipeline: str, commit_seq: int) -> str:
 
 def epoch_token(pipeline: str, epoch: int) -> str:
     return f"{pipeline}/epoch/{epoch}"
+
+
+def initial_token(pipeline: str, topic: str, partition: int) -> str:
+    """Token of a partition's INITIAL ledger row: the first choice of a start offset stays."""
+    return f"{pipeline}/initial/{topic}/{partition}"
+
+
+def gap_token(pipeline: str, topic: str, partition: int, start: int, end: int) -> str:
+    """Token of a GAP ledger row: a gap is recorded once however many leaders meet it."""
+    return f"{pipeline}/gap/{topic}/{partition}/{start}-{end}"
 
 
 def publish_token(pipeline: str, txn: str) -> str:

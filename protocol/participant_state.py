@@ -15,7 +15,9 @@ The steps of one txn, for each partition the task holds (DESIGN.md section 3):
    started after it): drop those txns, pause, and wait for the next START.
 
 Messages of a lower epoch than the highest seen, messages for txns this task is not part of,
-and other participants' messages are ignored. A task that starts mid-txn (a restart) sees no
+and other participants' messages are ignored. A START that names another copy of this
+participant (another ``sender``) as a partition's holder fences this copy out of that partition
+for the txn: it stands down (stays paused) and waits for a START that names it. A task that starts mid-txn (a restart) sees no
 START for it and so takes no part; it joins at the next START. A heartbeat goes out every
 ``heartbeat_interval_s``.
 
@@ -150,9 +152,18 @@ class ParticipantState:
         self.current, self.current_epoch, self.current_open = m.txn, m.epoch, True
         self.stage_table = m.stage_table
         resume: list[TopicPartition] = []
+        holders = {(h.topic, h.partition): h.sender for h in m.holders}
         for po in m.offsets:
             p = self.parts.get((po.topic, po.partition))
             if p is None:
+                continue
+            holder = holders.get((po.topic, po.partition), self.sender)
+            if holder != self.sender:  # another copy of this participant holds it: stand down
+                log.warning("START of %s names %s as holder of %s/%d, not this copy (%s): standing down",
+                            m.txn, holder, po.topic, po.partition, self.sender)
+                if p.status is not Status.IDLE:
+                    p.status, p.builder, p.pending = Status.IDLE, None, set()
+                actions += self._pause([p])
                 continue
             if p.status is not Status.IDLE:  # still ending an older txn: it will never report
                 log.warning("START of %s: abandoning %s of %s/%d", m.txn, p.txn, po.topic, po.partition)

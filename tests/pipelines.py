@@ -73,7 +73,7 @@ class Pipeline:
         db, table = self.cfg.clickhouse.database, self.cfg.clickhouse.target_table
         rows = self.client().query(
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String})",
-            parameters={"db": db, "p": f"{table}__chtxn_"},
+            parameters={"db": db, "p": f"{table}__chtxn_{self.cfg.name}__"},
         ).result_rows
         return [r[0] for r in rows]
 
@@ -85,7 +85,7 @@ class Pipeline:
         """DESIGN.md section 8: every committed offset exactly once in the target, nothing else."""
         ledger = self.ledger()
         return verify_deep(self.client(), self.cfg.clickhouse.database, self.cfg.clickhouse.target_table,
-                           ledger.commits(), dead_letters, ledger.audit())
+                           ledger.commits(), dead_letters, ledger.audit(), topics=self.cfg.pipeline.topics)
 
 
 def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, settings: dict | None = None,
@@ -113,9 +113,11 @@ def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, sett
                                         cfg.dead_letter_topic: 1})
     host, port = stack.clickhouse_url.removeprefix("http://").rstrip("/").split(":")
     client = clickhouse_connect.get_client(host=host, port=int(port))
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{name}`")
-    client.command(target_ddl.format(db=f"`{name}`", table="`events`"))
-    LedgerStore(client, name, name).ensure_tables()
+    db = cfg.clickhouse.database  # the pipeline's name unless settings share another pipeline's
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    if not int(client.command(f"EXISTS TABLE `{db}`.`events`")):
+        client.command(target_ddl.format(db=f"`{db}`", table="`events`"))
+    LedgerStore(client, db, name).ensure_tables()
     tps = [TopicPartition(topic=cfg.pipeline.topics[0], partition=p) for p in range(partitions)]
     return Pipeline(cfg, path, tps)
 

@@ -146,7 +146,7 @@ class ScriptedParticipants:
         self._data.unassign()
         high = begin + len(lines)
         if lines:
-            token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0)
+            token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
             self._ch.raw_insert(start.stage_table, insert_block=b"\n".join(lines), fmt="JSONEachRow",
                                 settings={"insert_deduplication_token": token, "async_insert": 0})
         return WriteStatus(

@@ -97,7 +97,7 @@ def test_write_status_timeout_aborts_and_leaves_nothing(stack, tmp_path):
         aborted = [t for t in pipeline.ledger().history(limit=100, state="ABORTED")]
         assert any("write-status timeout" in t.reason for t in aborted)
         assert pipeline.target_count() == 0
-        wait_until(lambda: all(s.split("__chtxn_")[1] not in {t.txn for t in aborted} for s in pipeline.stage_tables()),
+        wait_until(lambda: all(s.rsplit("__", 1)[1] not in {t.txn for t in aborted} for s in pipeline.stage_tables()),
                    30, "aborted txns' stage tables dropped")
         participants.knobs.withhold_status = set()
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows committed once the participant answers")

@@ -122,16 +122,13 @@ class Crash(BaseException):
 
 
 class CrashBeforeDrop(StageTables):
-    """Publishes, then dies between the INSERT and the DROP of the first txn that has rows."""
+    """Publishes, then dies between the INSERT and the PUBLISHED row of the first txn that has rows."""
 
-    def publish(self, stage: str, txn: str) -> int:
-        self._crash_on_drop = self.exists(stage) and self.count(stage) > 0
-        return super().publish(stage, txn)
-
-    def drop(self, stage: str) -> None:
-        if getattr(self, "_crash_on_drop", False):
+    def publish(self, stage: str, txn: str, on_move: object = None) -> int:
+        rows = super().publish(stage, txn, on_move)
+        if rows:
             raise Crash(stage)
-        super().drop(stage)
+        return rows
 
 
 class CrashingPublishLeader(Leader):
@@ -148,10 +145,10 @@ def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(s
     produced = pipeline.produce(1_000)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
         with ServiceThread(pipeline.cfg, "crasher", leader_class=CrashingPublishLeader) as crasher:
-            crash = crasher.ended(60, "the leader to die between the publish INSERT and the DROP")
+            crash = crasher.ended(60, "the leader to die between the publish INSERT and the PUBLISHED row")
         assert isinstance(crash, Crash), crash
         stage = crash.args[0]
-        txn = naming.txn_of_stage_table(pipeline.cfg.clickhouse.target_table, stage)
+        txn = naming.txn_of_stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, stage)
         assert pipeline.ledger().txn(txn).state == "COMMITTED"
         assert stage in pipeline.stage_tables(), "the crash left the published stage table behind"
         assert pipeline.target_count() == produced
@@ -210,7 +207,7 @@ def test_chtxn_coordinator_exits_1_naming_the_view(stack, tmp_path):
 def test_orphan_stage_table_is_dropped_and_aborted_at_take_over(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("orphan"))
     db, target = f"`{pipeline.cfg.clickhouse.database}`", pipeline.cfg.clickhouse.target_table
-    orphan = naming.stage_table(target, "e99_t1")
+    orphan = naming.stage_table(target, pipeline.cfg.name, "e99_t1")
     client = pipeline.client()
     client.command(f"CREATE TABLE {db}.`{orphan}` AS {db}.{target}")
     client.command(f"INSERT INTO {db}.`{orphan}` SELECT number, 'orphan', 1.0, '{pipeline.topic}', 0, number "

@@ -51,7 +51,7 @@ def rng(partition: int, start: int, end: int) -> PartitionRange:
 def commit_row(store: LedgerStore, seq: int, txn: str, *ranges: PartitionRange, epoch: int = 1, who: str = "c1") -> LedgerRow:
     return LedgerRow(
         pipeline=store.pipeline, txn=txn, event=LedgerEvent.COMMITTED, epoch=epoch, commit_seq=seq,
-        coordinator=who, ranges=ranges, total_rows=sum(r.rows for r in ranges),
+        coordinator=who, ranges=ranges, total_rows=sum(r.rows for r in ranges), stage_table=f"events__chtxn_p__{txn}",
     )
 
 
@@ -132,18 +132,29 @@ def test_head_follows_the_chain(new_store: Callable[[], LedgerStore]) -> None:
     assert store.head() == (4, {tp(0): 20, tp(1): 8, tp(2): 1})
 
 
-def test_a_duplicated_slot_resolves_to_the_highest_epoch(new_store: Callable[[], LedgerStore]) -> None:
-    """Past the deduplication window a slot can hold two rows; every reader picks the same one."""
+def test_a_duplicated_slot_resolves_to_the_first_claim_for_ever(new_store: Callable[[], LedgerStore]) -> None:
+    """Past the deduplication window a slot can hold two rows; every reader picks the first claim,
+    whatever the epochs: a late claim of a newer epoch with a stale head must not rewrite history."""
     store = new_store()
     assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10), epoch=1))
+    store.append(LedgerRow(pipeline=store.pipeline, txn="e1_t1", event=LedgerEvent.PUBLISHED, epoch=1, commit_seq=1))
     # what a stale claim past the window leaves: another row in slot 1, under a token not seen yet
     late = commit_row(store, 1, "e2_t1", rng(0, 0, 12), epoch=2, who="c2")
     store._insert(late, "outside-the-window", "insert a duplicate slot")
     owner = store.commit_at(1)
-    assert owner is not None and (owner.txn, owner.epoch) == ("e2_t1", 2)
-    assert store.head() == (1, {TopicPartition(topic="src", partition=0): 12})
-    assert [c.txn for c in store.commits()] == ["e2_t1"]
-    assert [r.txn for r in store.committed_unpublished()] == ["e2_t1"]
+    assert owner is not None and (owner.txn, owner.epoch) == ("e1_t1", 1)
+    assert store.head() == (1, {TopicPartition(topic="src", partition=0): 10})
+    assert [c.txn for c in store.commits()] == ["e1_t1"]
+    assert store.committed_unpublished() == []
+
+
+def test_a_seal_fences_a_late_commit_of_an_older_epoch(new_store: Callable[[], LedgerStore]) -> None:
+    store = new_store()
+    assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10), epoch=1))
+    assert store.seal(2, "c2", head_seq=1)
+    assert not store.claim_commit(commit_row(store, 2, "e1_t2", rng(0, 10, 20), epoch=1))  # the stalled leader
+    assert store.head() == (2, {TopicPartition(topic="src", partition=0): 10})
+    assert not store.seal(3, "c3", head_seq=1), "a seal of a stale head loses to the commit it missed"
 
 
 def test_committed_unpublished(new_store: Callable[[], LedgerStore]) -> None:

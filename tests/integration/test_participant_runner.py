@@ -50,7 +50,7 @@ class TestCoordinator:
         assert self.producer.flush(10) == 0
 
     def start(self, txn: str, offsets: dict[TopicPartition, int], epoch: int = 1) -> str:
-        table = naming.stage_table(self.cfg.clickhouse.target_table, txn)
+        table = naming.stage_table(self.cfg.clickhouse.target_table, self.cfg.name, txn)
         self.stages.create(table)
         self.send(StartCommit(pipeline=self.cfg.name, epoch=epoch, txn=txn, sender="test", stage_table=table,
                               offsets=tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o)

@@ -15,6 +15,7 @@ from protocol.messages import (
     LeaderHeartbeat,
     PartitionOffset,
     PartitionPosition,
+    PartitionHolder,
     StartCommit,
     WriteStatus,
 )
@@ -25,6 +26,7 @@ SAMPLES: dict[str, ControlMessage] = {
     "start-commit": StartCommit(
         **_BASE, txn="e3_t17", sender="coord-a", stage_table="events__chtxn_e3_t17",
         offsets=(PartitionOffset(topic="src", partition=0, offset=100), PartitionOffset(topic="src", partition=1, offset=7)),
+        holders=(PartitionHolder(topic="src", partition=0, sender="part-a"), PartitionHolder(topic="src", partition=1, sender="part-b")),
     ),
     "end-commit": EndCommit(**_BASE, txn="e3_t17", sender="coord-a"),
     "write-status": WriteStatus(

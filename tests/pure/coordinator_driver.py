@@ -13,7 +13,7 @@ from protocol.coordinator_events import (
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, PartitionOffset, PartitionPosition, StartCommit,
+    Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, PartitionPosition, StartCommit,
     TopicPartition, WriteStatus,
 )
 
@@ -68,9 +68,9 @@ def beats(*tps: TopicPartition, txn: str = "") -> list[Received]:
 
 
 def ws(txn: str, tp: TopicPartition, start: int, end: int, rows: int, *, epoch: int = EPOCH,
-       errors: tuple[str, ...] = ()) -> Received:
+       errors: tuple[str, ...] = (), sender: str | None = None) -> Received:
     return Received(WriteStatus(
-        pipeline=PIPE, epoch=epoch, txn=txn, sender=participant(tp), topic=tp.topic, partition=tp.partition,
+        pipeline=PIPE, epoch=epoch, txn=txn, sender=sender or participant(tp), topic=tp.topic, partition=tp.partition,
         start_offset=start, end_offset=end, rows=rows, chunks=1 if rows else 0, errors=errors,
     ))
 
@@ -79,12 +79,15 @@ def ws(txn: str, tp: TopicPartition, start: int, end: int, rows: int, *, epoch: 
 
 
 def create(n: int) -> CreateStage:
-    return CreateStage(txn_id(n), naming.stage_table(TARGET, txn_id(n)))
+    return CreateStage(txn_id(n), naming.stage_table(TARGET, PIPE, txn_id(n)))
 
 
-def start(n: int, offsets: Offsets) -> Broadcast:
-    table = naming.stage_table(TARGET, txn_id(n))
-    return Broadcast(StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets)))
+def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
+    """START of txn ``n``; each partition held by ``participant(tp)`` unless ``holders`` says otherwise."""
+    table = naming.stage_table(TARGET, PIPE, txn_id(n))
+    named = {tp: participant(tp) for tp in offsets} | (holders or {})
+    held = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(named.items()))
+    return Broadcast(StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held))
 
 
 def end(n: int) -> Broadcast:

@@ -57,9 +57,9 @@ def cut(recs: list[Rec], batch: int, **kw) -> list[tuple]:
 
 def test_chunks_by_rows_numbered_from_zero_with_tokens():
     assert cut(records(list(range(7))), batch=100) == [
-        (0, "pl/e1_t1/src/0/0", 0, 3, (0, 1, 2), 30),
-        (1, "pl/e1_t1/src/0/1", 3, 6, (3, 4, 5), 30),
-        (2, "pl/e1_t1/src/0/2", 6, 7, (6,), 10),
+        (0, "pl/e1_t1/src/0/0/0-3", 0, 3, (0, 1, 2), 30),
+        (1, "pl/e1_t1/src/0/1/3-6", 3, 6, (3, 4, 5), 30),
+        (2, "pl/e1_t1/src/0/2/6-7", 6, 7, (6,), 10),
     ]
 
 

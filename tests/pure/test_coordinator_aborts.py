@@ -39,7 +39,7 @@ def test_a_stage_table_that_cannot_be_created_aborts_without_a_broadcast() -> No
     d = Driver()
     assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
     t1 = d.txn(1)
-    why = "could not create stage table shop.orders__chtxn_e3_t1: Code: 57. Table already exists"
+    why = "could not create stage table shop.orders__chtxn_orders__e3_t1: Code: 57. Table already exists"
     assert d.at(T0 + 0.1, StageCreated(t1.id, ok=False, error="Code: 57. Table already exists")) == [
         *abort(t1, why, "stage-create-failed", broadcast=False), create(2),
     ]
@@ -90,13 +90,32 @@ def test_silence_is_judged_on_tick_only_so_a_stalled_leader_reads_its_backlog_fi
     assert d.at(T0 + 9, Tick()) == abort(t1, "participant of events-1 stopped sending heartbeats", "participant-dead")
 
 
-def test_a_participant_replaced_mid_txn_aborts() -> None:
-    d = Driver()
+def test_a_second_live_copy_of_a_participant_is_fenced_and_aborts_nothing() -> None:
+    """Two live copies of one task (an executor lost while its Python worker runs on): they take
+    turns heartbeating, but only the holder named in START counts."""
+    d = Driver(replace(TIMING, interval_s=2.05))
     t1 = d.started(T0)
-    assert d.at(T0 + 0.5, hb(P1, sender="part-1")) == []  # the same holder changes nothing
-    assert d.at(T0 + 0.6, hb(P1, sender="part-1-retry")) == [
+    for i in range(20):  # the copies alternate for 2 s: no abort
+        assert d.at(T0 + 0.1 * i, hb(P1, sender="part-1" if i % 2 else "part-1-zombie"), Tick()) == []
+    d.ended(1, T0 + 2.1)
+    assert d.at(T0 + 2.1, ws("e3_t1", P1, 0, 7, 7, sender="part-1-zombie")) == []  # fenced: ignored
+    assert d.state.ignored == 1
+    assert d.at(T0 + 2.2, ws("e3_t1", P1, 0, 5, 5), ws("e3_t1", P0, 40, 50, 10)) == [
+        CountStage(t1.id, t1.stage_table), create(2),
+    ]
+    t2 = d.txn(2)
+    assert d.at(T0 + 2.3, StageCreated(t2.id)) == [start(2, {P0: 50, P1: 5}), RecordStarted(t2)]  # the holder stays
+
+
+def test_when_the_holder_dies_its_txn_aborts_and_the_next_start_names_the_live_copy() -> None:
+    d = Driver(replace(TIMING, interval_s=60.0))
+    t1 = d.started(T0)
+    assert d.at(T0 + 2.0, hb(P0), hb(P1, sender="part-1-retry"), Tick()) == []  # holder part-1 silent 2 s
+    assert d.at(T0 + 3.5, hb(P0), hb(P1, sender="part-1-retry"), Tick()) == [
         *abort(t1, "participant of events-1 stopped sending heartbeats", "participant-dead"), create(2),
     ]
+    t2 = d.txn(2)
+    assert d.at(T0 + 3.6, StageCreated(t2.id)) == [start(2, START_1, holders={P1: "part-1-retry"}), RecordStarted(t2)]
 
 
 def test_a_participant_replaced_after_its_write_status_does_not_abort() -> None:

@@ -8,8 +8,8 @@ Aborts and stepping down are in ``test_coordinator_aborts.py``.
 from __future__ import annotations
 
 from protocol.coordinator_events import (
-    Commit, CommitResult, CountStage, Counted, PartitionsChanged, Phase, Publish, PublishResult, Ready,
-    RecordStarted, Shutdown, StageCreated, Stopped, Tick,
+    Commit, CommitResult, CountStage, Counted, GapFound, PartitionsChanged, PartitionStats, Phase, Publish,
+    PublishResult, Ready, RecordStarted, Shutdown, StageCreated, Stopped, Tick,
 )
 from protocol.messages import TopicPartition
 
@@ -56,7 +56,7 @@ def test_start_offsets_are_the_ledger_head_and_initial_for_never_committed_parti
     d = Driver()
     assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
     t1 = d.txn(1)
-    assert (t1.phase, t1.stage_table) == (Phase.CREATING, "shop.orders__chtxn_e3_t1")
+    assert (t1.phase, t1.stage_table) == (Phase.CREATING, "shop.orders__chtxn_orders__e3_t1")
     assert d.at(T0 + 0.2, Tick()) == []  # no START before the stage table exists
     assert d.at(T0 + 0.3, StageCreated(t1.id)) == [start(1, {P0: 40, P1: 0}), RecordStarted(t1)]
     assert (t1.phase, t1.started_at, t1.holders) == (Phase.COLLECTING, T0 + 0.3, {P0: "part-0", P1: "part-1"})
@@ -153,7 +153,9 @@ def test_next_start_goes_out_from_the_reported_ends_and_commits_only_after_the_p
     ]
     assert d.txn(3).start == END_2
     assert d.at(T0 + 2.6, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
-    assert d.at(T0 + 2.7, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2), Publish(t2)]
+    # Publishes go in commit order: txn 2's waits until txn 1's is done.
+    assert d.at(T0 + 2.7, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2)]
+    assert d.at(T0 + 2.8, PublishResult(t1.id, ok=True)) == [Publish(t2)]
 
 
 def test_an_abort_at_verify_cascades_to_the_pipelined_txn_and_restarts_from_the_ledger_head() -> None:
@@ -310,3 +312,81 @@ def test_lag_is_log_end_from_heartbeats_minus_the_committed_offset() -> None:
     committed_1(after)
     after.at(T0 + 2, beat)
     assert after.state.lag() == {P0: 70 - END_1[P0]}
+
+
+# ---- publish order, per-partition verify, structure, gaps ------------------------------
+
+
+def test_a_failed_publish_holds_back_the_publish_of_the_next_commit() -> None:
+    """Visibility in commit order: txn 2 is committed but waits until txn 1 is in the target."""
+    d = Driver()
+    committed_1(d)
+    t1, t2 = d.txn(1), d.txn(2)
+    assert d.at(T0 + 1.8, PublishResult(t1.id, ok=False, error="Code: 999. Keeper down")) == []
+    assert d.at(T0 + 1.8, StageCreated(t2.id)) == [start(2, END_1), RecordStarted(t2)]
+    d.ended(2, T0 + 2.8)
+    assert d.at(T0 + 2.9, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4)) == [CountStage(t2.id, t2.stage_table), create(3)]
+    assert d.at(T0 + 3.0, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
+    assert d.at(T0 + 3.1, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2)]  # no Publish(t2)
+    assert d.at(T0 + 3.8, Tick()) == [Publish(t1)]  # the retry of txn 1 comes first
+    assert d.at(T0 + 3.9, PublishResult(t1.id, ok=True)) == [Publish(t2)]
+
+
+def test_rows_of_a_partition_that_differ_from_its_write_status_abort_even_when_the_total_matches() -> None:
+    """A second writer's chunk can make one partition hold more and another fewer rows."""
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.5)
+    stats = {P0: PartitionStats(11, 40, 50), P1: PartitionStats(4, 0, 3)}
+    assert d.at(T0 + 1.6, Counted(t1.id, 15, partitions=stats))[:2] == abort(
+        t1, "row-count mismatch: events-0: stage table holds 11 rows, its participant reported 10", "row-count-mismatch")
+
+
+def test_offsets_outside_a_partitions_reported_range_abort() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.5)
+    stats = {P0: PartitionStats(10, 39, 48), P1: PartitionStats(5, 0, 4)}
+    assert d.at(T0 + 1.6, Counted(t1.id, 15, partitions=stats))[:2] == abort(
+        t1, "row-count mismatch: events-0: stage table holds offsets 39..48, outside the reported [40, 50)",
+        "row-count-mismatch")
+
+
+def test_matching_partitions_commit() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.5)
+    stats = {P0: PartitionStats(10, 40, 49), P1: PartitionStats(5, 0, 4)}
+    assert d.at(T0 + 1.6, Counted(t1.id, 15, partitions=stats)) == [Commit(t1, HEAD_SEQ + 1)]
+
+
+def test_a_target_altered_after_staging_aborts_before_the_commit_point() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.5)
+    assert d.at(T0 + 1.6, Counted(t1.id, 15, altered="columns added: note"))[:2] == abort(
+        t1, "the target table changed after the stage table was made (columns added: note); the next txn "
+        "stages in the new structure", "target-altered")
+
+
+def test_a_skipped_gap_moves_the_start_past_the_head() -> None:
+    """on_gap = skip: the next START goes out from where the gap ends, not from the (deleted) head."""
+    d = Driver()
+    assert d.at(T0, Ready(HEAD_SEQ, HEAD, {**INITIAL, P0: 70}), *beats(P0, P1)) == [create(1)]
+    assert d.txn(1).start == {P0: 70, P1: 0}
+
+
+def test_a_gap_found_while_leading_aborts_the_txn_below_it_at_verify_and_restarts_above_it() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 0.5, GapFound(P0, 45)) == []
+    d.ended(1, T0 + 1)
+    complete_1(d, T0 + 1.5)
+    actions = d.at(T0 + 1.6, Counted(t1.id, 15))
+    assert actions[:2] == abort(t1, "events-0 started at 40, ledger head is 45", "offset-mismatch")
+    assert actions[-1] == create(3)
+    assert d.txn(3).start == {P0: 45, P1: 0}

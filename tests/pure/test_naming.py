@@ -26,27 +26,37 @@ def test_txn_ids_of_different_epochs_never_collide() -> None:
 
 
 def test_stage_tables_and_back() -> None:
-    stage = naming.stage_table("events", "e3_t17")
-    assert stage == "events__chtxn_e3_t17"
-    assert stage.startswith(naming.stage_table_prefix("events"))
-    assert naming.txn_of_stage_table("events", stage) == "e3_t17"
+    stage = naming.stage_table("events", "orders", "e3_t17")
+    assert stage == "events__chtxn_orders__e3_t17"
+    assert stage.startswith(naming.stage_table_prefix("events", "orders"))
+    assert naming.txn_of_stage_table("events", "orders", stage) == "e3_t17"
+    assert naming.txn_of_stage_table("events", "orders", naming.restage_table(stage)) == "e3_t17"
 
 
 @pytest.mark.parametrize(
     "table",
-    ["events", "other__chtxn_e1_t1", "events__chtxn_", "events__chtxn_e1_t1_old", "events__chtxn_backup"],
+    ["events", "other__chtxn_orders__e1_t1", "events__chtxn_orders__", "events__chtxn_orders__e1_t1_old",
+     "events__chtxn_orders__backup", "events__chtxn_e1_t1"],
 )
-def test_tables_that_are_not_stage_tables_of_the_target(table: str) -> None:
-    assert naming.txn_of_stage_table("events", table) is None
+def test_tables_that_are_not_stage_tables_of_the_pipeline(table: str) -> None:
+    assert naming.txn_of_stage_table("events", "orders", table) is None
 
 
 def test_a_target_whose_name_extends_another_is_not_confused() -> None:
     # events_v2's stage tables must not look like stage tables of events
-    assert naming.txn_of_stage_table("events", naming.stage_table("events_v2", "e1_t1")) is None
+    assert naming.txn_of_stage_table("events", "p", naming.stage_table("events_v2", "p", "e1_t1")) is None
+
+
+@pytest.mark.parametrize("other", ["orders2", "orders__e1_t1", "orders__x", "o", "orders__restage"])
+def test_pipelines_sharing_a_target_never_see_each_others_stage_tables(other: str) -> None:
+    """Pipeline names may contain ``__``: the txn id that ends every stage table name keeps them apart."""
+    for table in (naming.stage_table("events", other, "e1_t1"), naming.restage_table(naming.stage_table("events", other, "e1_t1"))):
+        assert naming.txn_of_stage_table("events", "orders", table) is None
+        assert naming.txn_of_stage_table("events", other, table) == "e1_t1"
 
 
 def test_tokens() -> None:
-    assert naming.chunk_token("orders", "e3_t17", "src", 2, 5) == "orders/e3_t17/src/2/5"
+    assert naming.chunk_token("orders", "e3_t17", "src", 2, 5, 100, 250) == "orders/e3_t17/src/2/5/100-250"
     assert naming.commit_token("orders", 41) == "orders/commit/41"
     assert naming.epoch_token("orders", 3) == "orders/epoch/3"
     assert naming.publish_token("orders", "e3_t17") == "orders/publish/e3_t17"
@@ -56,14 +66,15 @@ def test_tokens_are_distinct_across_kinds_pipelines_and_slots() -> None:
     tokens = [
         naming.commit_token("orders", 1), naming.commit_token("orders", 2), naming.commit_token("orders2", 1),
         naming.epoch_token("orders", 1), naming.publish_token("orders", "e1_t1"),
-        naming.chunk_token("orders", "e1_t1", "src", 0, 0), naming.chunk_token("orders", "e1_t1", "src", 0, 1),
-        naming.chunk_token("orders", "e1_t1", "src", 1, 0), naming.chunk_token("orders", "e1_t2", "src", 0, 0),
+        naming.chunk_token("orders", "e1_t1", "src", 0, 0, 0, 5), naming.chunk_token("orders", "e1_t1", "src", 0, 1, 5, 9),
+        naming.chunk_token("orders", "e1_t1", "src", 1, 0, 0, 5), naming.chunk_token("orders", "e1_t2", "src", 0, 0, 0, 5),
+        naming.chunk_token("orders", "e1_t1", "src", 0, 0, 0, 6),
     ]
     assert len(set(tokens)) == len(tokens)
 
 
 def test_the_same_chunk_always_gets_the_same_token() -> None:
-    assert naming.chunk_token("p", "e1_t1", "t", 0, 3) == naming.chunk_token("p", "e1_t1", "t", 0, 3)
+    assert naming.chunk_token("p", "e1_t1", "t", 0, 3, 7, 9) == naming.chunk_token("p", "e1_t1", "t", 0, 3, 7, 9)
 
 
 def test_consumer_group_is_the_pipeline_name() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, LeaderHeartbeat, PartitionOffset, PartitionPosition,
+    Abort, AckCommit, EndCommit, Heartbeat, LeaderHeartbeat, PartitionHolder, PartitionOffset, PartitionPosition,
     StartCommit, TopicPartition, WriteStatus,
 )
 from protocol.participant_events import (
@@ -75,10 +75,10 @@ def test_a_whole_txn_start_records_end_write_status_ack():
     assert m.handle(start("e1_t1", {TP0: 10, TP1: 20, TP9: 5}), 0) == [Seek("src", 0, 10), Seek("src", 1, 20)]
     assert m.consuming
     acts = m.handle(polled(TP0, 10, 11, 12), 0)
-    assert stages(acts) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/0", [10, 11])]
+    assert stages(acts) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-12", [10, 11])]
     assert m.handle(staged("e1_t1", TP0, 0, 2), 0) == []
     acts = m.handle(end("e1_t1"), 0)
-    assert stages(acts[:1]) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/1", [12])]
+    assert stages(acts[:1]) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/1/12-13", [12])]
     assert acts[1:] == [Pause((TP0,)), Pause((TP1,)), status("e1_t1", TP1, 20, 20, 0, 0)]
     assert not m.consuming
     assert m.handle(staged("e1_t1", TP0, 1, 1), 0) == [status("e1_t1", TP0, 10, 13, 3, 2)]
@@ -104,7 +104,7 @@ def test_pipelined_start_continues_without_seeking():
     m.handle(end("e1_t1"), 0)
     m.handle(staged("e1_t1", TP0, 0, 1), 0)
     assert m.handle(start("e1_t2", {TP0: 11}), 0) == [Resume((TP0,))]
-    assert stages(m.handle(polled(TP0, 11, 12), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0", [11, 12])]
+    assert stages(m.handle(polled(TP0, 11, 12), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/11-13", [11, 12])]
     # the ACK of the previous txn still commits its offsets
     assert m.handle(ack("e1_t1", {TP0: 11}), 0) == [CommitOffsets((PartitionOffset(topic="src", partition=0, offset=11),))]
 
@@ -115,7 +115,7 @@ def test_a_start_elsewhere_than_the_position_seeks():
     m.handle(polled(TP0, 10, 11, 12), 0)
     m.handle(abort("e1_t1"), 0)
     assert m.handle(start("e1_t2", {TP0: 10}), 0) == [Seek("src", 0, 10)]
-    assert stages(m.handle(polled(TP0, 10, 11), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0", [10, 11])]
+    assert stages(m.handle(polled(TP0, 10, 11), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/10-12", [10, 11])]
 
 
 def test_records_delivered_outside_a_txn_force_a_seek_at_the_next_start():
@@ -237,11 +237,30 @@ def test_mixed_batches_are_split_by_partition():
     m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0)
     batch = Polled(polled(TP0, 0).records + polled(TP1, 0, 1).records + polled(TP0, 1).records)
     assert stages(m.handle(batch, 0)) == [
-        ("t__chtxn_e1_t1", "pl/e1_t1/src/1/0", [0, 1]),
-        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0", [0, 1]),
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/1/0/0-2", [0, 1]),
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/0-2", [0, 1]),
     ]
 
 
 def test_unknown_events_are_a_bug():
     with pytest.raises(TypeError):
         machine().handle(object(), 0)  # type: ignore[arg-type]
+
+
+def test_a_copy_not_named_as_holder_stands_down_for_that_partition():
+    """Two live copies of one task: START names the holder of each partition; the other copy
+    stages nothing of it and sends no WRITE-STATUS for it."""
+    m = machine()
+    held = Received(StartCommit(
+        pipeline=P, epoch=1, txn="e1_t1", sender="coord", stage_table="t__chtxn_e1_t1",
+        offsets=(PartitionOffset(topic="src", partition=0, offset=10), PartitionOffset(topic="src", partition=1, offset=20)),
+        holders=(PartitionHolder(topic="src", partition=0, sender="task-0"),
+                 PartitionHolder(topic="src", partition=1, sender="task-0-other-copy")),
+    ))
+    assert m.handle(held, 0) == [Seek("src", 0, 10)]
+    assert stages(m.handle(polled(TP1, 20, 21), 0)) == []  # delivered anyway: not staged
+    assert stages(m.handle(polled(TP0, 10, 11), 0)) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-12", [10, 11])]
+    acts = m.handle(end("e1_t1"), 0)
+    assert [a for a in acts if isinstance(a, Send)] == []  # chunk 0 still in flight
+    acts = m.handle(staged("e1_t1", TP0, 0, 2), 0)
+    assert acts == [status("e1_t1", TP0, 10, 12, 2, 1, nbytes=18)]

@@ -1,0 +1,71 @@
+"""Real ``Leader``s of chosen epochs in threads, for tests that script take-overs with failpoints."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from clients import failpoints
+from coordinator.control import ControlChannel
+from coordinator.leader import Leader
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.stage import StageTables
+from tests.pipelines import Pipeline
+
+
+class LeaderThread:
+    """One ``Leader`` of ``epoch`` (claimed in the ledger first) in a thread; ``outcome`` once it ends."""
+
+    def __init__(self, pipeline: Pipeline, epoch: int, name: str, *, stages: StageTables | None = None,
+                 leader_class: type[Leader] = Leader) -> None:
+        self.pipeline, self.epoch, self.name, self.leader_class = pipeline, epoch, name, leader_class
+        self.stages = stages or stage_tables(pipeline)
+        self.stop = threading.Event()
+        self.outcome: str | BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"leader-{name}", daemon=True)
+
+    def _run(self) -> None:
+        ledger = self.pipeline.ledger()
+        control = ControlChannel(self.pipeline.cfg, client_id=self.name)
+        try:
+            assert ledger.claim_epoch(self.epoch, self.name), f"{self.name} could not claim epoch {self.epoch}"
+            control.open()
+            self.outcome = self.leader_class(self.pipeline.cfg, epoch=self.epoch, coordinator=self.name, control=control,
+                                  ledger=ledger, stages=self.stages,
+                                  metrics=CoordinatorMetrics(self.pipeline.cfg.name)).run(self.stop)
+        except BaseException as exc:  # surfaced by the test
+            self.outcome = exc
+        finally:
+            control.close()
+
+    def start(self) -> LeaderThread:
+        self.thread.start()
+        return self
+
+    def ended(self, timeout_s: float) -> str | BaseException:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"{self.name} did not end within {timeout_s:g} s"
+        assert self.outcome is not None
+        return self.outcome
+
+
+def stage_tables(pipeline: Pipeline) -> StageTables:
+    cfg = pipeline.cfg
+    return StageTables(pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
+                       pipeline=cfg.name)
+
+
+@contextmanager
+def leaders(*threads: LeaderThread) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        failpoints.disarm()
+        for t in threads:
+            t.stop.set()
+        for t in threads:
+            if t.thread.is_alive():
+                t.thread.join(60)
+
+
