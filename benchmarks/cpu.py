@@ -22,7 +22,7 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
     ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
     ("plain loop", ("multiprocessing.spawn",)),
-    ("benchmark driver", ("benchmarks.pipeline", "cli participant", "embedded.procs")),
+    ("benchmark driver", ("benchmarks.pipeline", "cli participant", "-m procs")),
 )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from embedded.procs import start_token
+from procs import start_token
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

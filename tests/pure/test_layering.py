@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import msgspec
@@ -15,10 +16,11 @@ import msgspec
 ROOT = Path(__file__).resolve().parents[2]
 
 #: First-party package -> the first-party packages it may import (itself included).
-SHARED = {"protocol", "clients"}
+SHARED = {"protocol", "clients", "procs"}
 ALLOWED: dict[str, set[str]] = {
     "protocol": {"protocol"},
-    "clients": SHARED,
+    "procs": {"procs"},  # standard library only: its watchdog must start fast
+    "clients": {"protocol", "clients"},
     "coordinator": SHARED | {"coordinator"},
     "participant": SHARED | {"participant"},
     "embedded": SHARED | {"embedded"},
@@ -71,6 +73,11 @@ def test_no_role_imports_another_role_or_the_cli() -> None:
 def test_the_protocol_imports_no_client_library() -> None:
     imported = set().union(*(imported_packages(p.read_text(), str(p)) for p in modules_of("protocol")))
     assert imported & NOT_IN_PROTOCOL == set()
+
+
+def test_procs_imports_only_the_standard_library() -> None:
+    imported = set().union(*(imported_packages(p.read_text(), str(p)) for p in modules_of("procs")))
+    assert imported - set(sys.stdlib_module_names) == {"procs"}
 
 
 def test_the_installed_command_and_packages_match_the_layout() -> None:
