@@ -1,6 +1,6 @@
 """The chtxn pipeline under benchmark: a coordinator and the ``chtxn participant`` Spark job.
 
-``run`` starts both as ``python -m coordinator.cli ...`` subprocesses, each in its own process
+``run`` starts both as ``python -m cli ...`` subprocesses, each in its own process
 group (as ``chtxn demo`` does), waits until the target holds every produced event, stops both
 (SIGTERM to the group, SIGKILL after a grace period) and reads the figures from the ledger:
 
@@ -75,7 +75,7 @@ def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, time
             log = open(logs / f"{name}.log", "w")  # noqa: SIM115 - closed once the process is stopped
             outputs.append(log)
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.cli", *argv, "--config", str(config_path)],
+                [sys.executable, "-m", "cli", *argv, "--config", str(config_path)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         snapshots = _wait_for(cfg, events, procs, logs, time.monotonic() + timeout_s)

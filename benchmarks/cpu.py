@@ -18,11 +18,11 @@ _TICK = os.sysconf("SC_CLK_TCK")
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("clickhouse", ("embedded.clickhouse_server",)),
     ("broker", ("tansu",)),
-    ("coordinator", ("coordinator.cli coordinator",)),
+    ("coordinator", ("cli coordinator",)),
     ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
     ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
     ("plain loop", ("multiprocessing.spawn",)),
-    ("benchmark driver", ("benchmarks.pipeline", "coordinator.cli participant", "embedded.procs")),
+    ("benchmark driver", ("benchmarks.pipeline", "cli participant", "-m procs")),
 )
 
 

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.cli.demo import TARGET_DDL, events
+from cli.demo import TARGET_DDL, events
 from coordinator.ledger_store import LedgerStore
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError

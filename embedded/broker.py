@@ -2,7 +2,7 @@
 
 Guarantees: :meth:`EmbeddedBroker.start` returns only once the broker answers a metadata request;
 :meth:`EmbeddedBroker.stop` returns only once no process of the broker is left; an attached broker
-(the default) dies with the process that started it, even on SIGKILL (see :mod:`embedded.procs`).
+(the default) dies with the process that started it, even on SIGKILL (see :mod:`procs`).
 Data lives in memory: it does not survive a broker restart.
 
 Known differences from Apache Kafka (Tansu 0.6.0-510f3e2), pinned by tests/integration/test_broker.py:

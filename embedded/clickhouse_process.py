@@ -2,7 +2,7 @@
 
 Guarantees: :meth:`EmbeddedClickHouse.start` returns only once ``/ping`` answers ``Ok.``; data lives
 under ``data_dir`` in ClickHouse's own format and survives a restart on the same directory; an
-attached endpoint (the default) dies with the process that started it (see :mod:`embedded.procs`).
+attached endpoint (the default) dies with the process that started it (see :mod:`procs`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import msgspec
 
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
-from embedded.procs import is_running, port_is_free, stop_group
+from procs import is_running, port_is_free, stop_group
 from embedded.stack import EmbeddedStack
 
 DEFAULT_DATA_DIR = Path(".chtxn") / "embedded"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from embedded.procs import ManagedProcess, free_port, port_is_free
+from procs import ManagedProcess, free_port, port_is_free
 from protocol.errors import SetupError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class LoopbackService:
     """Base of the embedded servers. Subclasses set ``name``/``title`` and implement ``_argv``/``_probe``.
 
     ``detached=True`` lets the server outlive this process (it is then stopped by pid, see
-    :func:`embedded.procs.stop_group`); otherwise it dies with this process. ``log_path`` receives
+    :func:`procs.stop_group`); otherwise it dies with this process. ``log_path`` receives
     its output. Constructing starts nothing.
     """
 
@@ -67,7 +67,7 @@ class LoopbackService:
 
     @property
     def token(self) -> str | None:
-        """The start token of the server process (see :func:`embedded.procs.start_token`)."""
+        """The start token of the server process (see :func:`procs.start_token`)."""
         return None if self._process is None else self._process.token
 
     def running(self) -> bool:

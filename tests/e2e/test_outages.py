@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from embedded.broker import EmbeddedBroker
-from embedded.procs import free_port
+from procs import free_port
 from tests.e2e.test_pipeline import Processes, assert_exactly_once, committed, running
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import unique_name, wait_until

@@ -31,7 +31,7 @@ class Processes:
     def start(self, name: str, *argv: str) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name}
-        proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *argv, "--config", str(self.pipeline.config_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc

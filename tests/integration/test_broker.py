@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
 
 from embedded.broker import EmbeddedBroker
-from embedded.procs import start_token
+from procs import start_token
 from protocol.errors import SetupError
 from tests.helpers import create_topic, unique_name, wait_until
 

@@ -13,7 +13,7 @@ from tests.pipelines import make_pipeline
 
 
 def chtxn(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=REPO, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True)
 
 
 def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path):

@@ -56,7 +56,7 @@ def coordinator(pipeline: Pipeline, coordinator_id: str = "c1"):
 
 def spawn_coordinator(pipeline: Pipeline, coordinator_id: str, *module_args: str) -> subprocess.Popen:
     env = {**os.environ, "CHTXN_COORDINATOR_ID": coordinator_id, "PYTHONPATH": str(REPO)}
-    args = module_args or ("-m", "coordinator.cli", "coordinator", "--config", str(pipeline.config_path))
+    args = module_args or ("-m", "cli", "coordinator", "--config", str(pipeline.config_path))
     return subprocess.Popen([sys.executable, *args], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -79,7 +79,7 @@ def test_committed_txn_lands_once_and_is_listed(stack, tmp_path):
     assert pipeline.stage_tables() == [], "a clean shutdown leaves no stage table"
     assert_exactly_once(pipeline, produced)
     listed = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "txn", "list", "--config", str(pipeline.config_path), "--json", "--limit", "500"],
+        [sys.executable, "-m", "cli", "txn", "list", "--config", str(pipeline.config_path), "--json", "--limit", "500"],
         cwd=REPO, capture_output=True, text=True, check=True,
     )
     txns = json.loads(listed.stdout)

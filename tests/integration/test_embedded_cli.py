@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from embedded.procs import start_token
+from procs import start_token
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("chtxn")
 
 
 def chtxn(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``chtxn`` command (``python -m coordinator.cli`` when it is not installed)."""
-    argv = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "coordinator.cli"]
-    result = subprocess.run([*argv, *args], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    """Run ``chtxn`` of this checkout as ``python -m cli``: the ``main`` the installed script calls
+    (an installed script may belong to another checkout; pyproject's entry point is tested in
+    tests/pure/test_layering.py)."""
+    result = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180)
     if check and result.returncode != 0:
         raise AssertionError(f"chtxn {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from coordinator.cli.participant import py_files_zip, spark_submit_command
+from cli.participant import py_files_zip, spark_submit_command
 from participant.job import group_partitions
 from protocol.config import parse_config
 from protocol.messages import TopicPartition

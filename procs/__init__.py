@@ -4,14 +4,16 @@ A :class:`ManagedProcess` runs a command in its own session (so its process grou
 terminal signals do not reach it, and stopping it stops everything it spawned). Two ownership
 modes:
 
-- **attached** (default): a small watchdog process (``python -m embedded.procs``) watches the
-  owner; when the owner dies, however it dies (SIGKILL included), the watchdog terminates the
-  child's group (SIGTERM, then SIGKILL after the grace period). Used by tests and ``make demo``.
+- **attached** (default): a small watchdog process (``python -m procs``, see
+  :func:`start_watchdog`) watches the owner; when the owner dies, however it dies (SIGKILL
+  included), the watchdog terminates the child's group (SIGTERM, then SIGKILL after the grace
+  period). Used by the embedded stack in tests and ``make demo``, and by ``chtxn participant``
+  for its spark-submit.
 - **detached**: no watchdog; the child outlives the process that started it and is stopped later by
   pid (``chtxn embedded down``). :func:`start_token` identifies a process by pid *and* start time,
   so a recycled pid is never mistaken for ours.
 
-Only the standard library is imported here, so the watchdog starts fast.
+Only the standard library is imported here, so the watchdog starts fast; any package may use it.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def is_running(pid: int, token: str | None) -> bool:
     return current is not None and (token is None or current == token)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to the process group ``pgid``; nothing when the group is gone."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
@@ -90,13 +93,13 @@ def stop_group(pid: int, token: str | None, grace_s: float = 5.0) -> bool:
     """
     if not is_running(pid, token):
         return False
-    _signal_group(pid, signal.SIGTERM)
+    signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not is_running(pid, token):
             break
         time.sleep(_POLL_S)
-    _signal_group(pid, signal.SIGKILL)  # whatever is left of the group, leader gone or not
+    signal_group(pid, signal.SIGKILL)  # whatever is left of the group, leader gone or not
     deadline = time.monotonic() + grace_s
     while is_running(pid, token) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -156,10 +159,7 @@ class ManagedProcess:
                 out.close()
         self.token = start_token(self._proc.pid)
         if not self.detached:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "embedded.procs", str(os.getpid()), str(self._proc.pid), str(self.grace_s)],
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=_project_root(),
-            )
+            self._watchdog = start_watchdog(self._proc.pid, self.grace_s)
 
     def poll(self) -> int | None:
         """The exit code once the command has exited, else None."""
@@ -182,12 +182,12 @@ class ManagedProcess:
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(self.grace_s)
                 except subprocess.TimeoutExpired:
                     pass
-            _signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group, leader gone or not
+            signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group, leader gone or not
             proc.wait()
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -195,12 +195,25 @@ class ManagedProcess:
             watchdog.wait()
 
 
+def start_watchdog(child: int, grace_s: float) -> subprocess.Popen[bytes]:
+    """Start a watchdog that stops the process group of ``child`` when this process dies.
+
+    ``child`` should lead its own process group (``start_new_session=True``). The watchdog is our
+    child in a session of its own (terminal signals do not reach it); it exits by itself once
+    ``child`` is gone. Kill it to stop watching.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-m", "procs", str(os.getpid()), str(child), str(grace_s)],
+        stdin=subprocess.DEVNULL, start_new_session=True, cwd=_project_root(),
+    )
+
+
 def _project_root() -> str:
-    """The directory holding the ``embedded`` package, so ``-m embedded.procs`` always resolves."""
+    """The directory holding the ``procs`` package, so ``-m procs`` always resolves."""
     return str(Path(__file__).resolve().parent.parent)
 
 
-def _watchdog(owner: int, child: int, grace_s: float) -> None:
+def watchdog(owner: int, child: int, grace_s: float) -> None:
     """Kill the group of ``child`` as soon as ``owner`` is gone; return when ``child`` is gone.
 
     The owner is our parent: when it dies we are reparented, so ``getppid()`` changes. Checking it
@@ -210,14 +223,11 @@ def _watchdog(owner: int, child: int, grace_s: float) -> None:
     token = start_token(child)
     while is_running(child, token):
         if os.getppid() != owner:
-            _signal_group(child, signal.SIGTERM)
+            signal_group(child, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while is_running(child, token) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
-            _signal_group(child, signal.SIGKILL)
+            signal_group(child, signal.SIGKILL)
             return
         time.sleep(_POLL_S)
 
-
-if __name__ == "__main__":
-    _watchdog(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

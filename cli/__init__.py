@@ -15,14 +15,14 @@ from protocol.errors import ChtxnError, ConfigError
 
 #: Command modules, in the order ``chtxn --help`` lists them.
 COMMAND_MODULES = (
-    "coordinator.cli.embedded",
-    "coordinator.cli.init",
-    "coordinator.cli.service",
-    "coordinator.cli.txn",
-    "coordinator.cli.verify",
-    "coordinator.cli.status",
-    "coordinator.cli.participant",
-    "coordinator.cli.demo",
+    "cli.embedded",
+    "cli.init",
+    "cli.service",
+    "cli.txn",
+    "cli.verify",
+    "cli.status",
+    "cli.participant",
+    "cli.demo",
 )
 
 

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 ("participant", ["participant", "--config", str(config_path)]),
             ):
                 log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-                procs.append(subprocess.Popen([sys.executable, "-m", "coordinator.cli", *argv], stdout=log,
+                procs.append(subprocess.Popen([sys.executable, "-m", "cli", *argv], stdout=log,
                                               stderr=subprocess.STDOUT, env=env, start_new_session=True))
             elapsed = _follow(cfg, produced, procs, args.timeout, console, work)
         finally:
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]wall time[/]: {produced:,} events committed {elapsed:.1f} s after start "
                       f"(Spark start-up included)")
         _throughput(cfg, console)
-        subprocess.run([sys.executable, "-m", "coordinator.cli", "txn", "list", "--config", str(config_path),
+        subprocess.run([sys.executable, "-m", "cli", "txn", "list", "--config", str(config_path),
                         "--limit", "12"], check=False, env={**os.environ, "COLUMNS": "200"})
         ok = _verify(cfg, console)
     console.print("[bold]stopped[/]: coordinator, participant job and the embedded stack")

@@ -2,8 +2,14 @@
 
 Packages ``protocol/``, ``participant/`` and ``clients/`` into a zip for ``--py-files`` (so
 executors on other machines can import them), makes the driver and executors use this Python
-(``PYSPARK_PYTHON``), and runs ``spark-submit participant/job.py --config F``. SIGTERM and
-Ctrl-C are passed to spark-submit and its children; the exit code is spark-submit's.
+(``PYSPARK_PYTHON``), and runs ``spark-submit participant/job.py --config F`` in a process group
+of its own. SIGTERM and Ctrl-C are passed to that group; the exit code is spark-submit's.
+
+The job dies with the launcher: when the launcher dies, however it dies (SIGKILL included), a
+watchdog process (:mod:`procs`) terminates spark-submit's group (the JVM and the Python driver),
+SIGKILL after ``OWNER_GONE_GRACE_S``; PySpark's daemon and its workers exit when the JVM does. So
+a supervisor that restarts the launcher never runs two copies of the participants for longer
+than that grace.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from procs import signal_group, start_watchdog
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import SetupError
 
@@ -27,6 +34,8 @@ from protocol.errors import SetupError
 SHIPPED_PACKAGES = ("protocol", "participant", "clients")
 #: Attempts per task in local mode (``local[N,F]``): a failed participant task is retried.
 LOCAL_TASK_ATTEMPTS = 4
+#: After the launcher died: how long spark-submit's group has between SIGTERM and SIGKILL.
+OWNER_GONE_GRACE_S = 5.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,16 +65,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     process = subprocess.Popen(command, env=env, start_new_session=True)
+    watchdog = start_watchdog(process.pid, OWNER_GONE_GRACE_S)
 
     def forward(signum: int, _frame: object) -> None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        signal_group(process.pid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    return process.wait()
+    try:
+        return process.wait()
+    finally:
+        signal_group(process.pid, signal.SIGKILL)  # stragglers of the group once spark-submit is gone
+        watchdog.kill()
+        watchdog.wait()
 
 
 def default_master(cfg: PipelineConfig) -> str:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clients import kafka as kafka_clients
-from coordinator.cli.txn import _missing_ledger, open_ledger
+from cli.txn import _missing_ledger, open_ledger
 from protocol import codec
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.clickhouse import make_client
-from coordinator.cli.txn import open_ledger
+from cli.txn import open_ledger
 from coordinator.verify import dead_letter_offsets, verify_deep
 from protocol.config import load_config
 

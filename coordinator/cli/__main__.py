@@ -1,5 +1,0 @@
-import sys
-
-from coordinator.cli import main
-
-sys.exit(main())
