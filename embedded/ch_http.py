@@ -19,10 +19,13 @@ from urllib.parse import urlsplit
 
 from embedded.ch_codec import choose_response_encoding, decode_body, encode_body, read_body
 from embedded.ch_engine import Engine, Outcome
-from embedded.ch_errors import NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
-from embedded.ch_request import RequestParams, Statement, authenticate, credentials, split_statement
-from embedded.ch_sessions import SessionState, SessionStore
-from embedded.ch_sql import READ_ONLY_KINDS, set_assignments, use_database
+from embedded.ch_errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
+from embedded.ch_execute import Request, execute
+from embedded.ch_form import ExternalTable, external_tables, is_form, parse_form
+from embedded.ch_request import RequestParams, authenticate, credentials, split_statement
+from embedded.ch_sessions import SessionStore
+from embedded.ch_sql import READ_ONLY_KINDS
+from embedded.ch_watch import DisconnectWatcher
 
 log = logging.getLogger("embedded.clickhouse")
 
@@ -41,7 +44,8 @@ class HttpServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], engine: Engine, user: str | None, password: str | None):
         super().__init__(address, _Handler)
         self.engine = engine
-        self.sessions = SessionStore()
+        self.sessions = SessionStore(engine.connect)
+        self.watcher = DisconnectWatcher(engine.kill)
         self.user = user
         self.password = password
         self.display_name = socket.gethostname()
@@ -102,7 +106,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             authenticate(credentials(params, self.headers), self.server.user, self.server.password)
-            outcome = self._execute(method, params, decode_body(body, self.headers.get("Content-Encoding")))
+            body = decode_body(body, self.headers.get("Content-Encoding"))
+            files: dict[str, bytes] = {}
+            if is_form(self.headers.get("Content-Type")):
+                form = parse_form(body, self.headers["Content-Type"])
+                params = RequestParams.parse(url.query, form.fields, form.files.keys())
+                query_id = params.transport.get("query_id") or query_id
+                body, files = b"", form.files
+            outcome = self._execute(method, params, body, query_id, external_tables(files, params.external))
         except EngineError as err:
             self._send_error(err, query_id)
             return
@@ -112,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_outcome(outcome, params, query_id)
 
-    def _execute(self, method: str, params: RequestParams, body: bytes) -> Outcome:
+    def _execute(self, method: str, params: RequestParams, body: bytes, query_id: str, tables: list[ExternalTable]) -> Outcome:
         if params.flag("compress") or params.flag("decompress"):
             raise EngineError(
                 NOT_IMPLEMENTED,
@@ -128,34 +139,27 @@ class _Handler(BaseHTTPRequestHandler):
                 "Cannot execute query in readonly mode. For queries over HTTP, method GET implies readonly. "
                 "You should use method POST for modifying queries",
             )
+        request = Request(
+            statement=stmt,
+            settings=params.settings,
+            query_params=params.query_params,
+            database=params.transport.get("database") or self.headers.get("X-ClickHouse-Database"),
+            default_format=params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated",
+            query_id=query_id,
+            protocol_version=_protocol_version(params.transport.get("client_protocol_version")),
+            external_tables=tables,
+        )
         session_id = params.transport.get("session_id")
         timeout = float(params.transport["session_timeout"]) if params.transport.get("session_timeout") else None
         with self.server.sessions.hold(session_id, timeout) as session:
-            outcome = self._run(stmt, params, session)
+            if stmt.kind in READ_ONLY_KINDS and stmt.insert is None:
+                with self.server.watcher.watch(self.connection, query_id):
+                    outcome = execute(session, request)
+            else:
+                outcome = execute(session, request)
         if session_id and params.flag("close_session"):
             self.server.sessions.close(session_id)
         return outcome
-
-    def _run(self, stmt: Statement, params: RequestParams, session: SessionState) -> Outcome:
-        engine = self.server.engine
-        settings = {**session.settings, **params.settings}
-        database = (
-            params.transport.get("database") or self.headers.get("X-ClickHouse-Database") or session.database or "default"
-        )
-        if stmt.kind == "SET" and (pairs := set_assignments(stmt.sql)) is not None:
-            engine.check({**settings, **dict(pairs)}, database)
-            session.settings.update(pairs)
-            return Outcome()
-        if stmt.kind == "USE" and (target := use_database(stmt.sql)) is not None:
-            engine.check(settings, target)
-            session.database = target
-            return Outcome()
-        if stmt.insert is not None:
-            return engine.insert(stmt.insert.statement, stmt.insert.input_format, stmt.data, settings=settings, database=database)
-        default_format = params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
-        return engine.query(
-            stmt.sql, settings=settings, database=database, default_format=default_format, params=params.query_params
-        )
 
     def _send_outcome(self, outcome: Outcome, params: RequestParams, query_id: str) -> None:
         summary = {
@@ -164,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
             "written_rows": outcome.written_rows,
             "written_bytes": outcome.written_bytes,
             "total_rows_to_read": outcome.read_rows,
-            "result_rows": outcome.written_rows,
+            "result_rows": outcome.result_rows,
             "result_bytes": len(outcome.body) if outcome.result_format else outcome.written_bytes,
             "elapsed_ns": int(outcome.elapsed_s * 1e9),
         }
@@ -206,6 +210,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except OSError:
             self.close_connection = True
+
+
+def _protocol_version(value: str | None) -> int:
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise EngineError(BAD_ARGUMENTS, f"client_protocol_version must be an integer, not '{value}'") from None
 
 
 def _content_type(fmt: str | None) -> str:

@@ -102,7 +102,7 @@ def test_utf8_identifiers_in_insert_with_inline_data(client, port: int) -> None:
 def test_non_utf8_query_bytes_reach_the_engine_unchanged(client, port: int) -> None:
     status, _, body = post(port, b"SELECT hex('\xff\xfe')")
     assert (status, body) == (200, b"FFFE\n")
-    bound = client.query("SELECT hex({$x$:String}) AS h", parameters={"$x$": b"\x00\xff\xfe\x80"})
+    bound = client.query("SELECT hex($x$) AS h", parameters={"$x$": b"\x00\xff\xfe\x80"})
     assert bound.result_rows == [("00FFFE80",)]
 
 
