@@ -16,7 +16,7 @@ from dataclasses import dataclass
 #: Statements that only read, and so may run over GET or with ``readonly`` set.
 READ_ONLY_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", "SET", "USE"})
 #: Statements whose result is a table in an output format (so the reply names that format).
-RESULT_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK"})
+RESULT_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", "KILL"})
 
 # Bytes from 0x80 up (UTF-8 sequences, as latin-1 characters) are identifier characters, as in
 # ClickHouse's lexer; only ASCII counts as blank or digit.
