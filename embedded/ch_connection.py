@@ -14,7 +14,7 @@ same bytes here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -32,9 +32,11 @@ QUERY_ID_SETTING = "log_comment"
 @dataclass(frozen=True)
 class Outcome:
     """What one statement produced: the body in ``result_format`` (None when the statement has no
-    result table, e.g. DDL or INSERT) and ClickHouse's progress counters."""
+    result table, e.g. DDL or INSERT) and ClickHouse's progress counters; or, for a statement whose
+    output is streamed, ``stream``, which carries the counters once read."""
 
     body: bytes = b""
+    stream: ResultStream | None = None
     result_format: str | None = None
     result_rows: int = 0
     read_rows: int = 0
@@ -89,6 +91,23 @@ class EngineConnection:
             written_bytes=res.bytes_written(),
             elapsed_s=res.elapsed(),
         )
+
+    def stream(
+        self,
+        sql: bytes,
+        fmt: str,
+        *,
+        settings: Mapping[str, str],
+        database: str,
+        params: Mapping[str, str] | None = None,
+    ) -> ResultStream:
+        """Start one statement whose output is read chunk by chunk; no other statement may run on
+        this connection until the stream is exhausted or closed."""
+        self.apply(settings, database)
+        try:
+            return ResultStream(self._conn.send_query(sql, fmt, params=dict(params) if params else None))
+        except Exception as ex:
+            raise from_engine_message(str(ex)) from None
 
     def insert(
         self, statement: bytes, input_format: str, data: bytes | memoryview, *, settings: Mapping[str, str], database: str
@@ -148,3 +167,38 @@ class EngineConnection:
             return self._conn.query(sql, fmt, params=dict(params) if params else None)
         except Exception as ex:
             raise from_engine_message(str(ex)) from None
+
+
+class ResultStream:
+    """The output of a running statement, in chunks of whole blocks as the engine produces them,
+    with ClickHouse's counters summed over the chunks read so far. An engine error while reading
+    raises EngineError. ``close`` cancels the statement if it has not finished."""
+
+    def __init__(self, engine_stream):  # noqa: ANN001 - chDB's StreamingResult
+        self._stream = engine_stream
+        self._done = False
+        self.transform: Callable[[bytes], bytes] = bytes
+        self.result_rows = 0
+        self.read_rows = 0
+        self.read_bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while not self._done:
+            try:
+                res = self._stream.fetch()
+            except Exception as ex:
+                self._done = True
+                raise from_engine_message(str(ex)) from None
+            if res is None:
+                self._done = True
+                return
+            self.result_rows += res.rows_read()
+            self.read_rows += res.storage_rows_read()
+            self.read_bytes += res.storage_bytes_read()
+            yield self.transform(res.bytes())
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            with suppress(Exception):
+                self._stream.cancel()

@@ -12,8 +12,8 @@ runs it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 
 from embedded.ch_connection import QUERY_ID_SETTING, EngineConnection, Outcome, latin1
@@ -23,6 +23,10 @@ from embedded.ch_native import BINARY_TYPES_SETTING, reframe
 from embedded.ch_request import Statement
 from embedded.ch_sessions import SessionState
 from embedded.ch_sql import RESULT_KINDS, output_format, quote, set_assignments, use_database, with_http_query_ids
+
+
+#: Statements whose output is streamed (chDB streams queries only).
+_STREAMED_KINDS = frozenset({"SELECT", "WITH"})
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,11 @@ class Request:
     external_tables: Sequence[ExternalTable] = ()
 
 
-def execute(session: SessionState, request: Request) -> Outcome:
-    """Run ``request`` in ``session``; raises EngineError as the engine reports it."""
+@contextmanager
+def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
+    """Run ``request`` in ``session``; raises EngineError as the engine reports it. A SELECT's
+    output is streamed (``Outcome.stream``) while the ``with`` block lasts, and its external
+    tables exist until the block ends."""
     stmt = request.statement
     settings = {**session.settings, **request.settings}
     database = request.database or session.database or "default"
@@ -48,18 +55,25 @@ def execute(session: SessionState, request: Request) -> Outcome:
     if stmt.kind == "SET" and (pairs := set_assignments(stmt.sql)) is not None:
         conn.apply({**settings, **dict(pairs)}, database)
         session.settings.update(pairs)
-        return Outcome()
+        yield Outcome()
+        return
     if stmt.kind == "USE" and (target := use_database(stmt.sql)) is not None:
         conn.apply(settings, target)
         session.database = target
-        return Outcome()
+        yield Outcome()
+        return
     settings[QUERY_ID_SETTING] = quote(request.query_id)
     created: list[ExternalTable] = []
     try:
         for table in request.external_tables:
             _create_external(conn, table, settings, database)
             created.append(table)
-        return _run(conn, request, settings, database)
+        outcome = _run(conn, request, settings, database)
+        try:
+            yield outcome
+        finally:
+            if outcome.stream is not None:
+                outcome.stream.close()
     finally:
         _drop_external(conn, created)
 
@@ -77,10 +91,13 @@ def _run(conn: EngineConnection, request: Request, settings: dict[str, str], dat
     if revision:
         keep_binary_types = settings.get(BINARY_TYPES_SETTING, "'0'").strip("'") not in ("0", "false", "")
         settings[BINARY_TYPES_SETTING] = "1"
-    outcome = conn.query(
-        latin1(with_http_query_ids(sql)), fmt or request.default_format, settings=settings, database=database,
-        params=request.query_params,
-    )
+    sql_bytes = latin1(with_http_query_ids(sql))
+    if stmt.kind in _STREAMED_KINDS and fmt is not None:
+        stream = conn.stream(sql_bytes, fmt, settings=settings, database=database, params=request.query_params)
+        if revision:
+            stream.transform = lambda chunk: reframe(chunk, revision, keep_binary_types)
+        return Outcome(result_format=fmt, stream=stream)
+    outcome = conn.query(sql_bytes, fmt or request.default_format, settings=settings, database=database, params=request.query_params)
     if fmt is None:
         return replace(outcome, body=b"", result_format=None, result_rows=outcome.written_rows)
     if revision:

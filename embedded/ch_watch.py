@@ -4,7 +4,8 @@ A client that times out closes its connection; the statement it started would ot
 its end. ``DisconnectWatcher`` polls the sockets of requests with a running statement (one thread
 for all of them) and calls ``cancel(query_id)`` once for a socket whose peer has closed.
 
-Guarantees: ``cancel`` is called at most once per ``watch`` block, in a thread of its own. A socket on which the client already sent more bytes (a
+Guarantees: ``cancel`` is called at most once per ``watch`` block, in the watcher's thread (so
+``stop`` returns only once no cancel is under way). A socket on which the client already sent more bytes (a
 pipelined request) is no longer watched, as its closing cannot be seen without reading them.
 """
 
@@ -66,7 +67,7 @@ class DisconnectWatcher:
                     with self._mutex:
                         query_id = self._watched.pop(sock, None)
                     if query_id is not None:
-                        threading.Thread(target=self._cancel, args=(query_id,), daemon=True).start()
+                        self._cancel(query_id)
                 else:
                     with self._mutex:
                         self._watched.pop(sock, None)

@@ -64,7 +64,8 @@ class ClickHouseEndpoint:
         return self
 
     def stop(self) -> None:
-        """Stop serving, drop open connections, forget the sessions and close the engine."""
+        """Stop serving, drop open connections, cancel running statements (waiting up to 30 s for
+        them to end), forget the sessions and close the engine."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -73,6 +74,8 @@ class ClickHouseEndpoint:
         server.drop_connections()
         if self._thread is not None:
             self._thread.join()
+        if not server.drain(timeout_s=30):
+            logging.getLogger("embedded.clickhouse").warning("statements still running at shutdown; closing the engine anyway")
         server.watcher.stop()
         server.sessions.close_all()
         server.engine.close()
