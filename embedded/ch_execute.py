@@ -27,6 +27,15 @@ from embedded.ch_sql import RESULT_KINDS, output_format, quote, set_assignments,
 
 #: Statements whose output is streamed (chDB streams queries only).
 _STREAMED_KINDS = frozenset({"SELECT", "WITH"})
+#: Formats whose output is the plain concatenation of their blocks' output: chDB writes each
+#: streamed chunk as a whole output of the format, so a format with a header, footer or separator
+#: between blocks (JSON, Arrow, Parquet, ...WithNames, Values, Pretty) is sent whole instead.
+_STREAMED_FORMATS = frozenset(
+    {
+        "Native", "TabSeparated", "TSV", "TabSeparatedRaw", "TSVRaw", "CSV", "JSONEachRow", "JSONLines", "NDJSON",
+        "JSONCompactEachRow", "JSONStringsEachRow", "JSONCompactStringsEachRow", "RowBinary", "LineAsString", "RawBLOB",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,7 @@ def _run(conn: EngineConnection, request: Request, settings: dict[str, str], dat
         keep_binary_types = settings.get(BINARY_TYPES_SETTING, "'0'").strip("'") not in ("0", "false", "")
         settings[BINARY_TYPES_SETTING] = "1"
     sql_bytes = latin1(with_http_query_ids(sql))
-    if stmt.kind in _STREAMED_KINDS and fmt is not None:
+    if stmt.kind in _STREAMED_KINDS and fmt in _STREAMED_FORMATS:
         stream = conn.stream(sql_bytes, fmt, settings=settings, database=database, params=request.query_params)
         if revision:
             stream.transform = lambda chunk: reframe(chunk, revision, keep_binary_types)

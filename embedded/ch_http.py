@@ -5,6 +5,10 @@ requested format (compressed when the client allows), ``X-ClickHouse-Query-Id``,
 ``-Timezone``, ``-Server-Display-Name`` and ``-Summary`` headers; or an error body
 ``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and ClickHouse's HTTP status.
 ``/ping`` and a bare ``GET /`` answer ``Ok.``. A ``GET`` request, or ``readonly=1``, may only read.
+A result over ``STREAM_AFTER_BYTES`` is sent chunked as the engine produces it; an error after
+that arrives inside the stream (ClickHouse's ``__exception__`` block, ``X-ClickHouse-Exception-Tag``).
+Requests run concurrently, one thread per client connection; the statement of one whose client
+disconnects is cancelled when it only reads.
 """
 
 from __future__ import annotations

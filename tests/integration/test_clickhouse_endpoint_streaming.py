@@ -5,6 +5,7 @@ through arrives inside the stream (ClickHouse's ``__exception__`` block, tagged 
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Iterator
 
 import clickhouse_connect
@@ -54,3 +55,13 @@ def test_early_error_keeps_its_http_status(port: int) -> None:
     resp = conn.getresponse()
     assert (resp.status, resp.getheader("X-ClickHouse-Exception-Code")) == (500, "395")
     assert b"boom early" in resp.read()
+
+
+
+def test_formats_with_a_header_or_footer_read_as_one_output_over_many_blocks(port: int) -> None:
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=port)
+    sql = "SELECT number FROM numbers(5) SETTINGS max_block_size = 2"
+    assert client.raw_query(sql, fmt="CSVWithNames") == b'"number"\n0\n1\n2\n3\n4\n'
+    assert client.raw_query(sql, fmt="Values") == b"(0),(1),(2),(3),(4)"
+    assert [row["number"] for row in json.loads(client.raw_query(sql, fmt="JSON"))["data"]] == [0, 1, 2, 3, 4]
+    assert client.query_arrow(sql).column("number").to_pylist() == [0, 1, 2, 3, 4]
