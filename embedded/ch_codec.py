@@ -120,3 +120,51 @@ def encode_body(body: bytes, method: str) -> bytes:
     if method == "br" and _brotli is not None:
         return _brotli.compress(body, quality=3)
     raise ValueError(f"unsupported response encoding {method!r}")
+
+
+class StreamEncoder:
+    """Compresses a response body written in pieces with ``method`` (one that
+    ``choose_response_encoding`` returned): ``compress`` each piece, then ``flush`` once."""
+
+    def __init__(self, method: str):
+        if method == "zstd":
+            self._obj = zstandard.ZstdCompressor(level=3).compressobj()
+        elif method == "lz4":
+            self._obj = _Lz4Stream()
+        elif method in ("gzip", "deflate"):
+            self._obj = zlib.compressobj(3, zlib.DEFLATED, 31 if method == "gzip" else zlib.MAX_WBITS)
+        elif method == "br" and _brotli is not None:
+            self._obj = _BrotliStream()
+        else:
+            raise ValueError(f"unsupported response encoding {method!r}")
+
+    def compress(self, data: bytes) -> bytes:
+        return self._obj.compress(data)
+
+    def flush(self) -> bytes:
+        return self._obj.flush()
+
+
+class _Lz4Stream:
+    def __init__(self) -> None:
+        self._frame = lz4.frame.LZ4FrameCompressor()
+        self._begun = False
+
+    def compress(self, data: bytes) -> bytes:
+        head = b"" if self._begun else self._frame.begin()
+        self._begun = True
+        return head + self._frame.compress(data)
+
+    def flush(self) -> bytes:
+        return self.compress(b"") + self._frame.flush()
+
+
+class _BrotliStream:
+    def __init__(self) -> None:
+        self._obj = _brotli.Compressor(quality=3)
+
+    def compress(self, data: bytes) -> bytes:
+        return self._obj.process(data)
+
+    def flush(self) -> bytes:
+        return self._obj.finish()

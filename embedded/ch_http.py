@@ -5,29 +5,44 @@ requested format (compressed when the client allows), ``X-ClickHouse-Query-Id``,
 ``-Timezone``, ``-Server-Display-Name`` and ``-Summary`` headers; or an error body
 ``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and ClickHouse's HTTP status.
 ``/ping`` and a bare ``GET /`` answer ``Ok.``. A ``GET`` request, or ``readonly=1``, may only read.
+A result over ``STREAM_AFTER_BYTES`` is sent chunked as the engine produces it; an error after
+that arrives inside the stream (ClickHouse's ``__exception__`` block, ``X-ClickHouse-Exception-Tag``).
+Requests run concurrently, one thread per client connection; the statement of one whose client
+disconnects is cancelled when it only reads.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import replace
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from embedded.ch_codec import choose_response_encoding, decode_body, encode_body, read_body
+from embedded.ch_codec import StreamEncoder, choose_response_encoding, decode_body, encode_body, read_body
 from embedded.ch_engine import Engine, Outcome
-from embedded.ch_errors import NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
-from embedded.ch_request import RequestParams, Statement, authenticate, credentials, split_statement
-from embedded.ch_sessions import SessionState, SessionStore
-from embedded.ch_sql import READ_ONLY_KINDS, set_assignments, use_database
+from embedded.ch_errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
+from embedded.ch_execute import Request, execute
+from embedded.ch_form import ExternalTable, external_tables, is_form, parse_form
+from embedded.ch_request import RequestParams, authenticate, credentials, split_statement
+from embedded.ch_sessions import SessionStore
+from embedded.ch_sql import READ_ONLY_KINDS
+from embedded.ch_watch import DisconnectWatcher
 
 log = logging.getLogger("embedded.clickhouse")
 
 #: Idle keep-alive connections are closed after this long.
 KEEP_ALIVE_S = 600
+#: A result up to this size is sent whole (Content-Length, complete summary); a larger one streams.
+STREAM_AFTER_BYTES = 1 << 20
 _STD_EXCEPTION = 1001
 
 
@@ -41,12 +56,40 @@ class HttpServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], engine: Engine, user: str | None, password: str | None):
         super().__init__(address, _Handler)
         self.engine = engine
-        self.sessions = SessionStore()
+        self.sessions = SessionStore(engine.connect)
+        self.watcher = DisconnectWatcher(engine.kill)
         self.user = user
         self.password = password
         self.display_name = socket.gethostname()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
+        self._running: dict[str, int] = {}  # query id -> statements running under it
+        self._idle = threading.Condition()
+
+    @contextmanager
+    def running(self, query_id: str) -> Iterator[None]:
+        """Count a statement as running for the duration of the block (see ``drain``)."""
+        with self._idle:
+            self._running[query_id] = self._running.get(query_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._running[query_id] -= 1
+                if not self._running[query_id]:
+                    del self._running[query_id]
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Cancel every running statement and wait up to ``timeout_s`` for all to end; False if
+        some still run."""
+        with self._idle:
+            running = list(self._running)
+        for query_id in running:
+            with suppress(EngineError):
+                self.engine.kill(query_id)
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout_s)
 
     def process_request(self, request, client_address):  # noqa: ANN001 - socketserver's signature
         with self._conns_lock:
@@ -102,17 +145,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             authenticate(credentials(params, self.headers), self.server.user, self.server.password)
-            outcome = self._execute(method, params, decode_body(body, self.headers.get("Content-Encoding")))
+            body = decode_body(body, self.headers.get("Content-Encoding"))
+            files: dict[str, bytes] = {}
+            if is_form(self.headers.get("Content-Type")):
+                form = parse_form(body, self.headers["Content-Type"])
+                params = RequestParams.parse(url.query, form.fields, form.files.keys())
+                query_id = params.transport.get("query_id") or query_id
+                body, files = b"", form.files
+            self._execute(method, params, body, query_id, external_tables(files, params.external))
         except EngineError as err:
             self._send_error(err, query_id)
-            return
         except Exception as ex:
             log.exception("unexpected failure serving %s", self.path)
             self._send_error(EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id)
-            return
-        self._send_outcome(outcome, params, query_id)
 
-    def _execute(self, method: str, params: RequestParams, body: bytes) -> Outcome:
+    def _execute(self, method: str, params: RequestParams, body: bytes, query_id: str, tables: list[ExternalTable]) -> None:
+        """Run the request's statement and send its reply; raises EngineError while nothing is sent."""
         if params.flag("compress") or params.flag("decompress"):
             raise EngineError(
                 NOT_IMPLEMENTED,
@@ -128,44 +176,111 @@ class _Handler(BaseHTTPRequestHandler):
                 "Cannot execute query in readonly mode. For queries over HTTP, method GET implies readonly. "
                 "You should use method POST for modifying queries",
             )
+        request = Request(
+            statement=stmt,
+            settings=params.settings,
+            query_params=params.query_params,
+            database=params.transport.get("database") or self.headers.get("X-ClickHouse-Database"),
+            default_format=params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated",
+            query_id=query_id,
+            protocol_version=_protocol_version(params.transport.get("client_protocol_version")),
+            external_tables=tables,
+        )
         session_id = params.transport.get("session_id")
         timeout = float(params.transport["session_timeout"]) if params.transport.get("session_timeout") else None
-        with self.server.sessions.hold(session_id, timeout) as session:
-            outcome = self._run(stmt, params, session)
+        watch = stmt.kind in READ_ONLY_KINDS and stmt.insert is None
+        with (
+            self.server.running(query_id),
+            self.server.sessions.hold(session_id, timeout) as session,
+            self.server.watcher.watch(self.connection, query_id) if watch else nullcontext(),
+            execute(session, request) as outcome,
+        ):
+            # The reply's last bytes go out after the session is released: a client may send its
+            # next request the moment it has read them.
+            if outcome.stream is None:
+                finish = partial(self._send_outcome, outcome, params, query_id)
+            else:
+                finish = self._send_stream(outcome, params, query_id)
         if session_id and params.flag("close_session"):
             self.server.sessions.close(session_id)
-        return outcome
-
-    def _run(self, stmt: Statement, params: RequestParams, session: SessionState) -> Outcome:
-        engine = self.server.engine
-        settings = {**session.settings, **params.settings}
-        database = (
-            params.transport.get("database") or self.headers.get("X-ClickHouse-Database") or session.database or "default"
-        )
-        if stmt.kind == "SET" and (pairs := set_assignments(stmt.sql)) is not None:
-            engine.check({**settings, **dict(pairs)}, database)
-            session.settings.update(pairs)
-            return Outcome()
-        if stmt.kind == "USE" and (target := use_database(stmt.sql)) is not None:
-            engine.check(settings, target)
-            session.database = target
-            return Outcome()
-        if stmt.insert is not None:
-            return engine.insert(stmt.insert.statement, stmt.insert.input_format, stmt.data, settings=settings, database=database)
-        default_format = params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
-        return engine.query(
-            stmt.sql, settings=settings, database=database, default_format=default_format, params=params.query_params
-        )
+        finish()
 
     def _send_outcome(self, outcome: Outcome, params: RequestParams, query_id: str) -> None:
+        headers = self._result_headers(outcome, query_id, len(outcome.body))
+        body = outcome.body
+        encoding = self._response_encoding(params)
+        if body and encoding:
+            body = encode_body(body, encoding)
+            headers["Content-Encoding"] = encoding
+        self._send(200, body, headers)
+
+    def _send_stream(self, outcome: Outcome, params: RequestParams, query_id: str) -> Callable[[], None]:
+        """Buffer a streamed result up to STREAM_AFTER_BYTES and send it whole, as ``_send_outcome``
+        (an error so far is raised); past that, send it chunked with the summary so far, and an
+        error from then on inside the stream, as a server does. Returns what sends the rest."""
+        stream = outcome.stream
+        assert stream is not None
+        started = time.monotonic()
+        chunks = iter(stream)
+        head = bytearray()
+        for chunk in chunks:
+            head += chunk
+            if len(head) >= STREAM_AFTER_BYTES:
+                break
+        else:
+            return partial(self._send_outcome, _with_counters(outcome, bytes(head), time.monotonic() - started), params, query_id)
+        headers = self._result_headers(_with_counters(outcome, b"", time.monotonic() - started), query_id, len(head))
+        tag = secrets.token_hex(8)
+        headers["X-ClickHouse-Exception-Tag"] = tag
+        headers["Transfer-Encoding"] = "chunked"
+        encoding = self._response_encoding(params)
+        encoder = StreamEncoder(encoding) if encoding else None
+        if encoding:
+            headers["Content-Encoding"] = encoding
+        pack = encoder.compress if encoder else bytes
+        try:
+            self.send_response(200)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self._write_chunk(pack(bytes(head)))
+            try:
+                for chunk in chunks:
+                    self._write_chunk(pack(chunk))
+            except EngineError as err:
+                message = err.render(self.server.engine.version).rstrip("\n")
+                block = f"__exception__\r\n{tag}\r\n{message}\n{len(message)} {tag}\r\n__exception__\r\n"
+                self._write_chunk(pack(block.encode()))
+                self.close_connection = True
+            if encoder:
+                self._write_chunk(encoder.flush())
+        except OSError:
+            self.close_connection = True  # the client left; leaving ``execute`` cancels the statement
+        return self._end_chunks
+
+    def _end_chunks(self) -> None:
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+
+    def _write_chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _response_encoding(self, params: RequestParams) -> str | None:
+        encoding = choose_response_encoding(self.headers.get("Accept-Encoding"))
+        return encoding if encoding and params.flag("enable_http_compression", default=True) else None
+
+    def _result_headers(self, outcome: Outcome, query_id: str, result_bytes: int) -> dict[str, str]:
         summary = {
             "read_rows": outcome.read_rows,
             "read_bytes": outcome.read_bytes,
             "written_rows": outcome.written_rows,
             "written_bytes": outcome.written_bytes,
             "total_rows_to_read": outcome.read_rows,
-            "result_rows": outcome.written_rows,
-            "result_bytes": len(outcome.body) if outcome.result_format else outcome.written_bytes,
+            "result_rows": outcome.result_rows,
+            "result_bytes": result_bytes if outcome.result_format else outcome.written_bytes,
             "elapsed_ns": int(outcome.elapsed_s * 1e9),
         }
         headers = self._common_headers(query_id)
@@ -173,12 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers["Content-Type"] = _content_type(outcome.result_format)
         if outcome.result_format:
             headers["X-ClickHouse-Format"] = outcome.result_format
-        body = outcome.body
-        encoding = choose_response_encoding(self.headers.get("Accept-Encoding"))
-        if body and encoding and params.flag("enable_http_compression", default=True):
-            body = encode_body(body, encoding)
-            headers["Content-Encoding"] = encoding
-        self._send(200, body, headers)
+        return headers
 
     def _send_error(self, err: EngineError, query_id: str) -> None:
         if err.code in (0, _STD_EXCEPTION) or err.http_status >= 500:
@@ -206,6 +316,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except OSError:
             self.close_connection = True
+
+
+def _with_counters(outcome: Outcome, body: bytes, elapsed_s: float) -> Outcome:
+    stream = outcome.stream
+    assert stream is not None
+    return replace(
+        outcome, body=body, stream=None, result_rows=stream.result_rows, read_rows=stream.read_rows,
+        read_bytes=stream.read_bytes, elapsed_s=elapsed_s,
+    )
+
+
+def _protocol_version(value: str | None) -> int:
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise EngineError(BAD_ARGUMENTS, f"client_protocol_version must be an integer, not '{value}'") from None
 
 
 def _content_type(fmt: str | None) -> str:

@@ -8,14 +8,19 @@ URL parameters are of four kinds, as on a ClickHouse server:
   ``cancel_http_readonly_queries_on_client_close``), which shape the reply and go no further;
 - ``param_<name>``, the values of ``{name:Type}`` placeholders;
 - every other name, a ClickHouse setting applied to this statement only (an unknown name fails
-  the request with UNKNOWN_SETTING, as on a server).
+  the request with UNKNOWN_SETTING, as on a server), except ``<name>_structure``, ``_types`` and
+  ``_format`` of an external table ``<name>`` sent in a multipart body.
+
+The fields of a ``multipart/form-data`` body count as URL parameters. Values are decoded as
+``latin-1`` (one character per byte), so SQL reaches the engine as the very bytes that were sent;
+only ``param_*`` values are decoded as UTF-8 (the engine takes them as text).
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
@@ -47,17 +52,25 @@ class RequestParams:
     http_settings: dict[str, str] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)  # name -> SQL literal
     query_params: dict[str, str] = field(default_factory=dict)
+    external: dict[str, str] = field(default_factory=dict)  # <table>_structure/_types/_format -> value
 
     @classmethod
-    def parse(cls, query_string: str) -> RequestParams:
+    def parse(
+        cls, query_string: str, form_fields: Iterable[tuple[str, str]] = (), external_tables: Collection[str] = ()
+    ) -> RequestParams:
+        """Sort the URL's parameters, then a form body's fields (which win over the URL's)."""
         parsed = cls()
-        for name, value in parse_qsl(query_string, keep_blank_values=True):
-            if name in TRANSPORT_PARAMS:
+        external_names = {f"{table}_{suffix}" for table in external_tables for suffix in ("structure", "types", "format")}
+        pairs = [*parse_qsl(query_string, keep_blank_values=True, encoding="latin-1"), *form_fields]
+        for name, value in pairs:
+            if name in external_names:
+                parsed.external[name] = value
+            elif name in TRANSPORT_PARAMS:
                 parsed.transport[name] = value
             elif name in HTTP_ONLY_SETTINGS or name.startswith("http_"):
                 parsed.http_settings[name] = value
             elif name.startswith("param_"):
-                parsed.query_params[name[len("param_") :]] = value
+                parsed.query_params[name[len("param_") :]] = value.encode("latin-1").decode("utf-8", errors="replace")
             else:
                 parsed.settings[name] = quote(value)
         return parsed
@@ -81,7 +94,7 @@ def credentials(params: RequestParams, headers: Mapping[str, str]) -> Credential
     auth = headers.get("Authorization", "")
     if auth.lower().startswith("basic "):
         try:
-            user, _, password = base64.b64decode(auth[6:].strip()).decode().partition(":")
+            user, _, password = base64.b64decode(auth[6:].strip()).decode("latin-1").partition(":")
         except ValueError:
             user, password = "", ""
         return Credentials(user, password)
@@ -99,7 +112,9 @@ def authenticate(sent: Credentials | None, user: str | None, password: str | Non
         return
     expected_user = user or "default"
     given = sent or Credentials("default", "")
-    if given.user == expected_user and hmac.compare_digest(given.password.encode(), (password or "").encode()):
+    if given.user.encode("latin-1") == expected_user.encode() and hmac.compare_digest(
+        given.password.encode("latin-1"), (password or "").encode()
+    ):
         return
     raise EngineError(
         AUTHENTICATION_FAILED,
@@ -109,7 +124,8 @@ def authenticate(sent: Credentials | None, user: str | None, password: str | Non
 
 @dataclass(frozen=True)
 class Statement:
-    """The SQL of a request, and for an INSERT with inline rows, where those rows are."""
+    """The SQL of a request (``latin-1`` text: one character per byte sent), and for an INSERT with
+    inline rows, where those rows are."""
 
     sql: str
     kind: str
@@ -120,7 +136,7 @@ class Statement:
 def split_statement(query_param: str | None, body: bytes) -> Statement:
     """Join the ``query`` parameter and the body as ClickHouse does (``query + "\\n" + body``) and
     split an INSERT's statement from its data without copying a large body."""
-    param = (query_param or "").encode()
+    param = (query_param or "").encode("latin-1")
     prefix = param + b"\n" if param else b""
     head = prefix + body[: max(0, MAX_STATEMENT_BYTES - len(prefix))]
     text = head.decode("latin-1")
@@ -130,7 +146,6 @@ def split_statement(query_param: str | None, body: bytes) -> Statement:
         if split is not None:
             offset = split.data_offset
             data = memoryview(body)[offset - len(prefix) :] if offset >= len(prefix) else (prefix + body)[offset:]
-            sql = split.statement.encode("latin-1").decode("utf-8", errors="replace")
-            return Statement(sql, kind, split, data)
-    sql = (prefix + body).decode("utf-8", errors="replace") if body else (query_param or "")
+            return Statement(split.statement, kind, split, data)
+    sql = (prefix + body).decode("latin-1") if body else (query_param or "")
     return Statement(sql, kind)

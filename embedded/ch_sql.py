@@ -16,10 +16,13 @@ from dataclasses import dataclass
 #: Statements that only read, and so may run over GET or with ``readonly`` set.
 READ_ONLY_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", "SET", "USE"})
 #: Statements whose result is a table in an output format (so the reply names that format).
-RESULT_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK"})
+RESULT_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", "KILL"})
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
-_SPACE = re.compile(r"\s+")
+# Bytes from 0x80 up (UTF-8 sequences, as latin-1 characters) are identifier characters, as in
+# ClickHouse's lexer; only ASCII counts as blank or digit.
+_WORD = re.compile(r"[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*")
+_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+_BLANKS = " \t\n\r\f\v"
 _NUMBER = re.compile(r"[0-9][0-9A-Za-z_.]*(?:[eE][+-]?[0-9]+)?")
 
 
@@ -41,7 +44,7 @@ def tokens(text: str) -> Iterator[Token]:
     pos, size = 0, len(text)
     while pos < size:
         ch = text[pos]
-        if ch.isspace():
+        if ch in _BLANKS:
             pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
         elif text.startswith("--", pos) or ch == "#":
             nl = text.find("\n", pos)
@@ -55,11 +58,11 @@ def tokens(text: str) -> Iterator[Token]:
                 return
             yield Token("string" if ch == "'" else "quoted", text[pos:end], pos, end)
             pos = end
-        elif ch.isalpha() or ch == "_":
+        elif _WORD.match(text, pos):
             end = _WORD.match(text, pos).end()  # type: ignore[union-attr]
             yield Token("word", text[pos:end], pos, end)
             pos = end
-        elif ch.isdigit():
+        elif "0" <= ch <= "9":
             end = _NUMBER.match(text, pos).end()  # type: ignore[union-attr]
             yield Token("number", text[pos:end], pos, end)
             pos = end
@@ -192,3 +195,28 @@ def use_database(text: str) -> str | None:
 def quote(value: str) -> str:
     """``value`` as a ClickHouse string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+#: ``system.processes`` as a server shows it: ``query_id`` is the HTTP query id, which the endpoint
+#: passes to the engine in the ``log_comment`` setting (the engine gives each statement its own id).
+PROCESSES_WITH_HTTP_IDS = (
+    "(SELECT * REPLACE (if(Settings['log_comment'] != '', Settings['log_comment'], query_id) AS query_id) "
+    "FROM system.processes)"
+)
+
+
+def with_http_query_ids(text: str) -> str:
+    """``text`` with ``query_id`` meaning the HTTP query id: in ``KILL QUERY WHERE ...`` every
+    ``query_id`` becomes the ``log_comment`` setting of the process; elsewhere ``system.processes``
+    becomes a view whose ``query_id`` is that setting."""
+    toks = list(tokens(text))
+    edits: list[tuple[int, int, str]] = []
+    if len(toks) > 1 and toks[0].is_word("KILL") and toks[1].is_word("QUERY"):
+        edits = [(t.start, t.end, "Settings['log_comment']") for t in toks if t.kind == "word" and t.text == "query_id"]
+    else:
+        for first, dot, second in zip(toks, toks[1:], toks[2:]):
+            if (first.kind, first.text, dot.text, second.kind, second.text) == ("word", "system", ".", "word", "processes"):
+                edits.append((first.start, second.end, PROCESSES_WITH_HTTP_IDS))
+    for start, end, replacement in reversed(edits):
+        text = text[:start] + replacement + text[end:]
+    return text

@@ -6,8 +6,9 @@ in any input format (lz4/zstd/gzip/deflate/br encoded), output in any format, ``
 headers, errors as ``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and
 ClickHouse's HTTP status, ``/ping``, sessions, optional user and password.
 
-Guarantees: statements run one at a time (see ``ch_engine``), so concurrent requests from any
-number of processes and threads are serialised and none is lost; data lives under ``data_dir`` in
+Guarantees: statements from any number of processes and threads run concurrently, each request
+(or session) on its own engine connection (see ``ch_engine``), and none is lost; a statement can
+be cancelled with ``KILL QUERY`` or by closing its connection; data lives under ``data_dir`` in
 ClickHouse's own format and survives a restart on the same directory.
 
 Run it as ``python -m embedded.clickhouse_server --data-dir D --port P``: it prints
@@ -63,7 +64,8 @@ class ClickHouseEndpoint:
         return self
 
     def stop(self) -> None:
-        """Stop serving, drop open connections, and close the engine (waits for the running statement)."""
+        """Stop serving, drop open connections, cancel running statements (waiting up to 30 s for
+        them to end), forget the sessions and close the engine."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -72,6 +74,10 @@ class ClickHouseEndpoint:
         server.drop_connections()
         if self._thread is not None:
             self._thread.join()
+        if not server.drain(timeout_s=30):
+            logging.getLogger("embedded.clickhouse").warning("statements still running at shutdown; closing the engine anyway")
+        server.watcher.stop()
+        server.sessions.close_all()
         server.engine.close()
 
     @property
