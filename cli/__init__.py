@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from coordinator.logs import setup_logging
 
     setup_logging(args.log_level)
+    from clients import failpoints
+
+    failpoints.arm_from_env()  # tests arm crash/stall points in the processes they start
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

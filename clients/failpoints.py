@@ -45,7 +45,6 @@ POINTS: dict[str, str] = {
     "leader.mid-publish": "some partitions of the stage table are moved, not all",
     "leader.before-published-row": "the rows are in the target; before the PUBLISHED row",
     "participant.before-write-status": "a partition's chunks are staged; before its WRITE-STATUS is sent",
-    "participant.after-end": "END-COMMIT received and the open chunk cut; before it is staged",
     "stage.before-insert": "a chunk is about to be inserted into the stage table",
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
 }
@@ -125,10 +124,15 @@ def disarm() -> None:
         release(name)
 
 
+_from_env: set[str] = set()
+
+
 def arm_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Arm what ``CHTXN_FAILPOINTS`` names; returns the items armed."""
+    """Arm what ``CHTXN_FAILPOINTS`` names (each item once per process, however often this is
+    called); returns the items armed now."""
     spec = (environ if environ is not None else os.environ).get(ENV, "").strip()
-    items = [item.strip() for item in spec.split(";") if item.strip()]
+    items = [item.strip() for item in spec.split(";") if item.strip() and item.strip() not in _from_env]
+    _from_env.update(items)
     for item in items:
         point, _, action = item.partition("=")
         name, _, who = point.strip().partition("@")

@@ -59,8 +59,10 @@ def task_function(cfg: Any, log_level: str = "WARNING") -> Callable[[Iterator[Gr
     def run_task(groups: Iterator[Group]) -> None:
         from pyspark import TaskContext
 
+        from clients import failpoints
         from participant.runner import TaskRunner
 
+        failpoints.arm_from_env()
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         ctx = TaskContext.get()
         for group in groups:

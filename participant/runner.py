@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from clients import failpoints
 from clients.clickhouse import make_client
 from clients.kafka import check_control_topic, consumer_conf, producer_conf
 from participant.dead_letters import DeadLetterSink
@@ -167,6 +168,8 @@ class _Loop:
             self.in_flight += 1
             self.pool.submit(self._stage, a)
         elif isinstance(a, Send):
+            if type(a.message).__name__ == "WriteStatus":
+                failpoints.hit("participant.before-write-status", self.sender)
             self.producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=encode(a.message))
         elif isinstance(a, Seek):
             self._seek(a)
@@ -199,7 +202,9 @@ class _Loop:
             self.results.put(None)
             return
         try:
+            failpoints.hit("stage.before-insert", self.sender)
             result = self.stager.stage(a.stage_table, chunk)
+            failpoints.hit("stage.after-insert", self.sender)
         except Exception as exc:  # a bug: report it so the txn aborts instead of hanging
             log.exception("staging chunk %s crashed", chunk.token)
             result = ChunkStaged(

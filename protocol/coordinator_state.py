@@ -122,13 +122,19 @@ class CoordinatorState:
         limit = self.timing.heartbeat_timeout_s
         return {s: c for s, c in self.alive.get(tp, {}).items() if now - c.seen_at <= limit}
 
-    def _holder(self, tp: TopicPartition, now: float) -> str:
-        """The copy to stage ``tp``: the previous holder while it lives, else the freshest copy."""
-        live = self._live_copies(tp, now)
-        previous = self.holders.get(tp)
-        if previous in live:
-            return previous  # type: ignore[return-value]
-        return max(live.values(), key=lambda c: c.seen_at).sender if live else ""
+    def _holder(self, tp: TopicPartition) -> str:
+        """The copy to stage ``tp``: the previous holder while it heartbeats as recently as the
+        freshest copy (within the heartbeat timeout), else the freshest copy. Judged between the
+        copies only, never against the clock, so a leader's own stall never leaves a partition
+        without a holder."""
+        copies = self.alive.get(tp, {})
+        if not copies:
+            return ""
+        freshest = max(copies.values(), key=lambda c: c.seen_at)
+        previous = copies.get(self.holders.get(tp, ""))
+        if previous is not None and freshest.seen_at - previous.seen_at <= self.timing.heartbeat_timeout_s:
+            return previous.sender
+        return freshest.sender
 
     # ---- events -----------------------------------------------------------------------
 
@@ -216,7 +222,7 @@ class CoordinatorState:
         # Step 3: START.
         txn.phase = Phase.COLLECTING
         txn.started_at = now
-        txn.holders = {tp: holder for tp in txn.start if (holder := self._holder(tp, now))}
+        txn.holders = {tp: holder for tp in txn.start if (holder := self._holder(tp))}
         self.holders.update(txn.holders)
         offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
         holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))

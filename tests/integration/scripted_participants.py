@@ -145,14 +145,18 @@ class ScriptedParticipants:
                     )
         self._data.unassign()
         high = begin + len(lines)
+        errors: tuple[str, ...] = ()
         if lines:
             token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
-            self._ch.raw_insert(start.stage_table, insert_block=b"\n".join(lines), fmt="JSONEachRow",
-                                settings={"insert_deduplication_token": token, "async_insert": 0})
+            try:
+                self._ch.raw_insert(start.stage_table, insert_block=b"\n".join(lines), fmt="JSONEachRow",
+                                    settings={"insert_deduplication_token": token, "async_insert": 0})
+            except Exception as exc:  # e.g. the stage table of a txn a new leader dropped: report, as a participant does
+                errors = (f"{type(exc).__name__}: {exc}",)
         return WriteStatus(
             pipeline=self.cfg.name, epoch=start.epoch, txn=start.txn, sender=self.sender, topic=tp.topic,
             partition=tp.partition, start_offset=begin, end_offset=max(high, begin),
-            rows=len(lines) + self.knobs.extra_reported_rows, chunks=1 if lines else 0,
+            rows=len(lines) + self.knobs.extra_reported_rows, chunks=1 if lines else 0, errors=errors,
         )
 
     def _send(self, producer: Producer, message: object) -> None:

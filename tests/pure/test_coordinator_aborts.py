@@ -265,3 +265,13 @@ def test_shutdown_while_committing_waits_for_the_commit_and_publish() -> None:
     assert d.at(T0 + 1.5, PublishResult(t1.id, ok=False, error="Code: 999. Keeper down"), Tick()) == []
     assert d.at(T0 + 3.5, Tick()) == [Publish(t1)]
     assert d.at(T0 + 3.6, PublishResult(t1.id, ok=True)) == [Stopped()]
+
+
+def test_a_leader_stalled_while_creating_the_stage_table_still_names_every_holder() -> None:
+    """The stage DDL took longer than the heartbeat timeout (a slow ClickHouse): the heartbeats
+    waiting in the control topic are not read yet, but the holders are still the live copies."""
+    d = Driver()
+    assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
+    t1 = d.txn(1)
+    assert d.at(T0 + 5, StageCreated(t1.id)) == [start(1, START_1), RecordStarted(t1)]
+    assert d.at(T0 + 5.1, hb(P0), hb(P1), Tick()) == []  # the backlog is read: nobody is dead
