@@ -297,7 +297,7 @@ class Leader:
                           lambda row=row: ledger_rows.published_from(row, epoch=self.epoch, coordinator=self.coordinator))
         for txn_id, table in self.retry("list stage tables")(self.stages.existing).items():  # Step 4
             summary = self.ledger.txn(txn_id)
-            if summary is not None and summary.state in ("COMMITTED", "PUBLISHED"):
+            if summary is not None and summary.state in ("COMMITTED", "PUBLISHED") and self._owns_slot(summary):
                 self._publish(txn_id, table, lambda s=summary: ledger_rows.published_from_summary(
                     s, pipeline=self.cfg.name, epoch=self.epoch, coordinator=self.coordinator))
                 continue
@@ -307,6 +307,12 @@ class Leader:
                 txn_id, table, pipeline=self.cfg.name, target=self.cfg.clickhouse.target_table,
                 epoch=self.epoch, coordinator=self.coordinator))
         return head_seq + 1, head
+
+    def _owns_slot(self, summary: Any) -> bool:
+        """Whether ``summary``'s txn won its commit slot (a late claim past the deduplication
+        window leaves a COMMITTED row that lost: its stage table is an orphan)."""
+        winner = self.ledger.commit_at(summary.commit_seq) if summary.commit_seq else None
+        return winner is not None and winner.txn == summary.txn
 
     def _initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded

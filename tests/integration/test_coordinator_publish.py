@@ -176,10 +176,14 @@ def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(s
                                     "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
     ("insert-select", True, "no-dedup", [".events_mv on ", "writes to ", ".totals_by_partition, which does not deduplicate",
                                          "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
+    ("insert-select", "zero", None, ["publish_mode insert-select needs deduplication on",
+                                     "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
 ])
 def test_a_publish_that_cannot_be_exactly_once_is_refused(stack, tmp_path, mode, target_dedup, view, expected):
+    ddl = {True: DEDUP_TARGET_DDL, False: TARGET_DDL,
+           "zero": TARGET_DDL.rstrip() + "\nSETTINGS non_replicated_deduplication_window = 0\n"}[target_dedup]
     pipeline = make_pipeline(stack, tmp_path, unique_name("refuse"), settings={"transaction.publish_mode": mode},
-                             target_ddl=DEDUP_TARGET_DDL if target_dedup else TARGET_DDL)
+                             target_ddl=ddl)
     if view is not None:
         add_view(pipeline, dedup=view == "dedup")
     with ServiceThread(pipeline.cfg) as replica:
