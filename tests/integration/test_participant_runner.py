@@ -211,7 +211,7 @@ def test_a_txn_stages_exactly_what_it_reports_and_dead_letters_bad_records(pipel
     by_offset = {int(dict(m.headers())["chtxn.offset"]): dict(m.headers()) for m in letters}
     assert by_offset[1]["chtxn.error"].startswith(b"malformed JSON")
     assert by_offset[3]["chtxn.error_code"] != b"0", "the type mismatch was found by ClickHouse"
-    assert by_offset[4]["chtxn.error"].startswith(b"empty record")
+    assert by_offset[4]["chtxn.error"].startswith(b"tombstone: null value")
     assert by_offset[5]["chtxn.error"].startswith(b"not a JSON object")
     assert by_offset[7]["chtxn.error"].startswith(b"not a JSON object")
 
