@@ -2,7 +2,7 @@
 
 ``Stager.stage(stage_table, chunk)`` guarantees, for the chunk's records:
 
-1. Records that cannot be one row go to the dead-letter topic without being sent to ClickHouse
+1. Records that cannot be one row become dead letters without being sent to ClickHouse
    (``participant.bad_records``): tombstones (null values, error ``tombstone: null value ...``),
    zero-length values (``empty record: ...``), in JSON object formats anything but one ``{...}``
    object, and records this process found to break a chunk before.
@@ -15,23 +15,25 @@
 3. If ClickHouse refuses the data (a ``DATA``-class error code), the bad records are isolated:
    first a JSON pre-check in Python (JSON formats), then a deterministic bisection of the rest,
    each part inserted with the sub-token ``<token>/<first offset>-<last offset>``. Single refused
-   records go to the dead-letter topic with ClickHouse's error; everything else is staged.
-4. Dead letters are acknowledged by the broker before the result says the chunk is staged.
+   records become dead letters with ClickHouse's error; everything else is staged.
+4. The chunk's dead letters are stored in ``chtxn_dead_letters`` under its txn (a token derived
+   from the chunk's) before the result says the chunk is staged; the leader publishes them to the
+   dead-letter topic once the txn is committed, exactly once (``participant.dead_letters``).
 5. If ClickHouse stored a different number of rows than records were sent (``written_rows``),
    the chunk's rows are in the stage table under its token and its txn cannot commit: the
    culprits are isolated without touching the stage table again (``json_problem``, then a
    bisection whose probes go to a Null-engine clone of it), remembered in ``remembered``, and the
    result carries the error, so the coordinator aborts once and the txn that reads them again
    dead-letters them at step 1.
-6. Any other failure (permanent error, retries exhausted, dead letters not delivered) is
+6. Any other failure (permanent error, retries exhausted, dead letters not stored) is
    returned as ``ChunkStaged.error``: the WRITE-STATUS carries it and the coordinator aborts.
 
-A tombstone is a bad record like any other: it is never dropped silently; it goes to the
-dead-letter topic with its key, a null value and the error ``tombstone: null value ...``.
+A tombstone (null value) is never dropped silently: it becomes a dead letter with its key, a
+null value and the error ``tombstone: null value ...`` (a zero-length value gets
+``empty record: ...``), and reaches the dead-letter topic once its txn commits.
 
-Dead letters are at-least-once: a txn aborted after its dead letters went out sends them again
-when its records are read again. Bisection costs about two inserts per bad record per halving,
-so it is meant for the odd bad record, not for a topic of them.
+Bisection costs about two inserts per bad record per halving, so it is meant for the odd bad
+record, not for a topic of them.
 """
 
 from __future__ import annotations
@@ -124,12 +126,12 @@ class Stager:
             letters.sort(key=lambda letter: letter.record.offset())
             if letters:
                 log.warning(
-                    "%d bad records of chunk %s go to the dead-letter topic", len(letters), chunk.token,
+                    "%d bad records of chunk %s are dead letters", len(letters), chunk.token,
                     extra={"txn": chunk.txn, "first_error": letters[0].error[:500]},
                 )
                 # Step 4
                 assert self.dead_letters is not None, "a Stager without a dead-letter sink cannot stage bad records"
-                self.dead_letters.send(chunk.txn, letters)
+                self.dead_letters.write(chunk, letters)
             return ChunkStaged(**result, rows=rows, dead_letters=len(letters))
         except ChtxnError as exc:
             log.error("cannot stage chunk %s into %s: %s", chunk.token, stage_table, exc, extra={"txn": chunk.txn})
