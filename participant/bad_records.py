@@ -82,7 +82,8 @@ def precheck(
     """
     suspects = [
         i for i, r in enumerate(records)
-        if not (v := r.value()) or (json_objects and (v[0] != _OPEN or v[-1] != _CLOSE or len(v) < 2))
+        if not (v := r.value())
+        or (json_objects and (v[0] != _OPEN or len(v) < 2 or (v[-1] != _CLOSE and v.rstrip(_BLANKS)[-1:] != b"}")))
     ]
     if remembered:
         at = {r.offset(): i for i, r in enumerate(records)}
