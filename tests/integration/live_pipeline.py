@@ -37,8 +37,8 @@ class _PublishingStages:
     def __getattr__(self, name: str):  # noqa: ANN204
         return getattr(self._stages, name)
 
-    def publish(self, stage: str, txn: str) -> int:
-        rows = self._stages.publish(stage, txn)
+    def publish(self, stage: str, txn: str, *args, **kwargs) -> int:  # noqa: ANN002, ANN003
+        rows = self._stages.publish(stage, txn, *args, **kwargs)
         summary = self._ledger.txn(txn)
         assert summary is not None and summary.commit_seq, f"publishing {txn}, which has no commit slot"
         self._publisher.publish(txn, summary.commit_seq)

@@ -78,7 +78,7 @@ def test_a_record_found_not_one_row_after_its_insert_aborts_one_txn_then_is_dead
     records = [Rec(pipeline.topic, 0, offset, value, b"k%d" % offset) for offset, value in enumerate(values)]
 
     def stage(txn: str):  # noqa: ANN202 - (ChunkStaged, stage table)
-        table = naming.stage_table(cfg.clickhouse.target_table, txn)
+        table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, txn)
         stages.create(table)
         builder = ChunkBuilder(pipeline=cfg.name, txn=txn, topic=pipeline.topic, partition=0, start_offset=0,
                                chunk_rows=100, chunk_bytes=1 << 20)
