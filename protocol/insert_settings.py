@@ -11,6 +11,8 @@ from __future__ import annotations
 
 #: Set on every chunk insert, besides its ``insert_deduplication_token``. Settings a server does
 #: not know are left out by the caller (``for_server``): older servers refuse unknown settings.
+#: (``optimize_on_insert = 0`` keeps rows uncollapsed should a stage table ever merge rows away;
+#: stage tables of merging targets are plain MergeTree, so a config may set it for the target.)
 CHUNK_INSERT_SETTINGS: dict[str, int] = {
     "insert_deduplicate": 1,
     "async_insert": 0,
@@ -37,9 +39,6 @@ _REQUIRED: dict[str, tuple[float, str]] = {
     "input_format_csv_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
     "input_format_tsv_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
     "input_format_custom_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
-    "optimize_on_insert": (0, "collapses rows of a Replacing/Summing/Collapsing target inside one insert, so the "
-                              "stage table holds fewer rows than records and the txn can never commit; "
-                              f"{_REMOVE} (rows are collapsed after publish, as usual)"),
     "async_insert": (0, "chunk inserts must be synchronous: a chunk counts as staged only once ClickHouse has "
                         f"stored it; {_REMOVE} or set it to 0"),
     "insert_deduplicate": (1, "a retried insert would be stored twice; chtxn deduplicates every chunk by its "
