@@ -106,6 +106,11 @@ def participants(pipeline: Pipeline, *, tasks: int = 1) -> Iterator[list[_Thread
         yield threads
 
 
+def task(pipeline: Pipeline, partitions: Sequence[TopicPartition], participant_id: str) -> _Thread:
+    """One participant task holding ``partitions``, started; ``stop()`` ends it (its heartbeats stop)."""
+    return _Thread(participant_id, TaskRunner(pipeline.cfg, partitions, participant_id=participant_id).run)
+
+
 def produce_values(pipeline: Pipeline, partition: int, values: Sequence[bytes | None]) -> list[int]:
     """Produce ``values`` (None: a tombstone) to one partition, keys ``k<i>``; returns their offsets."""
     producer = Producer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "linger.ms": 5})

@@ -17,7 +17,7 @@ from protocol.coordinator_events import CountStage, Counted
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import (
-    PublishingLeader, committed_through, coordinator, participants, produce_values,
+    PublishingLeader, committed_through, coordinator, participants, produce_values, task,
 )
 from tests.pipelines import Pipeline, make_pipeline
 from tests.pure.test_chunking import Rec
@@ -167,3 +167,39 @@ def test_letters_of_a_txn_that_never_commits_never_reach_the_topic(letters_pipel
     finally:
         pub.close()
     assert published(pipeline) == [("e1_t1", 1, 2), ("e1_t3", 2, 12), ("e1_t3", 2, 14)]
+
+
+def test_letters_of_a_txn_aborted_by_a_dead_participant_reach_the_topic_once(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("dlqkill"), settings={
+        "participant.chunk_rows": 5, "transaction.interval_s": 6.0, "transaction.write_status_timeout_s": 30.0})
+    tp0, tp1 = pipeline.partitions
+    values = [good(i) if i % 7 != 3 else b'{"id": %d, "user": "broken' % i for i in range(40)]
+    offsets = produce_values(pipeline, tp0.partition, values)
+    bad = {(tp0.topic, tp0.partition, o) for o, v in zip(offsets, values) if b"broken" in v}
+    end = produce_values(pipeline, tp1.partition, [good(i) for i in range(10)])[-1] + 1
+    ends = {tp0: offsets[-1] + 1, tp1: end}
+
+    def stored() -> dict[str, int]:
+        return dict(pipeline.client().query(
+            f"SELECT txn, count() FROM `{pipeline.cfg.name}`.chtxn_dead_letters GROUP BY txn").result_rows)
+
+    ensure_table(pipeline.client(), pipeline.cfg.clickhouse.database)
+    with coordinator(pipeline):
+        first, second = task(pipeline, [tp0], "task-0"), task(pipeline, [tp1], "task-1")
+        try:
+            first_txn = next(iter(wait_until(stored, WAIT_S, "letters stored by an open txn")))
+            second.stop()  # its heartbeats stop: the open txn, holding letters, aborts
+            wait_until(lambda: any(t.txn == first_txn for t in pipeline.ledger().history(limit=100, state="ABORTED")),
+                       WAIT_S, f"{first_txn} aborted for a dead participant")
+            second = task(pipeline, [tp1], "task-1")
+            wait_until(lambda: committed_through(pipeline, ends), WAIT_S, f"every offset committed up to {ends}")
+        finally:
+            first.stop()
+            second.stop()
+
+    topic = read_letters(pipeline.cfg)
+    letters = Counter((x.topic, x.partition, x.offset) for x in topic)
+    assert set(letters) == bad and max(letters.values()) == 1, letters
+    assert first_txn not in {x.txn for x in topic}, "no letter of the aborted txn was published"
+    report = pipeline.oracle(pipeline.dead_letter_offsets())
+    assert report.ok, report.anomalies
