@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "cli.txn",
     "cli.verify",
     "cli.status",
+    "cli.dlq",
     "cli.participant",
     "cli.demo",
 )

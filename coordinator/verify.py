@@ -7,14 +7,14 @@ sent to the dead-letter topic), and nothing outside those ranges.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, TopicPartition as KafkaTP
 
 from clients import kafka as kafka_clients
+from coordinator.dead_letter_view import DeadLetterReader, offsets_of
+from protocol.errors import SetupError
 
 from protocol.ledger import LedgerRow
 from protocol.messages import TopicPartition
@@ -113,31 +113,13 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
 
 
 def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartition, set[int]]:
-    """Source offsets this pipeline sent to its dead-letter topic (read from its headers, to the end)."""
-    consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-verify", "auto.offset.reset": "earliest"}))
-    try:
-        metadata = kafka_clients.cluster_metadata(consumer, bootstrap=cfg.kafka.bootstrap_servers).topics.get(cfg.dead_letter_topic)
-        if metadata is None:
+    """Source offsets in this pipeline's dead-letter topic (its letters' headers), read ``read_committed``
+    to the end; empty when the topic does not exist."""
+    with DeadLetterReader(cfg, timeout_s=timeout_s) as reader:
+        try:
+            reader.partitions()
+        except kafka_clients.BrokerUnreachable:
+            raise
+        except SetupError:
             return {}
-        ends = {}
-        for p in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(KafkaTP(cfg.dead_letter_topic, p), timeout=timeout_s)
-            if high > low:
-                ends[p] = high
-        consumer.assign([KafkaTP(cfg.dead_letter_topic, p, 0) for p in ends])
-        found: dict[TopicPartition, set[int]] = {}
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            for record in consumer.consume(1000, 0.5):
-                if record.error() is not None:
-                    continue
-                if record.offset() + 1 >= ends.get(record.partition(), 0):
-                    ends.pop(record.partition(), None)
-                headers = {k: v.decode() for k, v in (record.headers() or [])}
-                if headers.get("chtxn.pipeline") != cfg.name or "chtxn.offset" not in headers:
-                    continue
-                tp = TopicPartition(topic=headers["chtxn.topic"], partition=int(headers["chtxn.partition"]))
-                found.setdefault(tp, set()).add(int(headers["chtxn.offset"]))
-        return found
-    finally:
-        consumer.close()
+        return offsets_of(reader.letters())

@@ -1,95 +1,87 @@
-"""The dead-letter topic: bad records, untouched, with why and where they came from in headers."""
+"""The participant's dead-letter sink: a chunk's bad records into ClickHouse, as part of its txn.
+
+Letters are not produced to Kafka here: they go to ``<database>.chtxn_dead_letters`` under the
+chunk's txn (``protocol.dead_letters``), and the leader publishes them to the dead-letter topic
+once that txn is committed, exactly once. A txn that aborts leaves its letters unpublished.
+"""
 
 from __future__ import annotations
 
-import threading
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from protocol.chunking import RecordLike
-from protocol.errors import ChtxnError
+from clients.clickhouse import retrying
+from participant.bad_records import Letter
+from protocol import dead_letters
+from protocol.chunking import Chunk
+from protocol.errors import ChtxnError, ClickHouseError
 
-#: Header values are cut to this many bytes (ClickHouse messages can quote whole records).
-MAX_ERROR_BYTES = 4096
+log = logging.getLogger(__name__)
+
+#: ClickHouse's UNKNOWN_TABLE.
+_UNKNOWN_TABLE = 60
 
 
 class DeadLetterError(ChtxnError):
-    """Dead letters were not acknowledged by the broker: the chunk must not count as staged."""
-
-
-class _Delivery:
-    """Counts the broker's acknowledgements of one batch (callbacks may run on any thread)."""
-
-    def __init__(self, count: int) -> None:
-        self.left = count
-        self.failures: list[str] = []
-        self.done = threading.Event()
-        self._lock = threading.Lock()
-
-    def callback(self, err: Any, _msg: Any) -> None:
-        with self._lock:
-            if err is not None:
-                self.failures.append(str(err))
-            self.left -= 1
-            if self.left == 0:
-                self.done.set()
+    """A chunk's letters were not stored: the chunk must not count as staged (its txn aborts)."""
 
 
 class DeadLetterSink:
-    """Produces bad records to ``topic`` and waits until the broker has them.
+    """Stores the letters of a chunk in ``<database>.chtxn_dead_letters``. Thread-safe.
 
-    Each dead letter keeps the original key and value; headers ``chtxn.error``,
-    ``chtxn.error_code`` (0 when not ClickHouse's), ``chtxn.pipeline``, ``chtxn.txn``,
-    ``chtxn.topic``, ``chtxn.partition``, ``chtxn.offset`` say why and where from.
-    ``send`` returns only once every record is acknowledged, and raises ``DeadLetterError``
-    otherwise, so a bad record is never dropped silently. Thread-safe (the producer is).
+    ``write`` returns once ClickHouse has stored every letter (``async_insert = 0``), inserted
+    with ``insert_deduplication_token = protocol.dead_letters.letters_token(chunk.token)`` so a
+    retried write is stored once; it raises ``DeadLetterError`` otherwise, so a bad record is
+    never dropped silently. Each letter keeps the record's key, value (null for a tombstone),
+    headers and timestamp, its coordinates, the error and ClickHouse's code (0: found in Python).
+    A missing table is created (``chtxn init`` creates it first where participants may not).
     """
 
-    def __init__(self, producer: Any, *, topic: str, pipeline: str, timeout_s: float = 30.0) -> None:
-        self.producer, self.topic, self.pipeline, self.timeout_s = producer, topic, pipeline, timeout_s
+    def __init__(self, client: Any, *, database: str, pipeline: str, attempts: int = 8,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.client, self.database, self.pipeline = client, database, pipeline
+        self.attempts, self._sleep = attempts, sleep
 
-    def send(self, txn: str, letters: Sequence[tuple[RecordLike, str, int]]) -> None:
-        """Produce ``(record, error, error_code)`` letters and wait for the broker's acks."""
+    def write(self, chunk: Chunk, letters: Sequence[Letter]) -> None:
         if not letters:
             return
-        delivery = _Delivery(len(letters))
-        deadline = time.monotonic() + self.timeout_s
-        for record, error, code in letters:
-            headers = [
-                ("chtxn.error", error.encode("utf-8", "replace")[:MAX_ERROR_BYTES]),
-                ("chtxn.error_code", str(code).encode()),
-                ("chtxn.pipeline", self.pipeline.encode()),
-                ("chtxn.txn", txn.encode()),
-                ("chtxn.topic", record.topic().encode()),
-                ("chtxn.partition", str(record.partition()).encode()),
-                ("chtxn.offset", str(record.offset()).encode()),
-            ]
-            self._produce(record, headers, delivery.callback, deadline)
-        while not delivery.done.is_set():
-            if time.monotonic() > deadline:
-                raise self._timeout(delivery.left, len(letters))
-            self.producer.poll(0.05)
-        if delivery.failures:
+        rows = [dead_letters.to_insert_values(self._letter(chunk.txn, letter)) for letter in letters]
+        token = dead_letters.letters_token(chunk.token)
+        try:
+            try:
+                self._insert(rows, token)
+            except ClickHouseError as exc:
+                if exc.code != _UNKNOWN_TABLE:
+                    raise
+                log.warning("creating %s", dead_letters.qualified(self.database))
+                retrying(self.attempts, f"create {dead_letters.qualified(self.database)}", sleep=self._sleep)(
+                    self.client.command, dead_letters.create_table_sql(self.database))
+                self._insert(rows, token)
+        except ClickHouseError as exc:
             raise DeadLetterError(
-                f"cannot write dead letters to {self.topic}: {delivery.failures[0]} "
-                f"({len(delivery.failures)} failed); check that the topic exists (chtxn init creates it)"
-            )
+                f"cannot store the {len(letters)} dead letters of chunk {chunk.token} in "
+                f"{dead_letters.qualified(self.database)}: {exc}; the txn will be aborted and the records read "
+                "again (chtxn init creates the table)"
+            ) from None
 
-    def _timeout(self, left: int, total: int) -> DeadLetterError:
-        return DeadLetterError(
-            f"{left} of {total} dead letters not acknowledged by the broker within {self.timeout_s:g} s "
-            f"(topic {self.topic}); the txn will be aborted and the records read again"
+    def _insert(self, rows: list[list[object]], token: str) -> None:
+        retrying(self.attempts, f"store dead letters {token}", sleep=self._sleep)(
+            self.client.insert, dead_letters.TABLE, rows, column_names=list(dead_letters.INSERT_COLUMNS),
+            column_type_names=list(dead_letters.INSERT_TYPES), database=self.database,
+            settings={"insert_deduplication_token": token, "insert_deduplicate": 1, "async_insert": 0},
         )
 
-    def _produce(self, record: RecordLike, headers: list[tuple[str, bytes]], on_delivery: Any, deadline: float) -> None:
-        while True:
-            try:
-                self.producer.produce(
-                    self.topic, key=record.key(), value=record.value(), headers=headers, on_delivery=on_delivery
-                )
-                return
-            except BufferError:  # the local queue is full: let it drain
-                if time.monotonic() > deadline:
-                    raise self._timeout(1, 1) from None
-                self.producer.poll(0.1)
+    def _letter(self, txn: str, letter: Letter) -> dead_letters.DeadLetter:
+        record = letter.record
+        timestamp = getattr(record, "timestamp", None)
+        kind, ms = timestamp() if callable(timestamp) else (0, 0)
+        headers = getattr(record, "headers", None)
+        own = tuple((name, value or b"") for name, value in (headers() or ())) if callable(headers) else ()
+        return dead_letters.DeadLetter(
+            pipeline=self.pipeline, txn=txn, topic=record.topic(), partition=record.partition(),
+            offset=record.offset(), key=record.key(), value=record.value(), headers=own,
+            timestamp_ms=ms if kind else 0, error=letter.error, error_code=letter.code,
+        )
+

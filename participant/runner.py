@@ -7,7 +7,8 @@ One task holds several source partitions and runs, until stopped:
 - one data consumer: its partitions by ``assign`` (no group membership), committing to the group
   ``naming.consumer_group(pipeline)`` only after ACK-COMMIT, ``read_committed``, and
   ``auto.offset.reset=error`` (an out-of-range START offset fails the txn instead of skipping);
-- one producer for control messages and dead letters;
+- one producer, for control messages only (dead letters go to ClickHouse with their chunk:
+  ``participant.dead_letters``);
 - a small pool of insert workers (``Stager``), so consumption and heartbeats go on while chunks
   are inserted. When ``max_in_flight`` chunks are queued, data polling waits (back-pressure).
 
@@ -97,7 +98,8 @@ class _Loop:
         }))
         self.stager = Stager(
             client=self.client, section=cfg.clickhouse, attempts=cfg.participant.insert_retries,
-            dead_letters=DeadLetterSink(self.producer, topic=cfg.dead_letter_topic, pipeline=cfg.name),
+            dead_letters=DeadLetterSink(self.client, database=cfg.clickhouse.database, pipeline=cfg.name,
+                                        attempts=cfg.participant.insert_retries),
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[ChunkStaged | None] = queue.SimpleQueue()  # None: skipped

@@ -2,49 +2,70 @@
 
 ``Stager.stage(stage_table, chunk)`` guarantees, for the chunk's records:
 
-1. Records that cannot be one row (empty values; in JSONEachRow anything but one object) go to
-   the dead-letter topic without being sent to ClickHouse.
+1. Records that cannot be one row become dead letters without being sent to ClickHouse
+   (``participant.bad_records``): tombstones (null values, error ``tombstone: null value ...``),
+   zero-length values (``empty record: ...``), in JSON object formats anything but one ``{...}``
+   object, and records this process found to break a chunk before.
 2. The rest go to ClickHouse in one ``raw_insert`` of the bytes as read (metadata columns
-   spliced in when the table has them), with ``insert_deduplication_token = chunk.token``,
-   ``insert_deduplicate = 1`` and ``async_insert = 0``; retryable failures are retried with the
-   same token, so a chunk is stored once however often it is sent.
+   spliced in when the table has them), with ``insert_deduplication_token = chunk.token`` and
+   ``protocol.insert_settings.CHUNK_INSERT_SETTINGS`` (deduplicated, synchronous, no row skipped
+   or collapsed); retryable failures are retried with the same token, so a chunk is stored once
+   however often it is sent. In JSON object formats, a record holding objects back to back is
+   found by one scan of the body first and set aside (no abort).
 3. If ClickHouse refuses the data (a ``DATA``-class error code), the bad records are isolated:
    first a JSON pre-check in Python (JSON formats), then a deterministic bisection of the rest,
    each part inserted with the sub-token ``<token>/<first offset>-<last offset>``. Single refused
-   records go to the dead-letter topic with ClickHouse's error; everything else is staged.
-4. Dead letters are acknowledged by the broker before the result says the chunk is staged.
-5. Any other failure (permanent error, retries exhausted, dead letters not delivered) is
+   records become dead letters with ClickHouse's error; everything else is staged.
+4. The chunk's dead letters are stored in ``chtxn_dead_letters`` under its txn (a token derived
+   from the chunk's) before the result says the chunk is staged; the leader publishes them to the
+   dead-letter topic once the txn is committed, exactly once (``participant.dead_letters``).
+5. If ClickHouse stored a different number of rows than records were sent (``written_rows``),
+   the chunk's rows are in the stage table under its token and its txn cannot commit: the
+   culprits are isolated without touching the stage table again (``json_problem``, then a
+   bisection whose probes go to a Null-engine clone of it), remembered in ``remembered``, and the
+   result carries the error, so the coordinator aborts once and the txn that reads them again
+   dead-letters them at step 1.
+6. Any other failure (permanent error, retries exhausted, dead letters not stored) is
    returned as ``ChunkStaged.error``: the WRITE-STATUS carries it and the coordinator aborts.
 
-Dead letters are at-least-once: a txn aborted after its dead letters went out sends them again
-when its records are read again. Bisection costs about two inserts per bad record per halving,
-so it is meant for the odd bad record, not for a topic of them.
+A tombstone (null value) is never dropped silently: it becomes a dead letter with its key, a
+null value and the error ``tombstone: null value ...`` (a zero-length value gets
+``empty record: ...``), and reaches the dead-letter topic once its txn commits.
+
+Bisection costs about two inserts per bad record per halving, so it is meant for the odd bad
+record, not for a topic of them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from clients.clickhouse import retrying
+from participant.bad_records import Letter, Refused, Remembered, has_joins, isolate, precheck, split_joined
+from participant.dead_letters import DeadLetterSink
+from protocol import insert_settings
 from protocol.chcodes import ErrorClass, classify
-from protocol.chunking import (
-    METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format, json_problem, record_problem,
-)
+from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format, json_problem
 from protocol.config import ClickHouseSection
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol.participant_events import ChunkStaged
-from participant.dead_letters import DeadLetterSink
 
 log = logging.getLogger(__name__)
 
 #: ClickHouse's UNKNOWN_TABLE.
 UNKNOWN_TABLE = 60
-_OPEN = ord("{")
 
-Letter = tuple[RecordLike, str, int]  # record, error, ClickHouse error code (0: found in Python)
+
+class NotOneRow(ChtxnError):
+    """ClickHouse stored ``written`` rows for ``records``: some record is not exactly one row."""
+
+    def __init__(self, message: str, *, records: Sequence[RecordLike], written: int) -> None:
+        super().__init__(message)
+        self.records, self.written = records, written
 
 
 class Stager:
@@ -52,11 +73,13 @@ class Stager:
 
     def __init__(
         self, *, client: Any, section: ClickHouseSection, dead_letters: DeadLetterSink | None, attempts: int,
-        sleep: Callable[[float], None] | None = None,
+        sleep: Callable[[float], None] | None = None, remembered: Remembered | None = None,
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
+        self.remembered = remembered if remembered is not None else Remembered()
         self._sleep = sleep
         self._columns: dict[str, tuple[str, ...]] = {}
+        self._settings: dict[str, int] | None = None
         self._lock = threading.Lock()
 
     # ---- the table ------------------------------------------------------------------------
@@ -93,16 +116,22 @@ class Stager:
                 topic=chunk.topic, partition=chunk.partition, input_format=self.section.input_format,
                 columns=self.metadata_columns(stage_table),
             )
-            good, letters = _precheck(chunk.records, bodies.json_objects)
-            rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)
+            # Step 1: records that cannot be one row, and those remembered
+            remembered = self.remembered.recall(chunk.topic, chunk.partition, chunk.first_offset, chunk.next_offset)
+            good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
+            try:
+                rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)
+            except NotOneRow as exc:
+                return ChunkStaged(**result, error=self._set_aside(stage_table, chunk, exc, bodies))
+            letters.sort(key=lambda letter: letter.record.offset())
             if letters:
                 log.warning(
-                    "%d bad records of chunk %s go to the dead-letter topic", len(letters), chunk.token,
-                    extra={"txn": chunk.txn, "first_error": letters[0][1][:500]},
+                    "%d bad records of chunk %s are dead letters", len(letters), chunk.token,
+                    extra={"txn": chunk.txn, "first_error": letters[0].error[:500]},
                 )
-            if letters:
+                # Step 4
                 assert self.dead_letters is not None, "a Stager without a dead-letter sink cannot stage bad records"
-                self.dead_letters.send(chunk.txn, letters)
+                self.dead_letters.write(chunk, letters)
             return ChunkStaged(**result, rows=rows, dead_letters=len(letters))
         except ChtxnError as exc:
             log.error("cannot stage chunk %s into %s: %s", chunk.token, stage_table, exc, extra={"txn": chunk.txn})
@@ -113,8 +142,16 @@ class Stager:
     ) -> int:
         if not records:
             return 0
+        body = bodies.body(records)
+        if bodies.json_objects and has_joins(body, len(records)):  # Step 2: objects back to back
+            records, joined = split_joined(records)
+            if joined:
+                letters += joined
+                if not records:
+                    return 0
+                body = bodies.body(records)
         try:
-            return self._insert(table, records, token, bodies)
+            return self._insert(table, records, token, body)
         except ClickHouseError as exc:
             if classify(exc.code) is not ErrorClass.DATA:
                 raise
@@ -126,7 +163,7 @@ class Stager:
             for record in records:
                 problem = json_problem(record.value())  # type: ignore[arg-type]
                 if problem:
-                    letters.append((record, f"{problem} (ClickHouse refused its chunk: {refused})", 0))
+                    letters.append(Letter(record, f"{problem} (ClickHouse refused its chunk: {refused})"))
                 else:
                     rest.append(record)
             found = len(rest) < len(records)
@@ -143,32 +180,96 @@ class Stager:
         if not known_bad:
             sub = f"{token}/{records[0].offset()}-{records[-1].offset()}"
             try:
-                return self._insert(table, records, sub, bodies)
+                return self._insert(table, records, sub, bodies.body(records))
             except ClickHouseError as exc:
                 if classify(exc.code) is not ErrorClass.DATA:
                     raise
                 if len(records) == 1:
-                    letters.append((records[0], str(exc), exc.code))
+                    letters.append(Letter(records[0], str(exc), exc.code))
                     return 0
         mid = len(records) // 2
         return self._bisect(table, token, records[:mid], bodies, letters) + self._bisect(
             table, token, records[mid:], bodies, letters
         )
 
-    def _insert(self, table: str, records: Sequence[RecordLike], token: str, bodies: BodyBuilder) -> int:
-        """Step 2: one deduplicated insert; returns the rows it holds."""
-        body = bodies.body(records)
-        settings = {"insert_deduplication_token": token, "insert_deduplicate": 1, "async_insert": 0}
+    def _insert(self, table: str, records: Sequence[RecordLike], token: str, body: bytes) -> int:
+        """Step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds."""
+        settings = {**self._chunk_settings(), "insert_deduplication_token": token}
         summary = self._retrying(f"insert chunk {token} into {table}")(
             self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
         )
         written = summary.written_rows
         if written and written != len(records):  # 0: deduplicated, or a server without summaries
-            raise ClickHouseError(
-                f"ClickHouse stored {written} rows for the {len(records)} records of chunk {token}: some "
-                f"record holds more or fewer than one {self.section.input_format} row; the txn will abort"
+            raise NotOneRow(
+                f"ClickHouse stored {written} rows for the {len(records)} records of chunk {token}",
+                records=records, written=written,
             )
         return len(records)
+
+    # ---- step 5: records that are not one row, found after their insert ----------------------
+
+    def _set_aside(self, stage_table: str, chunk: Chunk, exc: NotOneRow, bodies: BodyBuilder) -> str:
+        """Find the records of ``exc`` that are not one row, remember them; the chunk's error."""
+        try:
+            found = self._isolate(stage_table, chunk.token, exc.records, bodies)
+        except ChtxnError as failure:
+            found, why = [], f"finding them failed: {failure}"
+        else:
+            why = "none could be told apart by its row count" if not found else ""
+        self.remembered.remember(found)
+        offsets = ", ".join(str(letter.record.offset()) for letter in found[:20]) + (" ..." if len(found) > 20 else "")
+        if found:
+            log.warning("records at offsets %s of %s/%d are not one row each; dead-lettered when read again",
+                        offsets, chunk.topic, chunk.partition, extra={"txn": chunk.txn, "first_error": found[0].error[:500]})
+            return (f"{exc}: the records at offsets {offsets} are not exactly one {self.section.input_format} row each; "
+                    "they are set aside for the dead-letter topic when read again, and this txn must abort")
+        log.error("%s and %s", exc, why, extra={"txn": chunk.txn})
+        return f"{exc}: some record is not exactly one {self.section.input_format} row, and {why}; the txn will abort"
+
+    def _isolate(self, stage_table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder) -> list[Letter]:
+        """JSON records that are not one object, then a bisection of the rest on a Null-engine clone."""
+        letters: list[Letter] = []
+        rest: Sequence[RecordLike] = records
+        if bodies.json_objects:
+            rest = []
+            for record in records:
+                if problem := json_problem(record.value()):  # type: ignore[arg-type]
+                    letters.append(Letter(record, f"not one row: {problem}"))
+                else:
+                    rest.append(record)
+        probe_table = f"{stage_table}__probe_{zlib.crc32(token.encode()):08x}"
+        db = _ident(self.section.database)
+        settings = {k: v for k, v in self._chunk_settings().items() if k != "insert_deduplicate"}
+
+        def probe(part: Sequence[RecordLike]) -> int:
+            try:
+                summary = self._retrying(f"probe {len(part)} records in {probe_table}")(
+                    self.client.raw_insert, probe_table, insert_block=bodies.body(part), fmt=self.section.input_format,
+                    settings=settings,
+                )
+            except ClickHouseError as exc:
+                if classify(exc.code) is ErrorClass.DATA:
+                    raise Refused(str(exc), exc.code) from None
+                raise
+            if "written_rows" not in (summary.summary or {}):
+                raise ClickHouseError("the server reports no written_rows for inserts: cannot count rows per record")
+            return summary.written_rows
+
+        self._retrying(f"create {probe_table}")(
+            self.client.command, f"CREATE TABLE IF NOT EXISTS {db}.{_ident(probe_table)} AS {db}.{_ident(stage_table)} ENGINE = Null"
+        )
+        try:
+            letters += isolate(rest, probe)
+        finally:
+            self._retrying(f"drop {probe_table}")(self.client.command, f"DROP TABLE IF EXISTS {db}.{_ident(probe_table)}")
+        return sorted(letters, key=lambda letter: letter.record.offset())
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def _chunk_settings(self) -> dict[str, int]:
+        if self._settings is None:
+            self._settings = insert_settings.for_server(getattr(self.client, "server_settings", None))
+        return self._settings
 
     def _retrying(self, what: str) -> Any:
         if self._sleep is None:
@@ -194,19 +295,5 @@ def check_target(stager: Stager, table: str) -> tuple[str, ...]:
     return columns
 
 
-def _precheck(records: Sequence[RecordLike], json_objects: bool) -> tuple[Sequence[RecordLike], list[Letter]]:
-    """Step 1: split off records that cannot be one row, without parsing (fast path: none)."""
-    suspects = [
-        i for i, r in enumerate(records)
-        if not (v := r.value()) or (json_objects and (v[0] != _OPEN or len(v) < 2))
-    ]
-    if not suspects:
-        return records, []
-    letters: list[Letter] = []
-    bad: set[int] = set()
-    for i in suspects:
-        problem = record_problem(records[i].value(), json_objects=json_objects)
-        if problem:
-            letters.append((records[i], problem, 0))
-            bad.add(i)
-    return [r for i, r in enumerate(records) if i not in bad], letters
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

@@ -16,6 +16,7 @@ from typing import Literal
 
 import msgspec
 
+from protocol import insert_settings
 from protocol.errors import ConfigError
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -193,6 +194,9 @@ def _validate(config: PipelineConfig) -> None:
         )
     if "group.id" in config.kafka.properties or "bootstrap.servers" in config.kafka.properties:
         raise bad("kafka.properties", dict(config.kafka.properties), "set bootstrap servers in kafka.bootstrap_servers; group ids are chtxn's")
+    for setting, value in ch.insert_settings.items():
+        if why := insert_settings.problem(setting, value):
+            raise bad(f"clickhouse.insert_settings.{setting}", value, why)
 
 
 def _path_of(error: msgspec.ValidationError) -> str:

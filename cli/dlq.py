@@ -1,0 +1,203 @@
+"""``chtxn dlq list`` and ``chtxn dlq show``: what is in the dead-letter topic.
+
+Read-only, ``read_committed``: what a consumer draining the topic sees. People get rich tables
+(whole lines when piped); scripts get ``--json``, where bytes come as text (invalid UTF-8
+replaced) and, exactly, as base64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+from datetime import datetime, timezone
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from coordinator.dead_letter_view import DeadLetterReader
+from protocol.config import load_config
+from protocol.dead_letters import PublishedLetter
+from protocol.errors import SetupError
+
+#: Characters of an error shown in ``list``'s table (``--json`` and ``show`` give it whole).
+ERROR_CHARS = 100
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "dlq",
+        help="list or show the letters in the dead-letter topic",
+        description="Read the pipeline's dead-letter topic as a consumer does (read_committed): each letter is a "
+        "record chtxn could not insert, with its source topic/partition/offset, the txn and commit slot that "
+        "published it, and why.",
+        epilog="Examples:\n  chtxn dlq list --config pipeline.toml --from-end --limit 20\n"
+        "  chtxn dlq show --config pipeline.toml orders 3 1841\n  chtxn dlq show --config pipeline.toml 0:57 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
+
+    lister = commands.add_parser(
+        "list",
+        help="one line per letter, oldest first",
+        description="One line per letter, in publish order: where it sits in the dead-letter topic (#, "
+        "partition:offset, for show), its source record, txn, commit slot, error code and error (cut in the "
+        "table, whole with --json).",
+        epilog="Example: chtxn dlq list --config pipeline.toml --from-end --limit 50 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lister.add_argument("--config", required=True, help="pipeline TOML file")
+    lister.add_argument("--limit", type=int, default=50, help="how many letters (default 50)")
+    lister.add_argument("--from-end", action="store_true", help="the latest letters instead of the oldest")
+    lister.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    lister.set_defaults(func=run_list)
+
+    shower = commands.add_parser(
+        "show",
+        help="one letter in full, with key and value",
+        description="One letter in full: by its source record (TOPIC PARTITION OFFSET), or by its place in the "
+        "dead-letter topic as list shows it in column # (PARTITION:OFFSET, or OFFSET for partition 0).",
+        epilog="Examples:\n  chtxn dlq show --config pipeline.toml orders 3 1841\n"
+        "  chtxn dlq show --config pipeline.toml 0:57 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    shower.add_argument("where", nargs="+", metavar="WHERE", help="TOPIC PARTITION OFFSET, or # as listed")
+    shower.add_argument("--config", required=True, help="pipeline TOML file")
+    shower.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    shower.set_defaults(func=run_show)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    if args.limit <= 0:
+        raise SetupError(f"--limit {args.limit}: give a number greater than 0")
+    cfg = load_config(args.config, os.environ)
+    with DeadLetterReader(cfg) as reader:
+        letters = reader.letters(limit=args.limit, from_end=args.from_end)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode([_summary(x) for x in letters])).decode())
+        return 0
+    console = _console()
+    if not letters:
+        console.print(f"no letters in {cfg.dead_letter_topic}, the dead-letter topic of pipeline {cfg.name}")
+        return 0
+    which = "latest" if args.from_end else "oldest"
+    table = Table(title=f"{which} {len(letters)} letters in {cfg.dead_letter_topic}")
+    for column in ("#", "topic", "partition", "offset", "txn", "slot", "code", "error"):
+        table.add_column(column, justify="right" if column in ("partition", "offset", "slot", "code") else "left",
+                         no_wrap=column != "error")
+    for x in letters:
+        error = x.error if len(x.error) <= ERROR_CHARS else x.error[: ERROR_CHARS - 3] + "..."
+        table.add_row(_where(x), x.topic, str(x.partition), str(x.offset), x.txn, str(x.commit_seq or ""),
+                      str(x.error_code), escape(error))
+    console.print(table)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, os.environ)
+    with DeadLetterReader(cfg) as reader:
+        if len(args.where) == 3:
+            topic, partition, offset = args.where[0], _int(args.where[1], "PARTITION"), _int(args.where[2], "OFFSET")
+            letters = reader.find(topic, partition, offset)
+            what = f"source record {topic}/{partition}/{offset}"
+        elif len(args.where) == 1:
+            dlq_partition, dlq_offset = _position(args.where[0])
+            found = reader.at(dlq_partition, dlq_offset)
+            letters = [found] if found else []
+            what = f"position {dlq_partition}:{dlq_offset} of {cfg.dead_letter_topic}"
+        else:
+            raise SetupError(f"show takes TOPIC PARTITION OFFSET or one # as listed, not {' '.join(args.where)!r}")
+    if not letters:
+        raise SetupError(f"no letter for {what} in {cfg.dead_letter_topic}: list them with chtxn dlq list")
+    if args.json:
+        whole = [_summary(x) | _contents(x) for x in letters]
+        print(msgspec.json.format(msgspec.json.encode(whole if len(whole) > 1 else whole[0])).decode())
+        return 0
+    console = _console()
+    if len(letters) > 1:
+        console.print(f"[yellow]{len(letters)} letters for {what}[/] (a publish cut short on a broker that shows "
+                      "aborted records, or the source topic was read again from scratch)")
+    for x in letters:
+        _print_letter(console, x)
+    return 0
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    """Rich when on a terminal; piped, lines are never cut or wrapped at 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 100_000)
+
+
+def _where(x: PublishedLetter) -> str:
+    return f"{x.dlq_partition}:{x.dlq_offset}"
+
+
+def _time(ms: int) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _summary(x: PublishedLetter) -> dict[str, object]:
+    return {
+        "position": _where(x), "dlq_partition": x.dlq_partition, "dlq_offset": x.dlq_offset,
+        "topic": x.topic, "partition": x.partition, "offset": x.offset, "txn": x.txn, "commit_seq": x.commit_seq,
+        "error_code": x.error_code, "error": x.error, "timestamp_ms": x.timestamp_ms or None,
+    }
+
+
+def _contents(x: PublishedLetter) -> dict[str, object]:
+    return {
+        "pipeline": x.pipeline, **_bytes("key", x.key), **_bytes("value", x.value), "tombstone": x.value is None,
+        "headers": [{"name": name, **_bytes("value", raw)} for name, raw in x.headers],
+    }
+
+
+def _bytes(name: str, raw: bytes | None) -> dict[str, str | None]:
+    if raw is None:
+        return {name: None, f"{name}_base64": None}
+    return {name: raw.decode("utf-8", "replace"), f"{name}_base64": base64.b64encode(raw).decode()}
+
+
+def _shown(raw: bytes | None) -> str:
+    if raw is None:
+        return "[dim]null[/]"
+    try:
+        return escape(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return f"[dim](not UTF-8, base64)[/] {base64.b64encode(raw).decode()}"
+
+
+def _print_letter(console: Console, x: PublishedLetter) -> None:
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    for name, value in (
+        ("position", f"{_where(x)} of the dead-letter topic"),
+        ("source", f"{x.topic} partition {x.partition} offset {x.offset}"),
+        ("record time", _time(x.timestamp_ms)), ("pipeline", x.pipeline), ("txn", x.txn),
+        ("commit slot", str(x.commit_seq or "-")), ("error code", str(x.error_code) + (" (found by chtxn)" if not x.error_code else "")),
+        ("error", escape(x.error)), ("key", _shown(x.key)),
+        ("value", _shown(x.value) + (" (a tombstone)" if x.value is None else "")),
+    ):
+        facts.add_row(name, value)
+    for name, raw in x.headers:
+        facts.add_row(f"header {escape(name)}", _shown(raw))
+    console.print(facts)
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise SetupError(f"{what} {text!r} is not a number") from None
+
+
+def _position(text: str) -> tuple[int, int]:
+    partition, _, offset = text.rpartition(":")
+    return _int(partition or "0", "PARTITION"), _int(offset, "OFFSET")

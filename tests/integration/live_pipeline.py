@@ -1,0 +1,137 @@
+"""A whole pipeline in one test process: the real coordinator and real participant tasks in threads.
+
+``coordinator(pipeline, leader_class=...)`` runs ``CoordinatorService`` (a ``Leader`` subclass
+injects faults); ``participants(pipeline, tasks=N)`` runs N ``TaskRunner`` threads sharing the
+partitions. Both stop cleanly on leaving the ``with`` block and re-raise what their thread raised.
+
+``PublishingLeader`` publishes dead letters where the leader is to call
+``DeadLetterPublisher.publish``: after a txn's data is in the target, before its PUBLISHED row,
+in the publish step and in the take-over roll-forward. Once ``coordinator/leader.py`` does so
+itself, use ``Leader`` instead (publishing twice is harmless: it is idempotent).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+
+import msgspec
+from confluent_kafka import Producer
+
+from coordinator.dead_letter_publisher import DeadLetterPublisher
+from coordinator.leader import Leader
+from coordinator.service import CoordinatorService
+from participant.runner import TaskRunner
+from protocol.messages import TopicPartition
+from tests.pipelines import Pipeline
+
+
+class _PublishingStages:
+    """``StageTables`` whose ``publish`` (every publish of committed data goes through it) then
+    publishes the txn's dead letters."""
+
+    def __init__(self, stages, publisher: DeadLetterPublisher, ledger) -> None:  # noqa: ANN001
+        self._stages, self._publisher, self._ledger = stages, publisher, ledger
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._stages, name)
+
+    def publish(self, stage: str, txn: str, *args, **kwargs) -> int:  # noqa: ANN002, ANN003
+        rows = self._stages.publish(stage, txn, *args, **kwargs)
+        summary = self._ledger.txn(txn)
+        assert summary is not None and summary.commit_seq, f"publishing {txn}, which has no commit slot"
+        self._publisher.publish(txn, summary.commit_seq)
+        return rows
+
+
+class PublishingLeader(Leader):
+    def run(self, stop: threading.Event) -> str:
+        publisher = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
+        self.stages = _PublishingStages(self.stages, publisher, self.ledger)  # type: ignore[assignment]
+        try:
+            return super().run(stop)
+        finally:
+            publisher.close()
+
+
+class _Thread:
+    """``target(stop)`` on a daemon thread; ``stop()`` joins it and re-raises what it raised."""
+
+    def __init__(self, name: str, target) -> None:  # noqa: ANN001 - Callable[[threading.Event], object]
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._target = target
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._target(self._stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), f"thread {self._thread.name} did not stop within 60 s"
+        if self.error is not None:
+            raise self.error
+
+
+@contextmanager
+def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = PublishingLeader, coordinator_id: str = "c1") -> Iterator[CoordinatorService]:
+    cfg = msgspec.structs.replace(pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id))
+    service = CoordinatorService(cfg, leader_class=leader_class)
+    thread = _Thread(f"coordinator-{coordinator_id}", service.run)
+    try:
+        yield service
+    finally:
+        thread.stop()
+
+
+@contextmanager
+def participants(pipeline: Pipeline, *, tasks: int = 1) -> Iterator[list[_Thread]]:
+    """``tasks`` participant tasks, partition i held by task ``i % tasks``."""
+    groups: list[list[TopicPartition]] = [[] for _ in range(tasks)]
+    for i, tp in enumerate(pipeline.partitions):
+        groups[i % tasks].append(tp)
+    with ExitStack() as stack:
+        threads = []
+        for i, held in enumerate(g for g in groups if g):
+            runner = TaskRunner(pipeline.cfg, held, participant_id=f"task-{i}")
+            thread = _Thread(f"task-{i}", runner.run)
+            stack.callback(thread.stop)
+            threads.append(thread)
+        yield threads
+
+
+def task(pipeline: Pipeline, partitions: Sequence[TopicPartition], participant_id: str) -> _Thread:
+    """One participant task holding ``partitions``, started; ``stop()`` ends it (its heartbeats stop)."""
+    return _Thread(participant_id, TaskRunner(pipeline.cfg, partitions, participant_id=participant_id).run)
+
+
+def produce_values(pipeline: Pipeline, partition: int, values: Sequence[bytes | None]) -> list[int]:
+    """Produce ``values`` (None: a tombstone) to one partition, keys ``k<i>``; returns their offsets."""
+    producer = Producer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "linger.ms": 5})
+    offsets: list[int] = []
+
+    def delivered(err, msg) -> None:  # noqa: ANN001
+        assert err is None, err
+        offsets.append(msg.offset())
+
+    for i, value in enumerate(values):
+        producer.produce(pipeline.topic, value=value, key=b"k%d" % i, partition=partition, on_delivery=delivered)
+    assert producer.flush(30) == 0, "not every test record was delivered"
+    return sorted(offsets)
+
+
+def committed_through(pipeline: Pipeline, ends: dict[TopicPartition, int]) -> bool:
+    """True once the ledger head of every partition in ``ends`` has reached its end offset."""
+    _, head = pipeline.ledger().head()
+    return all(head.get(tp, 0) >= end for tp, end in ends.items())
+
+
+def aborts(pipeline: Pipeline) -> list[str]:
+    """Reasons of the aborted txns so far, but for those aborted by a clean shutdown."""
+    return [t.reason for t in pipeline.ledger().history(limit=1000, state="ABORTED") if "shutting down" not in t.reason]
