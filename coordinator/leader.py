@@ -35,6 +35,7 @@ from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from clients.clickhouse import retrying
 from coordinator.control import ControlChannel
+from coordinator.dead_letter_publisher import DeadLetterPublisher
 from coordinator.ledger_store import LedgerStore
 from coordinator import ledger_rows
 from coordinator.ledger_rows import ledger_row
@@ -88,6 +89,7 @@ class Leader:
         self._admin: Any = None
         self._offsets_reader: Any = None
         self._ack_at: dict[str, float] = {}
+        self._dead_letters: Any = None
         self._progress_at = clock()
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
 
@@ -99,6 +101,7 @@ class Leader:
                                    daemon=True)
         beating.start()
         self._admin = kafka_clients.admin(self.cfg)
+        self._dead_letters = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
         self._offsets_reader = Consumer(kafka_clients.consumer_conf(self.cfg, **{"client.id": f"chtxn-coordinator-{self.coordinator}"}))
         try:
             return self._run(stop)
@@ -108,6 +111,7 @@ class Leader:
             done.set()
             beating.join(10)
             self._offsets_reader.close()
+            self._dead_letters.close()
 
     def _run(self, stop: threading.Event) -> str:
         head_seq, head = self.take_over()
@@ -224,7 +228,7 @@ class Leader:
             self.metrics.publish_latency.labels(self.cfg.name).observe(self.clock() - acked)
         return PublishResult(txn.id, ok=True, lost=lost)
 
-    def _publish(self, txn_id: str, stage: str, published_row: Callable[[], Any], commit_seq: int = 0) -> bool:
+    def _publish(self, txn_id: str, stage: str, published_row: Callable[[], Any]) -> bool:
         """Step 7 for one committed txn: rows into the target, PUBLISHED, drop. True if it was lost.
 
         A missing stage table with no PUBLISHED row means the rows are gone: that is recorded as
@@ -243,8 +247,10 @@ class Leader:
             lost = msgspec.structs.replace(published_row(), event=LedgerEvent.LOST, published_at=0.0, reason=str(exc))
             self.ledger.append(lost)
             return True
+        row = published_row()
+        self._dead_letters.publish(txn_id, row.commit_seq)  # the txn's bad records, exactly once
         failpoints.hit("leader.before-published-row", self.coordinator)
-        self.ledger.append(published_row())
+        self.ledger.append(row)
         self.retry(f"drop {stage}")(self.stages.drop_all, stage)
         return False
 

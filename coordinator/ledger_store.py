@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from clients.clickhouse import retrying
-from protocol import ledger, naming
+from protocol import dead_letters, ledger, naming
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_view import TxnSummary, audit, summarize
 from protocol.messages import TopicPartition
@@ -63,7 +63,9 @@ class LedgerStore:
     # -- set-up -------------------------------------------------------------------------------
 
     def ensure_tables(self) -> bool:
-        """Create the ledger table if missing; True if this call created it."""
+        """Create the ledger table and the dead-letter table if missing; True if this call created the ledger."""
+        self._retry("create the dead-letter table")(
+            self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated))
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
         if int(exists) == 1:
             return False

@@ -3,11 +3,6 @@
 ``coordinator(pipeline, leader_class=...)`` runs ``CoordinatorService`` (a ``Leader`` subclass
 injects faults); ``participants(pipeline, tasks=N)`` runs N ``TaskRunner`` threads sharing the
 partitions. Both stop cleanly on leaving the ``with`` block and re-raise what their thread raised.
-
-``PublishingLeader`` publishes dead letters where the leader is to call
-``DeadLetterPublisher.publish``: after a txn's data is in the target, before its PUBLISHED row,
-in the publish step and in the take-over roll-forward. Once ``coordinator/leader.py`` does so
-itself, use ``Leader`` instead (publishing twice is harmless: it is idempotent).
 """
 
 from __future__ import annotations
@@ -19,40 +14,11 @@ from contextlib import ExitStack, contextmanager
 import msgspec
 from confluent_kafka import Producer
 
-from coordinator.dead_letter_publisher import DeadLetterPublisher
 from coordinator.leader import Leader
 from coordinator.service import CoordinatorService
 from participant.runner import TaskRunner
 from protocol.messages import TopicPartition
 from tests.pipelines import Pipeline
-
-
-class _PublishingStages:
-    """``StageTables`` whose ``publish`` (every publish of committed data goes through it) then
-    publishes the txn's dead letters."""
-
-    def __init__(self, stages, publisher: DeadLetterPublisher, ledger) -> None:  # noqa: ANN001
-        self._stages, self._publisher, self._ledger = stages, publisher, ledger
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        return getattr(self._stages, name)
-
-    def publish(self, stage: str, txn: str, *args, **kwargs) -> int:  # noqa: ANN002, ANN003
-        rows = self._stages.publish(stage, txn, *args, **kwargs)
-        summary = self._ledger.txn(txn)
-        assert summary is not None and summary.commit_seq, f"publishing {txn}, which has no commit slot"
-        self._publisher.publish(txn, summary.commit_seq)
-        return rows
-
-
-class PublishingLeader(Leader):
-    def run(self, stop: threading.Event) -> str:
-        publisher = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
-        self.stages = _PublishingStages(self.stages, publisher, self.ledger)  # type: ignore[assignment]
-        try:
-            return super().run(stop)
-        finally:
-            publisher.close()
 
 
 class _Thread:
@@ -80,7 +46,7 @@ class _Thread:
 
 
 @contextmanager
-def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = PublishingLeader, coordinator_id: str = "c1") -> Iterator[CoordinatorService]:
+def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = Leader, coordinator_id: str = "c1") -> Iterator[CoordinatorService]:
     cfg = msgspec.structs.replace(pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id))
     service = CoordinatorService(cfg, leader_class=leader_class)
     thread = _Thread(f"coordinator-{coordinator_id}", service.run)

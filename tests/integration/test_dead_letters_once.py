@@ -17,7 +17,7 @@ from protocol.coordinator_events import CountStage, Counted
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import (
-    PublishingLeader, committed_through, coordinator, participants, produce_values, task,
+    committed_through, coordinator, participants, produce_values, task,
 )
 from tests.pipelines import Pipeline, make_pipeline
 from tests.pure.test_chunking import Rec
@@ -55,7 +55,7 @@ def test_a_bad_record_of_an_aborted_txn_reaches_the_topic_once(stack, tmp_path):
         ends[tp] = offsets[-1] + 1
         bad |= {(tp.topic, tp.partition, o) for o, v in zip(offsets, values) if b"broken" in v}
 
-    leader = aborting_first_txn_with_letters(PublishingLeader)
+    leader = aborting_first_txn_with_letters(Leader)
     with participants(pipeline, tasks=2), coordinator(pipeline, leader_class=leader):
         wait_until(lambda: committed_through(pipeline, ends), WAIT_S, f"every offset committed up to {ends}")
 
