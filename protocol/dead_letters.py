@@ -76,11 +76,7 @@ def qualified(database: str) -> str:
 
 def create_table_sql(database: str, *, replicated: bool = False) -> str:
     """The DDL of the letters table (idempotent)."""
-    if replicated:
-        engine = "ReplicatedMergeTree"
-        window = f"replicated_deduplication_window = {DEDUP_WINDOW}, replicated_deduplication_window_seconds = 604800"
-    else:
-        engine, window = "MergeTree", f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    engine, window = ledger.dedup_engine(replicated, DEDUP_WINDOW)
     columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"

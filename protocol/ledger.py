@@ -136,14 +136,17 @@ def qualified(database: str) -> str:
     return f"`{database}`.`{TABLE}`"
 
 
+def dedup_engine(replicated: bool, window: int) -> tuple[str, str]:
+    """(engine, settings) of a chtxn table that remembers ``window`` inserted blocks for deduplication."""
+    if replicated:
+        return "ReplicatedMergeTree", (
+            f"replicated_deduplication_window = {window}, replicated_deduplication_window_seconds = 604800")
+    return "MergeTree", f"non_replicated_deduplication_window = {window}"
+
+
 def create_table_sql(database: str, *, replicated: bool = False) -> str:
     """The ledger DDL (idempotent). No partition key: deduplication tokens are per partition."""
-    if replicated:
-        engine = "ReplicatedMergeTree"
-        window = f"replicated_deduplication_window = {DEDUP_WINDOW}, replicated_deduplication_window_seconds = 604800"
-    else:
-        engine = "MergeTree"
-        window = f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    engine, window = dedup_engine(replicated, DEDUP_WINDOW)
     columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"
