@@ -3,6 +3,9 @@
     python -m tools.docgen           # rewrite docs/configuration.md and docs/cli.md
     python -m tools.docgen --check   # exit 1 naming each page that differs from what the code gives
 
+Run from the repository root with the project's environment (``.venv/bin/python``). ``tools/`` is
+deliberately not a package of the installed distribution (no ``__init__.py``).
+
 - ``docs/configuration.md`` comes from ``protocol.config``: every section Struct of
   ``PipelineConfig`` and its fields (type, default, the comment next to the field, and the
   ``CHTXN_<SECTION>_<FIELD>`` environment override), plus the prose in ``SECTION_PROSE`` and
