@@ -111,7 +111,9 @@ def mermaid_problems(block: str) -> list[str]:
         if line.count('"') % 2:
             problems.append(f"line {n}: unbalanced double quotes: {line.strip()}")
             continue
-        outside = "".join(re.split(r'"[^"]*"', line))  # quoted labels may hold anything
+        outside = "".join(re.split(r'"[^"]*"', line))  # quoted labels may hold anything but a list
+        if re.search(r'"\s*\d+\.\s', line):
+            problems.append(f"line {n}: a label starting '1. ' renders as 'Unsupported markdown: list': {line.strip()}")
         if re.search(r"</?[A-Za-z]", outside):
             problems.append(f"line {n}: HTML is not valid GitHub mermaid: {line.strip()}")
         if ";" in outside or "#" in outside:
@@ -144,6 +146,7 @@ def test_the_checker_finds_bad_mermaid() -> None:
     assert mermaid_problems("sequenceDiagram\n\tA->>B: hi\n")
     assert mermaid_problems("sequenceDiagram\n    A->>B: a<br/>b\n")
     assert mermaid_problems("sequenceDiagram\n    A->>B: a; b\n")
+    assert mermaid_problems("flowchart TD\n    a[\"1. first\"] --> b\n")
 
 
 def test_every_mermaid_block_is_well_formed() -> None:
