@@ -126,7 +126,12 @@ FIELD_NOTES: dict[str, str] = {
         "ClickHouse input format of the record values, which go to ClickHouse untouched. "
         "The metadata columns can be filled only with JSONEachRow (or its aliases)."
     ),
-    "clickhouse.insert_settings": "Extra ClickHouse settings for every request.",
+    "clickhouse.insert_settings": (
+        "Extra ClickHouse settings for every request. Settings that would skip, invent or merge rows, or "
+        "turn off synchronous deduplicated inserts, are refused (`input_format_allow_errors_*`, header "
+        "detection and skipped first lines of CSV/TSV, `async_insert = 1`, `insert_deduplicate = 0`, "
+        "`insert_deduplication_token`)."
+    ),
     "clickhouse.connect_timeout_s": "Seconds to connect to ClickHouse.",
     "clickhouse.send_receive_timeout_s": "Seconds a ClickHouse request may take.",
     "transaction.interval_s": "END-COMMIT goes out this long after START-COMMIT...",
@@ -170,6 +175,8 @@ VALIDATION_RULES = (
     "`transaction.heartbeat_interval_s x transaction.heartbeat_misses` is shorter than "
     "`transaction.write_status_timeout_s`.",
     "`[kafka.properties]` holds neither `bootstrap.servers` nor `group.id`.",
+    "`[clickhouse.insert_settings]` holds no setting that would let ClickHouse skip, invent or merge rows, "
+    "nor one that turns off synchronous, deduplicated inserts (`protocol/insert_settings.py`).",
 )
 
 
