@@ -28,8 +28,6 @@ from tests.helpers import wait_until
 REPO = Path(__file__).resolve().parents[2]
 COORDINATORS = ("coord-a", "coord-b")
 PARTICIPANT = "participant"
-#: A coordinator started with failpoints runs the CLI through this module, which arms them.
-ARMED_CLI = "tests.soak.armed_cli"
 
 
 class Cluster:
@@ -47,14 +45,14 @@ class Cluster:
 
     # ---- starting ---------------------------------------------------------------------------
 
-    def _start(self, name: str, module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         path = self.logs / f"{name}.log"
         with open(path, "a") as log:
             log.write(f"=== soak: start {name} at {time.strftime('%H:%M:%S')} "
                       f"{' '.join(f'{k}={v}' for k, v in env.items() if k.startswith('CHTXN_'))}\n")
         log = open(path, "a")  # noqa: SIM115 - the child holds it; ours closes with the Popen
         full_env = {**os.environ, **self.extra_env, "PYTHONPATH": str(REPO), **env}
-        proc = subprocess.Popen([sys.executable, "-m", module, *argv, "--config", str(self.config_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
                                 cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         log.close()
@@ -63,17 +61,17 @@ class Cluster:
         return proc
 
     def start_coordinator(self, name: str, failpoints: str = "") -> subprocess.Popen:
+        """Start replica ``name``; ``failpoints`` (``CHTXN_FAILPOINTS``, armed by the CLI) for this run only."""
         env = {"CHTXN_COORDINATOR_ID": name}
         if failpoints:
             env["CHTXN_FAILPOINTS"] = failpoints
             self.armed[name] = failpoints
         else:
             self.armed.pop(name, None)
-        return self._start(name, ARMED_CLI if failpoints else "cli",
-                           ["--log-level", "INFO", "coordinator"], env)
+        return self._start(name, ["--log-level", "INFO", "coordinator"], env)
 
     def start_participant(self) -> subprocess.Popen:
-        return self._start(PARTICIPANT, "cli", ["participant", "--master", f"local[{self.slots},4]"], {})
+        return self._start(PARTICIPANT, ["participant", "--master", f"local[{self.slots},4]"], {})
 
     def restart(self, name: str) -> subprocess.Popen:
         if name == PARTICIPANT:
