@@ -75,15 +75,20 @@ def run_soak(stack: Any, workdir: Path, *, seed: int, duration_s: float, partiti
                 cluster.start_coordinator(name)
             cluster.start_participant()
             traffic.start()
-            wait_until(lambda: cluster.supervise() or any(ledger.head()[1].values()), WARMUP_TIMEOUT_S,
-                       "the first commit with rows", interval_s=0.5)
             result.started_at = time.time()
             try:
-                _faults(result, injector, schedule, duration_s, recovery_timeout_s)
-            except NotReady as exc:
-                result.stuck.append(f"the pipeline did not become whole again: {exc}")
-            except Exception:  # noqa: BLE001 - a harness error still gets a drain and the checks
-                result.errors.append("harness error in the fault phase:\n" + traceback.format_exc())
+                wait_until(lambda: cluster.supervise() or any(ledger.head()[1].values()), WARMUP_TIMEOUT_S,
+                           "the first commit with rows", interval_s=0.5)
+            except AssertionError as exc:
+                result.stuck.append(f"warm-up: {exc}")
+            else:
+                result.started_at = time.time()
+                try:
+                    _faults(result, injector, schedule, duration_s, recovery_timeout_s)
+                except NotReady as exc:
+                    result.stuck.append(f"the pipeline did not become whole again: {exc}")
+                except Exception:  # noqa: BLE001 - a harness error still gets a drain and the checks
+                    result.errors.append("harness error in the fault phase:\n" + traceback.format_exc())
             _drain(result, cluster, traffic, proxy, check, drain_timeout_s)
             ended = time.time()
             _check(result, check, traffic, stack.clickhouse_url)
