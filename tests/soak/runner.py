@@ -169,7 +169,7 @@ def _drain(result: SoakResult, cluster: Cluster, traffic: Traffic, proxy: TcpPro
         result.stuck.append(f"drain did not finish: {exc}")
     result.drain = {"seconds": round(time.monotonic() - started, 1), "log_end": ends,
                     "uncommitted": {str(p): n for p, n in behind.items()},
-                    "stage_tables_left": check.stage_tables()}
+                    "stage_tables_open": check.stage_tables()}  # the open txn's included
     result.produced = traffic.counts()
     if traffic.failed:
         result.errors.append(f"{len(traffic.failed)} records not delivered: {traffic.failed[:3]}")
