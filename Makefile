@@ -4,7 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-pure demo check-prereqs clean
+.PHONY: install test test-pure demo soak check-prereqs clean
+
+SEED     ?= 1
+DURATION ?= 600
 
 install: $(STAMP)
 
@@ -27,6 +30,10 @@ test: install
 
 demo: install
 	$(VENV)/bin/chtxn demo --events 200000
+
+# A randomized soak: faults drawn from SEED for DURATION seconds, then the exactly-once checks.
+soak: install
+	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION)
 
 test-pure: install
 	$(PY) -m pytest tests/pure

@@ -1,0 +1,34 @@
+"""The soak's fault schedule is a function of its seed (pure: nothing is started)."""
+
+from __future__ import annotations
+
+from clients.failpoints import POINTS
+from tests.soak.schedule import KINDS, draw_schedule
+
+
+def test_the_same_seed_draws_the_same_schedule():
+    assert draw_schedule(11, 600) == draw_schedule(11, 600)
+    assert draw_schedule(11, 600) != draw_schedule(12, 600)
+
+
+def test_a_longer_soak_starts_with_the_shorter_ones_faults():
+    short, long = draw_schedule(5, 60), draw_schedule(5, 600)
+    assert long[: len(short)] == short
+
+
+def test_every_round_of_faults_covers_every_kind_once():
+    plans = draw_schedule(3, 600)
+    for first in range(0, len(plans) - len(KINDS) + 1, len(KINDS)):
+        assert sorted(p.kind for p in plans[first:first + len(KINDS)]) == sorted(KINDS)
+
+
+def test_parameters_stay_in_their_ranges():
+    for plan in draw_schedule(8, 3000):
+        assert 1.0 <= plan.quiet_s <= 4.0
+        if plan.kind == "leader-stall":
+            assert plan.hold_s > 2.0  # longer than the 2 s leader lease
+        if plan.kind == "clickhouse-slow":
+            assert 0.3 <= plan.params["delay_s"] <= 1.5
+        if plan.kind == "failpoint":
+            assert plan.params["point"] in POINTS and plan.params["point"].startswith("leader.")
+            assert plan.params["action"] == "crash*1" or plan.params["action"].startswith("stall(")
