@@ -48,7 +48,7 @@ from protocol.coordinator_events import (
     StepDown, Stopped, Tick,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
-from protocol.errors import ChtxnError, SetupError
+from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol import codec
 from protocol.ledger import LedgerEvent
 from protocol.messages import LeaderHeartbeat, TopicPartition
@@ -56,6 +56,8 @@ from protocol.messages import LeaderHeartbeat, TopicPartition
 log = logging.getLogger(__name__)
 
 PARTITION_CHECK_S = 5.0
+#: ClickHouse's UNKNOWN_TABLE.
+UNKNOWN_TABLE = 60
 #: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
 LOOP_STALL_LIMIT_S = 120.0
 
@@ -236,8 +238,13 @@ class Leader:
         """
         failpoints.hit("leader.before-publish", self.coordinator)
         try:
-            self.retry(f"publish {txn_id}")(
-                self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator))
+            try:
+                self.retry(f"publish {txn_id}")(
+                    self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator))
+            except ClickHouseError as exc:  # the stage table went away mid-publish: another leader finished it?
+                if exc.code != UNKNOWN_TABLE or self.retry(f"find {stage}")(self.stages.exists, stage):
+                    raise
+                raise StageTableMissing(str(exc)) from exc
         except StageTableMissing as exc:
             summary = self.ledger.txn(txn_id)
             if summary is not None and summary.state == "PUBLISHED":
