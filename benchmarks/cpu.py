@@ -16,13 +16,14 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 #: Component -> substrings of the command line that identify it (first match wins).
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("paced producer", ("benchmarks.producer",)),
     ("clickhouse", ("embedded.clickhouse_server",)),
     ("broker", ("tansu",)),
     ("coordinator", ("cli coordinator",)),
     ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
     ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
     ("plain loop", ("multiprocessing.spawn",)),
-    ("benchmark driver", ("benchmarks.pipeline", "cli participant", "-m procs")),
+    ("benchmark driver", ("benchmarks.pipeline", "benchmarks.bench", "cli participant", "-m procs")),
 )
 
 
