@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-pure demo check-prereqs clean
+.PHONY: install test test-pure demo bench check-prereqs clean
 
 install: $(STAMP)
 
@@ -27,6 +27,13 @@ test: install
 
 demo: install
 	$(VENV)/bin/chtxn demo --events 200000
+
+# Not part of `make test`: it measures, and takes minutes (benchmarks/README.md).
+# make bench [REPS=3] [ARGS="--events 100000 --paced-seconds 15 ..."]
+REPS ?= 3
+ARGS ?=
+bench: install
+	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks.bench --reps $(REPS) $(ARGS)
 
 test-pure: install
 	$(PY) -m pytest tests/pure
