@@ -138,6 +138,6 @@ def summary_table(document: dict) -> Table:
 def _number(value: object) -> str:
     if value is None:
         return "-"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+    if isinstance(value, int) or float(value).is_integer() or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
