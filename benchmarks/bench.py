@@ -24,6 +24,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1 or args.paced_seconds <= 0 or (args.paced_rate is not None and args.paced_rate <= 0):
         parser.error("--reps must be at least 1, and --paced-rate and --paced-seconds positive")
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=140)  # make's output is no terminal
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     load_before = os.getloadavg()
