@@ -142,6 +142,7 @@ def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
     found.update({
         "paced_rate": p.run.rate if p else None,
         "paced_rate_achieved": p.run.achieved_rate if p else None,
+        "paced_load": p.run.rate / figures.rows_per_s if p and figures.rows_per_s else None,
         "paced_rows": p.rows if p else None,
         "paced_max_behind": p.run.max_behind if p else None,
         "paced_drain_s": p.run.drain_s if p else None,

@@ -58,6 +58,7 @@ class PipelineFigures:
     phases: Phases | None = None  # from the control topic
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by component, first data START -> end
     cpu_window_s: float = 0.0  # the span of those CPU figures
+    txn_ids: list[str] = field(default_factory=list)  # the data txns these figures come from
 
     @property
     def rows_per_s(self) -> float:
@@ -145,7 +146,7 @@ def figures(cfg: PipelineConfig, pipeline: Pipeline, snapshots: list[tuple[float
     result.spark_ready_s = result.first_start - pipeline.started
     if control is None:
         control = timeline.read(cfg, dump=logs / "control.jsonl")
-    result.phases = timeline.phases({k: t for k, t in control.items() if t.start <= until})
+    result.phases = timeline.phases({k: control[k] for k in result.txn_ids if k in control})
     before = max((s for s in snapshots if s[0] <= result.first_start), default=snapshots[0], key=lambda s: s[0])
     result.cpu_s = cpu.used(before[1], snapshots[-1][1])
     result.cpu_window_s = snapshots[-1][0] - before[0]
@@ -198,6 +199,7 @@ def figures_from_ledger(cfg: PipelineConfig, *, until: float = float("inf"),
         aborts=aborts,
         shutdown_aborts=len(aborted) - sum(aborts.values()),
         first_start=first,
+        txn_ids=[t.txn for t in data],
     )
 
 

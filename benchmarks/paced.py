@@ -131,7 +131,7 @@ def figures(cfg: PipelineConfig, paced: PacedRun, txns: list[TxnSummary],
         commit_ms=sorted(t.commit_ms for t in data if t.commit_ms is not None),
         publish_ms=sorted(t.publish_ms for t in data if t.publish_ms is not None),
         aborts=aborts,
-        phases=timeline.phases({k: t for k, t in control.items() if t.start > paced.after_backlog}),
+        phases=timeline.phases({t.txn: control[t.txn] for t in data if t.txn in control}),
     )
 
 

@@ -127,6 +127,7 @@ def test_a_repetition_with_a_paced_phase() -> None:
                          aborts=Counter({"participant lost": 1}))
     got = repetition_figures([_outcome("loop", 1_000_000, 8.0)], _pipeline(), paced)
     assert (got["paced_rate"], got["paced_rate_achieved"], got["paced_drain_s"]) == (60_000.0, 60_000.0, 2.5)
+    assert got["paced_load"] == 1.2  # of chtxn's backlog rows/s: more than it can take
     assert (got["freshness_p50_ms"], got["freshness_p99_ms"], got["freshness_max_ms"]) == (1900.0, 3900.0, 4300.0)
     assert (got["paced_commit_p50_ms"], got["paced_commit_p95_ms"]) == (700.0, 1500.0)
     assert got["paced_cpu_s_per_100k_rows_chtxn"] == pytest.approx(0.5)  # producer and "other" left out
