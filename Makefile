@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-pure demo soak check-prereqs clean
+.PHONY: install test test-pure demo soak bench check-prereqs clean
 
 SEED     ?= 1
 DURATION ?= 600
@@ -34,6 +34,13 @@ demo: install
 # A randomized soak: faults drawn from SEED for DURATION seconds, then the exactly-once checks.
 soak: install
 	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION)
+
+# Not part of `make test`: it measures, and takes minutes (benchmarks/README.md).
+# make bench [REPS=3] [ARGS="--events 100000 --paced-seconds 15 ..."]
+REPS ?= 3
+ARGS ?=
+bench: install
+	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks.bench --reps $(REPS) $(ARGS)
 
 test-pure: install
 	$(PY) -m pytest tests/pure

@@ -1,8 +1,9 @@
 """The chtxn pipeline under benchmark: a coordinator and the ``chtxn participant`` Spark job.
 
-``run`` starts both as ``python -m cli ...`` subprocesses, each in its own process
+``run`` starts both as ``python -m cli ...`` subprocesses (``Pipeline``), each in its own process
 group (as ``chtxn demo`` does), waits until the target holds every produced event, stops both
-(SIGTERM to the group, SIGKILL after a grace period) and reads the figures from the ledger:
+(SIGTERM to the group, SIGKILL after a grace period) and reads the figures from the ledger
+(``figures``; a paced phase, ``benchmarks.paced``, may run in between on the same processes):
 
 - steady-state rows/s: rows of the committed data txns / (last commit time - first data txn's
   START); the coordinator STARTs a txn only once every partition's participant heartbeats, so
@@ -26,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import cpu, timeline
-from benchmarks.timeline import Phases
+from benchmarks.timeline import Phases, TxnTimes
 from benchmarks.workload import TARGET, count_rows
 from clients.clickhouse import make_client
 from coordinator.ledger_store import LedgerStore
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError
+from protocol.ledger_view import TxnSummary
 
 REPO = Path(__file__).resolve().parents[1]
 SHUTDOWN_REASON = "coordinator shutting down"
@@ -56,6 +58,7 @@ class PipelineFigures:
     phases: Phases | None = None  # from the control topic
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by component, first data START -> end
     cpu_window_s: float = 0.0  # the span of those CPU figures
+    txn_ids: list[str] = field(default_factory=list)  # the data txns these figures come from
 
     @property
     def rows_per_s(self) -> float:
@@ -65,53 +68,89 @@ class PipelineFigures:
 def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, timeout_s: float = 900.0,
         slots: int | None = None) -> PipelineFigures:
     """Run the pipeline until ``events`` rows are published; both processes are gone on return."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    master = ["--master", f"local[{slots},4]"] if slots else []
-    procs: dict[str, subprocess.Popen] = {}
-    outputs = []
-    started = time.time()
-    try:
-        for name, argv in (("coordinator", ["coordinator"]), ("participant", ["participant", *master])):
-            log = open(logs / f"{name}.log", "w")  # noqa: SIM115 - closed once the process is stopped
-            outputs.append(log)
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "cli", *argv, "--config", str(config_path)],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        snapshots = _wait_for(cfg, events, procs, logs, time.monotonic() + timeout_s)
-        wall = time.time() - started
-    finally:
-        for proc in procs.values():
+    with Pipeline(config_path, logs, slots=slots) as pipeline:
+        snapshots = pipeline.wait_for_rows(cfg, events, time.monotonic() + timeout_s)
+    return figures(cfg, pipeline, snapshots, logs)
+
+
+class Pipeline:
+    """The coordinator and the participant job as subprocesses, for the span of a ``with`` block.
+
+    Entering starts both (each in its own process group); leaving stops both, SIGTERM then SIGKILL.
+    ``started`` is the unix time they were started.
+    """
+
+    def __init__(self, config_path: Path, logs: Path, *, slots: int | None = None) -> None:
+        self.config_path, self.logs, self.slots = config_path, logs, slots
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._outputs: list = []
+        self.started = 0.0
+
+    def __enter__(self) -> Pipeline:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+        master = ["--master", f"local[{self.slots},4]"] if self.slots else []
+        self.started = time.time()
+        try:
+            for name, argv in (("coordinator", ["coordinator"]), ("participant", ["participant", *master])):
+                log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 - closed once the process is stopped
+                self._outputs.append(log)
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
+                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs.values():
             stop(proc)
-        for log in outputs:
+        for log in self._outputs:
             log.close()
-    figures = figures_from_ledger(cfg)
-    figures.wall_s = wall
-    figures.spark_ready_s = figures.first_start - started
-    figures.phases = timeline.phases(timeline.read(cfg, dump=logs / "control.jsonl"))
-    before = max((s for s in snapshots if s[0] <= figures.first_start), default=snapshots[0], key=lambda s: s[0])
-    figures.cpu_s = cpu.used(before[1], snapshots[-1][1])
-    figures.cpu_window_s = snapshots[-1][0] - before[0]
-    return figures
+        self._outputs.clear()
 
-
-def _wait_for(cfg: PipelineConfig, events: int, procs: dict[str, subprocess.Popen], logs: Path,
-              deadline: float) -> list[tuple[float, dict]]:
-    """Poll until the target holds ``events`` rows; returns a CPU snapshot per poll, with its unix time."""
-    snapshots: list[tuple[float, dict]] = []
-    while True:
-        snapshots.append((time.time(), cpu.snapshot()))
-        for name, proc in procs.items():
+    def check(self) -> None:
+        """Raise if the coordinator or the participant job has exited."""
+        for name, proc in self.procs.items():
             if proc.poll() is not None:
-                tail = (logs / f"{name}.log").read_text()[-3000:]
+                tail = (self.logs / f"{name}.log").read_text()[-3000:]
                 raise ChtxnError(f"the {name} exited with code {proc.returncode} during the benchmark:\n{tail}")
-        published = count_rows(cfg, TARGET)
-        if published >= events:
+
+    def wait_for_rows(self, cfg: PipelineConfig, rows: int, deadline: float) -> list[tuple[float, dict]]:
+        """Poll until the target holds ``rows`` rows; returns a CPU snapshot per poll, with its unix time."""
+        snapshots: list[tuple[float, dict]] = []
+        while True:
             snapshots.append((time.time(), cpu.snapshot()))
-            return snapshots
-        if time.monotonic() > deadline:
-            raise ChtxnError(f"only {published:,} of {events:,} events published before the timeout; logs in {logs}")
-        time.sleep(0.5)  # polling period of a progress check, not a synchronisation
+            self.check()
+            published = count_rows(cfg, TARGET)
+            if published >= rows:
+                snapshots.append((time.time(), cpu.snapshot()))
+                return snapshots
+            if time.monotonic() > deadline:
+                raise ChtxnError(f"only {published:,} of {rows:,} rows published before the timeout; logs in {self.logs}")
+            time.sleep(0.5)  # polling period of a progress check, not a synchronisation
+
+
+def figures(cfg: PipelineConfig, pipeline: Pipeline, snapshots: list[tuple[float, dict]], logs: Path, *,
+            txns: list[TxnSummary] | None = None, control: dict[str, TxnTimes] | None = None) -> PipelineFigures:
+    """The figures of the backlog that ``snapshots`` (from ``wait_for_rows``) covered, after the run.
+
+    Only the data txns committed by the last snapshot count, so txns of a later paced phase are
+    left out. ``txns`` (the ledger's history) and ``control`` (``timeline.read``) are read here
+    unless given.
+    """
+    until = snapshots[-1][0]
+    result = figures_from_ledger(cfg, until=until, txns=txns)
+    result.wall_s = until - pipeline.started
+    result.spark_ready_s = result.first_start - pipeline.started
+    if control is None:
+        control = timeline.read(cfg, dump=logs / "control.jsonl")
+    result.phases = timeline.phases({k: control[k] for k in result.txn_ids if k in control})
+    before = max((s for s in snapshots if s[0] <= result.first_start), default=snapshots[0], key=lambda s: s[0])
+    result.cpu_s = cpu.used(before[1], snapshots[-1][1])
+    result.cpu_window_s = snapshots[-1][0] - before[0]
+    return result
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -128,20 +167,27 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-def figures_from_ledger(cfg: PipelineConfig) -> PipelineFigures:
+def ledger_history(cfg: PipelineConfig) -> list[TxnSummary]:
+    """Every txn of the pipeline in the ledger, newest first."""
     client = make_client(cfg.clickhouse)
     try:
-        txns = LedgerStore(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
+        return LedgerStore(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
     finally:
         client.close()
+
+
+def figures_from_ledger(cfg: PipelineConfig, *, until: float = float("inf"),
+                        txns: list[TxnSummary] | None = None) -> PipelineFigures:
+    """The ledger's figures of the txns started by ``until`` (unix time), data txns committed by then."""
+    txns = [t for t in (ledger_history(cfg) if txns is None else txns) if t.started_at <= until]
     committed = [t for t in txns if t.state in ("COMMITTED", "PUBLISHED")]
-    data = [t for t in committed if t.total_rows]
+    data = [t for t in committed if t.total_rows and t.committed_at <= until]
     if not data:
         raise ChtxnError("the ledger holds no committed txn with rows: the pipeline moved nothing")
     first = min(t.started_at for t in data)
     last = max(t.committed_at for t in data)
     aborted = [t for t in txns if t.state == "ABORTED"]
-    aborts = Counter(_short(t.reason) for t in aborted if t.reason != SHUTDOWN_REASON)
+    aborts = Counter(short_reason(t.reason) for t in aborted if t.reason != SHUTDOWN_REASON)
     return PipelineFigures(
         rows=sum(t.total_rows for t in data),
         data_txns=len(data),
@@ -153,8 +199,9 @@ def figures_from_ledger(cfg: PipelineConfig) -> PipelineFigures:
         aborts=aborts,
         shutdown_aborts=len(aborted) - sum(aborts.values()),
         first_start=first,
+        txn_ids=[t.txn for t in data],
     )
 
 
-def _short(reason: str) -> str:
+def short_reason(reason: str) -> str:
     return reason.split(":", 1)[0][:60] or "(no reason)"

@@ -3,8 +3,9 @@
 ``snapshot()`` reads user + system time of every live process and files it under a component
 by its command line; the difference of two snapshots is the CPU each component used between
 them. Processes that start and exit between two snapshots are missed (the benchmark's own
-workers report their CPU themselves). ``other`` is everything else on the machine: on a shared
-machine, the load the benchmark competed with.
+workers report their CPU themselves). Only the benchmark's own process tree is filed under a
+component: ``other`` is everything else on the machine (another engineer's embedded stack or
+Spark job included), the load the benchmark competed with.
 """
 
 from __future__ import annotations
@@ -16,19 +17,24 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 #: Component -> substrings of the command line that identify it (first match wins).
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("paced producer", ("benchmarks.producer",)),
     ("clickhouse", ("embedded.clickhouse_server",)),
     ("broker", ("tansu",)),
     ("coordinator", ("cli coordinator",)),
     ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
     ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
     ("plain loop", ("multiprocessing.spawn",)),
-    ("benchmark driver", ("benchmarks.pipeline", "cli participant", "-m procs")),
+    ("benchmark driver", ("benchmarks.pipeline", "benchmarks.bench", "cli participant", "-m procs")),
 )
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
-    """pid -> (component, CPU seconds so far) for every process readable now."""
+def snapshot(root: int | None = None) -> dict[int, tuple[str, float]]:
+    """pid -> (component, CPU seconds so far) for every process readable now.
+
+    Processes outside the tree of ``root`` (default: this process) are ``other``.
+    """
     found: dict[int, tuple[str, float]] = {}
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -37,10 +43,27 @@ def snapshot() -> dict[int, tuple[str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
         seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        found[int(entry.name)] = (_component(cmdline), seconds)
-    return found
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        found[pid] = (_component(cmdline), seconds)
+    ours = _tree(parents, os.getpid() if root is None else root)
+    return {pid: (component if pid in ours else "other", seconds) for pid, (component, seconds) in found.items()}
+
+
+def _tree(parents: dict[int, int], root: int) -> set[int]:
+    """``root`` and every process descending from it."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
 
 
 def used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:

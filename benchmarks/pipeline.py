@@ -13,7 +13,8 @@ Steps, all on one fresh ``EmbeddedStack`` (stopped at the end, with every proces
 Every mode uses the same parallelism: the partitions grouped into as many processes as the
 participant job gets task slots by default (one per partition, at most two per core). Between
 steps the benchmark waits for ClickHouse's background merges to finish. It measures and
-reports; it asserts nothing about speed.
+reports; it asserts nothing about speed. ``benchmarks.bench`` (``make bench``) repeats these
+steps and adds a paced phase.
 """
 
 from __future__ import annotations
@@ -23,21 +24,32 @@ import os
 import platform
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from benchmarks import chtxn_run, plain, report, workload
 from benchmarks.plain import Outcome
-from clients.clickhouse import make_client
 from embedded.stack import EmbeddedStack
 from participant.job import group_partitions
 from protocol.config import ParticipantSection, PipelineConfig, TransactionSection
 from protocol.messages import TopicPartition
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__.split("\n\n")[0])
+@dataclass
+class Setup:
+    """A prepared stack: the pipeline's config, each partition's end offset, the process groups."""
+
+    cfg: PipelineConfig
+    config_path: Path
+    ends: dict[int, int]
+    groups: list[list[int]]
+    slots: int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the backlog steps (shared with ``benchmarks.bench``)."""
     parser.add_argument("--events", type=int, default=1_000_000, help="events to produce (default 1000000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the source topic (default 4)")
     parser.add_argument("--chunk-rows", type=int, default=ParticipantSection().chunk_rows,
@@ -51,11 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-ceilings", action="store_true", help="skip the consume-only and insert-only runs")
     parser.add_argument("--dir", default=".chtxn/bench", help="working directory (wiped at start)")
     parser.add_argument("--timeout", type=float, default=900, help="give up on a step after this many seconds")
-    args = parser.parse_args(argv)
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.events < 1 or args.partitions < 1 or args.chunk_rows < 1:
         parser.error("--events, --partitions and --chunk-rows must be at least 1")
     if any("=" not in item for item in args.kafka_property):
         parser.error("--kafka-property takes KEY=VALUE, e.g. --kafka-property fetch.queue.backoff.ms=50")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
 
     console = Console()
     work = Path(args.dir).resolve()
@@ -63,33 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     (work / "logs").mkdir(parents=True)
     load_before = os.getloadavg()
     with EmbeddedStack(work / "stack") as stack:
-        cfg = workload.write_config(
-            work / "pipeline.toml", kafka=stack.kafka_bootstrap, clickhouse=stack.clickhouse_url,
-            interval_s=args.interval, size_trigger_rows=args.size_trigger, chunk_rows=args.chunk_rows,
-            properties=dict(item.split("=", 1) for item in args.kafka_property),
-        )
-        workload.prepare(cfg, args.partitions)
-        with console.status(f"producing {args.events:,} events"):
-            t0 = time.monotonic()
-            produced = workload.produce(cfg, args.events)
-            console.print(f"produced {args.events:,} events into {args.partitions} partitions "
-                          f"in {time.monotonic() - t0:.1f} s")
-        ends = {p: produced.get(p, 0) for p in range(args.partitions)}
-        slots = max(1, min(args.partitions, 2 * (os.cpu_count() or 1)))
-        groups = [[p for _, p in g] for g in group_partitions(
-            [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], slots)]
-        outcomes: list[Outcome] = []
-        modes = ("loop",) if args.no_ceilings else ("consume", "insert", "loop")
-        for mode in modes:
-            _settle(cfg)
-            with console.status(f"running {mode} ({len(groups)} processes)"):
-                outcomes.append(plain.run(mode, cfg, groups, ends, batch_rows=args.chunk_rows, timeout_s=args.timeout))
-            console.print(f"{mode}: {outcomes[-1].rows:,} rows in {outcomes[-1].window_s:.2f} s")
-        _settle(cfg)
+        setup = prepare(args, work, stack, console)
+        outcomes = reference_runs(args, setup, console)
+        workload.settle(setup.cfg)
         with console.status("running the chtxn pipeline (coordinator + Spark participant job)"):
-            figures = chtxn_run.run(cfg, work / "pipeline.toml", args.events, work / "logs",
-                                    timeout_s=args.timeout, slots=slots)
-    title = (f"{args.events:,} events, {args.partitions} partitions, {len(groups)} processes, "
+            figures = chtxn_run.run(setup.cfg, setup.config_path, args.events, work / "logs",
+                                    timeout_s=args.timeout, slots=setup.slots)
+    title = (f"{args.events:,} events, {args.partitions} partitions, {len(setup.groups)} processes, "
              f"batch/chunk {args.chunk_rows:,} rows")
     for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
                   report.loop_phases_table(outcomes), report.cpu_table(outcomes, figures)):
@@ -100,15 +101,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:
-    """Wait until ClickHouse runs no background merge, so one step's merges do not slow the next."""
-    client = make_client(cfg.clickhouse)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while int(client.command("SELECT count() FROM system.merges")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # polling period
-    finally:
-        client.close()
+def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console: Console) -> Setup:
+    """Step 1: config, topics and tables on a fresh ``stack``, and ``--events`` produced."""
+    config_path = work / "pipeline.toml"
+    cfg = workload.write_config(
+        config_path, kafka=stack.kafka_bootstrap, clickhouse=stack.clickhouse_url,
+        interval_s=args.interval, size_trigger_rows=args.size_trigger, chunk_rows=args.chunk_rows,
+        properties=dict(item.split("=", 1) for item in args.kafka_property),
+    )
+    workload.prepare(cfg, args.partitions)
+    with console.status(f"producing {args.events:,} events"):
+        t0 = time.monotonic()
+        produced = workload.produce(cfg, args.events)
+        console.print(f"produced {args.events:,} events into {args.partitions} partitions "
+                      f"in {time.monotonic() - t0:.1f} s")
+    slots = max(1, min(args.partitions, 2 * (os.cpu_count() or 1)))
+    groups = [[p for _, p in g] for g in group_partitions(
+        [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], slots)]
+    return Setup(cfg, config_path, {p: produced.get(p, 0) for p in range(args.partitions)}, groups, slots)
+
+
+def reference_runs(args: argparse.Namespace, setup: Setup, console: Console) -> list[Outcome]:
+    """Steps 2 and 3: the ceilings (unless ``--no-ceilings``), then the plain loop."""
+    outcomes: list[Outcome] = []
+    modes = ("loop",) if args.no_ceilings else ("consume", "insert", "loop")
+    for mode in modes:
+        workload.settle(setup.cfg)
+        with console.status(f"running {mode} ({len(setup.groups)} processes)"):
+            outcomes.append(plain.run(mode, setup.cfg, setup.groups, setup.ends, batch_rows=args.chunk_rows,
+                                      timeout_s=args.timeout))
+        console.print(f"{mode}: {outcomes[-1].rows:,} rows in {outcomes[-1].window_s:.2f} s")
+    return outcomes
 
 
 if __name__ == "__main__":

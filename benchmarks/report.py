@@ -8,6 +8,7 @@ from rich.table import Table
 
 from benchmarks import cpu
 from benchmarks.chtxn_run import PipelineFigures
+from benchmarks.paced import PacedFigures
 from benchmarks.plain import Outcome
 
 
@@ -95,3 +96,48 @@ def cpu_table(outcomes: list[Outcome], figures: PipelineFigures) -> Table:
         f"{sum(v for c, v in usage.items() if c != 'other') / (window * (os.cpu_count() or 1)):.0%}" if window else "-"
         for _, usage, _, window in runs))
     return table
+
+
+def paced_table(f: PacedFigures) -> Table:
+    """The paced phase: the producer's schedule, freshness, and the txns while not catching up."""
+    r = f.run
+    table = Table(title=f"paced phase: {r.rate:,.0f} events/s for {r.seconds:.0f} s on the running pipeline")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    aborts = ", ".join(f"{n} x {reason}" for reason, n in f.aborts.items()) or "0"
+    p = f.phases
+    for name, value in (
+        ("events produced (achieved events/s; most behind schedule)", f"{r.sent:,} ({r.achieved_rate:,.0f}; {r.max_behind:,})"),
+        ("rows matched to a published txn", f"{f.rows:,}"),
+        ("freshness (produce -> published), p50 / p99 / max ms",
+         f"{f.freshness_ms['p50']:.0f} / {f.freshness_ms['p99']:.0f} / {f.freshness_ms['max']:.0f}"),
+        ("producer flushed -> every row visible, s", f"{r.drain_s:.1f}"),
+        ("data txns (aborts besides shutdown)", f"{f.data_txns} ({aborts})"),
+        ("END -> commit point, p50 / p95 ms", f"{_pct(f.commit_ms, 0.5)} / {_pct(f.commit_ms, 0.95)}"),
+        ("commit point -> published, p50 ms", _pct(f.publish_ms, 0.5)),
+        ("share of the cycle participants can read", f"{p.reading_share:.0%}" if p else "-"),
+        ("producer CPU s", f"{r.producer_cpu_s:.1f}"),
+    ):
+        table.add_row(name, value)
+    return table
+
+
+def summary_table(document: dict) -> Table:
+    """Every figure of a ``benchmarks.summary`` document: median, min-max, and each repetition's value."""
+    reps = document["repetitions"]
+    table = Table(title=f"{len(reps)} repetition(s): median and spread (min-max) of every figure")
+    table.add_column("figure")
+    for column in ("median", "min-max", *(f"rep {i}" for i in range(1, len(reps) + 1))):
+        table.add_column(column, justify="right")
+    for name, s in document["summary"].items():
+        span = f"{_number(s['min'])}-{_number(s['max'])}" if s["n"] else "-"
+        table.add_row(name, _number(s["median"]), span, *(_number(rep.get(name)) for rep in reps))
+    return table
+
+
+def _number(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or float(value).is_integer() or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"

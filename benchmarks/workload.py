@@ -3,13 +3,15 @@
 ``prepare`` gives a fresh pipeline on a running ``EmbeddedStack``: a source topic with
 ``partitions`` partitions (plus the control and dead-letter topics), database ``bench`` with the
 chtxn target ``bench.events``, the plain loop's ``bench.events_plain`` and the insert ceiling's
-``bench.events_ceiling`` (all the demo's schema, metadata columns included), and the ledger. ``produce`` writes the demo's events and returns
-only once the broker has acknowledged every one of them.
+``bench.events_ceiling`` (all the demo's schema, metadata columns included, plus
+``produced_at_ms``, which only the paced producer fills), and the ledger. ``produce`` writes the
+demo's events and returns only once the broker has acknowledged every one of them.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -28,6 +30,8 @@ CEILING = "events_ceiling"
 TOPIC = "bench_events"
 #: What the plain loop commits its offsets under (the pipeline's own group is ``bench``).
 PLAIN_GROUP = "bench-plain"
+#: The column, and JSON field, of a paced event's produce time (unix ms).
+PRODUCED_AT = "produced_at_ms"
 
 PIPELINE_TOML = """
 [pipeline]
@@ -76,10 +80,19 @@ def prepare(cfg: PipelineConfig, partitions: int) -> None:
     try:
         client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         for table in (TARGET, PLAIN, CEILING):
-            client.command(TARGET_DDL.replace("demo.events", f"{DATABASE}.{table}"))
+            client.command(table_ddl(table))
         LedgerStore(client, DATABASE, cfg.name).ensure_tables()
     finally:
         client.close()
+
+
+def table_ddl(table: str) -> str:
+    """The demo's table as ``bench.<table>``, with ``produced_at_ms`` (0 unless the event carries it)."""
+    anchor = "    device LowCardinality(String),\n"
+    if anchor not in TARGET_DDL:
+        raise ChtxnError("cli.demo.TARGET_DDL changed: benchmarks.workload.table_ddl needs a new anchor for its column")
+    return TARGET_DDL.replace("demo.events", f"{DATABASE}.{table}").replace(
+        anchor, anchor + f"    {PRODUCED_AT} Int64,\n")
 
 
 def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
@@ -122,5 +135,16 @@ def count_rows(cfg: PipelineConfig, table: str) -> int:
     client = make_client(cfg.clickhouse)
     try:
         return int(client.command(f"SELECT count() FROM {DATABASE}.{table}"))
+    finally:
+        client.close()
+
+
+def settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:
+    """Wait until ClickHouse runs no background merge, so one step's merges do not slow the next."""
+    client = make_client(cfg.clickhouse)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while int(client.command("SELECT count() FROM system.merges")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling period
     finally:
         client.close()

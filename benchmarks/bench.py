@@ -1,0 +1,209 @@
+"""``make bench``: the backlog benchmark plus a paced phase, repeated, summarised into one JSON file.
+
+    .venv/bin/python -m benchmarks.bench [--reps 3] [--paced-rate ROWS_PER_S] [--paced-seconds 60]
+        [--no-paced] [every option of benchmarks.pipeline]
+
+Each repetition runs on its own fresh ``EmbeddedStack`` (``<--dir>/repN``):
+
+1. the backlog steps of ``benchmarks.pipeline``: produce ``--events``, the ceilings (unless
+   ``--no-ceilings``), the plain loop, then the chtxn pipeline until it has published them all;
+2. the paced phase (``benchmarks.paced``) on the same, still running, pipeline: ``--paced-rate``
+   events/s (default: half the plain loop's rows/s of this repetition) for ``--paced-seconds``,
+   and the freshness of those events.
+
+It prints each repetition's tables, then every figure's median and spread (min-max), and writes
+``benchmarks/results/<UTC time>.json`` (``benchmarks.summary`` describes the document). It
+measures and reports; it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks import chtxn_run, paced, pipeline, report, summary, timeline, workload
+from benchmarks.chtxn_run import REPO, PipelineFigures
+from benchmarks.paced import PacedFigures
+from benchmarks.plain import Outcome
+from embedded.stack import EmbeddedStack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: Components whose CPU is not the system under test: the rest of the machine, the paced producer.
+NOT_MEASURED = ("other", "paced producer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
+    pipeline.add_arguments(parser)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh stack (default 3)")
+    parser.add_argument("--paced-rate", type=float, default=None,
+                        help="events/s of the paced phase (default: half the plain loop's rows/s of the repetition)")
+    parser.add_argument("--paced-seconds", type=float, default=60.0, help="length of the paced phase (default 60)")
+    parser.add_argument("--no-paced", action="store_true", help="skip the paced phase")
+    parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    pipeline.check_arguments(parser, args)
+    if args.reps < 1 or args.paced_seconds <= 0 or (args.paced_rate is not None and args.paced_rate <= 0):
+        parser.error("--reps must be at least 1, and --paced-rate and --paced-seconds positive")
+
+    console = Console() if sys.stdout.isatty() else Console(width=140)  # make's output is no terminal
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    load_before = os.getloadavg()
+    git = git_state()
+    repetitions = []
+    for i in range(1, args.reps + 1):
+        console.rule(f"repetition {i} of {args.reps}")
+        repetitions.append(repetition(args, Path(args.dir).resolve() / f"rep{i}", console))
+    document = summary.assemble(
+        repetitions, settings=settings(args), git=git, machine=machine(load_before, os.getloadavg()),
+        started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), wall_s=round(time.monotonic() - t0, 1),
+    )
+    out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    console.print(report.summary_table(document))
+    console.print(f"wall time {document['wall_s']:.0f} s; results in {out}")
+    return 0
+
+
+def repetition(args: argparse.Namespace, work: Path, console: Console) -> dict[str, object]:
+    """One repetition on a fresh stack in ``work``: its flat figures (``repetition_figures``)."""
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "logs").mkdir(parents=True)
+    logs = work / "logs"
+    with EmbeddedStack(work / "stack") as stack:
+        setup = pipeline.prepare(args, work, stack, console)
+        outcomes = pipeline.reference_runs(args, setup, console)
+        loop = next(o for o in outcomes if o.mode == "loop")
+        rate = args.paced_rate or loop.rows_per_s / 2
+        workload.settle(setup.cfg)
+        run = None
+        with console.status("running the chtxn pipeline on the backlog"), \
+                chtxn_run.Pipeline(setup.config_path, logs, slots=setup.slots) as pipe:
+            snapshots = pipe.wait_for_rows(setup.cfg, args.events, time.monotonic() + args.timeout)
+            if not args.no_paced:
+                console.print(f"chtxn: backlog published; paced phase at {rate:,.0f} events/s "
+                              f"for {args.paced_seconds:g} s")
+                run = paced.run(setup.cfg, pipe, backlog_rows=args.events, after_backlog=snapshots[-1][0], rate=rate,
+                                seconds=args.paced_seconds, logs=logs, timeout_s=args.timeout)
+        txns = chtxn_run.ledger_history(setup.cfg)
+        control = timeline.read(setup.cfg, dump=logs / "control.jsonl")
+        figures = chtxn_run.figures(setup.cfg, pipe, snapshots, logs, txns=txns, control=control)
+        paced_figures = paced.figures(setup.cfg, run, txns, control) if run else None
+    title = (f"{args.events:,} events, {args.partitions} partitions, {len(setup.groups)} processes, "
+             f"batch/chunk {args.chunk_rows:,} rows")
+    for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
+                  report.cpu_table(outcomes, figures)):
+        console.print(table)
+    if paced_figures is not None:
+        console.print(report.paced_table(paced_figures))
+    return repetition_figures(outcomes, figures, paced_figures)
+
+
+def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
+                       paced_figures: PacedFigures | None) -> dict[str, object]:
+    """The flat figures of one repetition (``None`` where not measured); see ``benchmarks/README.md``."""
+    rate = {o.mode: o.rows_per_s for o in outcomes}
+    loop = next(o for o in outcomes if o.mode == "loop")
+    phases = figures.phases
+    found: dict[str, object] = {
+        "plain_rows_per_s": rate["loop"],
+        "chtxn_rows_per_s": figures.rows_per_s,
+        "ratio_vs_plain": figures.rows_per_s / rate["loop"] if rate["loop"] else None,
+        "consume_ceiling_rows_per_s": rate.get("consume"),
+        "insert_ceiling_rows_per_s": rate.get("insert"),
+        "chtxn_wall_rows_per_s": figures.rows / figures.wall_s if figures.wall_s else None,
+        "spark_ready_s": figures.spark_ready_s,
+        "data_txns": figures.data_txns,
+        "rows_per_txn": figures.rows / figures.data_txns,
+        "commit_p50_ms": summary.percentile(figures.commit_ms, 0.5),
+        "commit_p95_ms": summary.percentile(figures.commit_ms, 0.95),
+        "publish_p50_ms": summary.percentile(figures.publish_ms, 0.5),
+        "read_share": phases.reading_share if phases else None,
+        "flush_ms": phases.flush_ms if phases else None,
+        "turnaround_ms": phases.turnaround_ms if phases else None,
+        "backlog_aborts": sum(figures.aborts.values()),
+        "cpu_s_per_100k_rows_plain": _cpu_per_100k(loop.cpu_s, loop.rows),
+        "cpu_s_per_100k_rows_chtxn": _cpu_per_100k(figures.cpu_s, figures.rows),
+    }
+    p = paced_figures
+    found.update({
+        "paced_rate": p.run.rate if p else None,
+        "paced_rate_achieved": p.run.achieved_rate if p else None,
+        "paced_load": p.run.rate / figures.rows_per_s if p and figures.rows_per_s else None,
+        "paced_rows": p.rows if p else None,
+        "paced_max_behind": p.run.max_behind if p else None,
+        "paced_drain_s": p.run.drain_s if p else None,
+        "freshness_p50_ms": p.freshness_ms["p50"] if p else None,
+        "freshness_p99_ms": p.freshness_ms["p99"] if p else None,
+        "freshness_max_ms": p.freshness_ms["max"] if p else None,
+        "paced_txns": p.data_txns if p else None,
+        "paced_commit_p50_ms": summary.percentile(p.commit_ms, 0.5) if p else None,
+        "paced_commit_p95_ms": summary.percentile(p.commit_ms, 0.95) if p else None,
+        "paced_publish_p50_ms": summary.percentile(p.publish_ms, 0.5) if p else None,
+        "paced_read_share": p.phases.reading_share if p and p.phases else None,
+        "paced_aborts": sum(p.aborts.values()) if p else None,
+        "paced_cpu_s_per_100k_rows_chtxn": _cpu_per_100k(p.run.cpu_s, p.run.sent) if p else None,
+        "paced_producer_cpu_s": p.run.producer_cpu_s if p else None,
+    })
+    found["aborts"] = found["backlog_aborts"] + (found["paced_aborts"] or 0)
+    found["abort_reasons"] = dict(figures.aborts + (p.aborts if p else Counter()))
+    found["cpu_s_by_component"] = {
+        "plain": _per_100k(loop.cpu_s, loop.rows), "chtxn": _per_100k(figures.cpu_s, figures.rows),
+        **({"paced": _per_100k(p.run.cpu_s, p.run.sent)} if p else {}),
+    }
+    return found
+
+
+def _per_100k(cpu_s: dict[str, float], rows: int) -> dict[str, float]:
+    return {c: round(s / rows * 1e5, 3) for c, s in sorted(cpu_s.items())} if rows else {}
+
+
+def _cpu_per_100k(cpu_s: dict[str, float], rows: int) -> float | None:
+    return sum(s for c, s in cpu_s.items() if c not in NOT_MEASURED) / rows * 1e5 if rows else None
+
+
+def settings(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "events": args.events, "partitions": args.partitions, "chunk_rows": args.chunk_rows,
+        "interval_s": args.interval, "size_trigger_rows": args.size_trigger,
+        "kafka_properties": dict(item.split("=", 1) for item in args.kafka_property),
+        "ceilings": not args.no_ceilings, "reps": args.reps, "paced": not args.no_paced,
+        "paced_rate": args.paced_rate,  # None: half the plain loop's rows/s of each repetition
+        "paced_seconds": args.paced_seconds,
+    }
+
+
+def git_state() -> dict[str, object]:
+    """The checked-out commit, and whether tracked files differ from it."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+
+
+def machine(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> dict[str, object]:
+    return {
+        "cores": os.cpu_count(), "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(), "load_average_before": list(load_before),
+        "load_average_after": list(load_after),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
