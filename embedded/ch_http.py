@@ -7,6 +7,9 @@ requested format (compressed when the client allows), ``X-ClickHouse-Query-Id``,
 ``/ping`` and a bare ``GET /`` answer ``Ok.``. A ``GET`` request, or ``readonly=1``, may only read.
 A result over ``STREAM_AFTER_BYTES`` is sent chunked as the engine produces it; an error after
 that arrives inside the stream (ClickHouse's ``__exception__`` block, ``X-ClickHouse-Exception-Tag``).
+With ``compress=1`` the reply body, errors after authentication included, is sent as ClickHouse's
+native compressed blocks (inside any HTTP Content-Encoding); with ``decompress=1`` the request body
+is read as such blocks (``ch_compression``).
 Requests run concurrently, one thread per client connection; the statement of one whose client
 disconnects is cancelled when it only reads.
 """
@@ -27,9 +30,10 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from embedded import ch_compression
 from embedded.ch_codec import StreamEncoder, choose_response_encoding, decode_body, encode_body, read_body
 from embedded.ch_engine import Engine, Outcome
-from embedded.ch_errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
+from embedded.ch_errors import BAD_ARGUMENTS, READONLY, SYNTAX_ERROR, UNEXPECTED_END_OF_FILE, EngineError
 from embedded.ch_execute import Request, execute
 from embedded.ch_form import ExternalTable, external_tables, is_form, parse_form
 from embedded.ch_request import RequestParams, authenticate, credentials, split_statement
@@ -143,8 +147,13 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path.rstrip("/") in ("/ping", "/replicas_status") or (method == "GET" and "query" not in params.transport):
             self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
             return
+        # As on a server, only the URL's compress/decompress count (a form body is read unframed),
+        # and the reply is framed from the moment it is set up, after authentication.
+        native = params.flag("compress")
+        framed_errors = False
         try:
             authenticate(credentials(params, self.headers), self.server.user, self.server.password)
+            framed_errors = native
             body = decode_body(body, self.headers.get("Content-Encoding"))
             files: dict[str, bytes] = {}
             if is_form(self.headers.get("Content-Type")):
@@ -152,21 +161,21 @@ class _Handler(BaseHTTPRequestHandler):
                 params = RequestParams.parse(url.query, form.fields, form.files.keys())
                 query_id = params.transport.get("query_id") or query_id
                 body, files = b"", form.files
-            self._execute(method, params, body, query_id, external_tables(files, params.external))
+            elif params.flag("decompress"):
+                verify = not params.flag("http_native_compression_disable_checksumming_on_decompress")
+                body = ch_compression.decompress(body, verify=verify)
+            self._execute(method, params, body, query_id, external_tables(files, params.external), native)
         except EngineError as err:
-            self._send_error(err, query_id)
+            self._send_error(err, query_id, framed_errors)
         except Exception as ex:
             log.exception("unexpected failure serving %s", self.path)
-            self._send_error(EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id)
+            self._send_error(EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id, framed_errors)
 
-    def _execute(self, method: str, params: RequestParams, body: bytes, query_id: str, tables: list[ExternalTable]) -> None:
-        """Run the request's statement and send its reply; raises EngineError while nothing is sent."""
-        if params.flag("compress") or params.flag("decompress"):
-            raise EngineError(
-                NOT_IMPLEMENTED,
-                "The embedded endpoint does not speak ClickHouse's native block compression (compress/decompress=1): "
-                "compress with HTTP Content-Encoding instead",
-            )
+    def _execute(
+        self, method: str, params: RequestParams, body: bytes, query_id: str, tables: list[ExternalTable], native: bool
+    ) -> None:
+        """Run the request's statement and send its reply (in compressed blocks when ``native``);
+        raises EngineError while nothing is sent."""
         stmt = split_statement(params.transport.get("query"), body)
         if stmt.insert is None and not stmt.sql.strip():
             raise EngineError(SYNTAX_ERROR, "Empty query")
@@ -198,26 +207,27 @@ class _Handler(BaseHTTPRequestHandler):
             # The reply's last bytes go out after the session is released: a client may send its
             # next request the moment it has read them.
             if outcome.stream is None:
-                finish = partial(self._send_outcome, outcome, params, query_id)
+                finish = partial(self._send_outcome, outcome, params, query_id, native)
             else:
-                finish = self._send_stream(outcome, params, query_id)
+                finish = self._send_stream(outcome, params, query_id, native)
         if session_id and params.flag("close_session"):
             self.server.sessions.close(session_id)
         finish()
 
-    def _send_outcome(self, outcome: Outcome, params: RequestParams, query_id: str) -> None:
+    def _send_outcome(self, outcome: Outcome, params: RequestParams, query_id: str, native: bool) -> None:
         headers = self._result_headers(outcome, query_id, len(outcome.body))
-        body = outcome.body
+        body = ch_compression.compress(outcome.body) if native else outcome.body
         encoding = self._response_encoding(params)
         if body and encoding:
             body = encode_body(body, encoding)
             headers["Content-Encoding"] = encoding
         self._send(200, body, headers)
 
-    def _send_stream(self, outcome: Outcome, params: RequestParams, query_id: str) -> Callable[[], None]:
+    def _send_stream(self, outcome: Outcome, params: RequestParams, query_id: str, native: bool) -> Callable[[], None]:
         """Buffer a streamed result up to STREAM_AFTER_BYTES and send it whole, as ``_send_outcome``
         (an error so far is raised); past that, send it chunked with the summary so far, and an
-        error from then on inside the stream, as a server does. Returns what sends the rest."""
+        error from then on inside the stream, as a server does (each piece in compressed blocks
+        when ``native``). Returns what sends the rest."""
         stream = outcome.stream
         assert stream is not None
         started = time.monotonic()
@@ -228,7 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
             if len(head) >= STREAM_AFTER_BYTES:
                 break
         else:
-            return partial(self._send_outcome, _with_counters(outcome, bytes(head), time.monotonic() - started), params, query_id)
+            return partial(
+                self._send_outcome, _with_counters(outcome, bytes(head), time.monotonic() - started), params, query_id, native
+            )
         headers = self._result_headers(_with_counters(outcome, b"", time.monotonic() - started), query_id, len(head))
         tag = secrets.token_hex(8)
         headers["X-ClickHouse-Exception-Tag"] = tag
@@ -237,7 +249,12 @@ class _Handler(BaseHTTPRequestHandler):
         encoder = StreamEncoder(encoding) if encoding else None
         if encoding:
             headers["Content-Encoding"] = encoding
-        pack = encoder.compress if encoder else bytes
+        encode = encoder.compress if encoder else bytes
+        frame = ch_compression.compress if native else bytes
+
+        def pack(data: bytes) -> bytes:
+            return encode(frame(data))
+
         try:
             self.send_response(200)
             for name, value in headers.items():
@@ -290,13 +307,15 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-ClickHouse-Format"] = outcome.result_format
         return headers
 
-    def _send_error(self, err: EngineError, query_id: str) -> None:
+    def _send_error(self, err: EngineError, query_id: str, native: bool = False) -> None:
+        """Answer with ``err``: its text as the body, in compressed blocks when ``native``."""
         if err.code in (0, _STD_EXCEPTION) or err.http_status >= 500:
             log.info("query %s failed: code %s: %s", query_id, err.code, err.text)
         headers = self._common_headers(query_id)
         headers["X-ClickHouse-Exception-Code"] = str(err.code)
         headers["Content-Type"] = "text/plain; charset=UTF-8"
-        self._send(err.http_status, err.render(self.server.engine.version).encode(), headers)
+        body = err.render(self.server.engine.version).encode()
+        self._send(err.http_status, ch_compression.compress(body) if native else body, headers)
 
     def _common_headers(self, query_id: str) -> dict[str, str]:
         return {
