@@ -206,11 +206,35 @@ class StageTables:
         }
 
     def structure_difference(self, stage: str) -> str:
-        """How the target's structure now differs from ``stage``'s, "" when a move would work."""
-        mine, theirs = self._shape(stage), self._shape(self.target)
+        """How the target's structure now differs from ``stage``'s, "" when a move would work.
+
+        Columns and keys are compared; for targets whose engine merges rows, only the partition
+        key: their engines extend the sorting key implicitly (VersionedCollapsing adds its version
+        column), which the plain MergeTree stage table does not, and a move between them works.
+        Two queries, whatever the tables (this runs at step 5 of every txn).
+        """
+        keys = {name: rest for name, *rest in self.client.query(
+            "SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
+            "WHERE database = {db:String} AND name IN ({s:String}, {t:String})",
+            parameters={"db": self.database, "s": stage, "t": self.target},
+        ).result_rows}
+        columns: dict[str, list[tuple[str, str]]] = {stage: [], self.target: []}
+        for table, name, kind in self.client.query(
+            "SELECT table, name, type FROM system.columns WHERE database = {db:String} "
+            "AND table IN ({s:String}, {t:String}) ORDER BY table, position",
+            parameters={"db": self.database, "s": stage, "t": self.target},
+        ).result_rows:
+            columns[table].append((name, kind))
+        merging = keys.get(self.target, ("",))[0] in MERGING_ENGINES
+
+        def shape(table: str) -> tuple:
+            _engine, partition, sorting, primary = keys.get(table, ("", "", "", ""))
+            return (columns[table], partition) if merging else (columns[table], partition, sorting, primary)
+
+        mine, theirs = shape(stage), shape(self.target)
         if mine == theirs:
             return ""
-        (my_cols, *my_keys), (their_cols, *their_keys) = mine, theirs
+        my_cols, their_cols = mine[0], theirs[0]
         if my_cols != their_cols:
             added = [n for n, _ in their_cols if n not in dict(my_cols)]
             gone = [n for n, _ in my_cols if n not in dict(their_cols)]
@@ -218,23 +242,6 @@ class StageTables:
                 [f"columns dropped: {', '.join(gone)}"] if gone else [])
             return "; ".join(parts) or "column types or order changed"
         return "partition, sorting or primary key changed"
-
-    def _shape(self, table: str) -> tuple:
-        """Columns and keys. For targets whose engine merges rows, only the partition key: their
-        engines extend the sorting key implicitly (VersionedCollapsing adds its version column),
-        which the plain MergeTree stage table does not, and a move between them works."""
-        keys = self.client.query(
-            "SELECT engine, partition_key, sorting_key, primary_key FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": self.target},
-        ).result_rows
-        merging = bool(keys) and keys[0][0] in MERGING_ENGINES
-        keys = self.client.query(
-            "SELECT partition_key, sorting_key, primary_key FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": table},
-        ).result_rows
-        partition, sorting, primary = keys[0] if keys else ("", "", "")
-        return (tuple(self._columns(table)), partition, "" if merging else sorting, "" if merging else primary)
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
         kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""

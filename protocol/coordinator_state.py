@@ -112,7 +112,7 @@ class CoordinatorState:
         for tp, copies in self.alive.items():
             live = max(copies.values(), key=lambda c: c.seen_at)
             if live.log_end >= 0 and tp in self.partitions:
-                lags[tp] = max(0, live.log_end - self._base(tp))
+                lags[tp] = max(0, live.log_end - self.base(tp))
         return lags
 
     def live_partitions(self, now: float) -> set[TopicPartition]:
@@ -243,10 +243,10 @@ class CoordinatorState:
         wrong = self._partition_mismatch(txn, event.partitions)
         if wrong:
             return self._abort(txn, f"row-count mismatch: {wrong}", now, "row-count-mismatch")
-        stale = {tp: o for tp, o in txn.start.items() if o != self._base(tp)}
+        stale = {tp: o for tp, o in txn.start.items() if o != self.base(tp)}
         if stale:
             tp, o = next(iter(sorted(stale.items())))
-            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self._base(tp)}", now, "offset-mismatch")
+            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self.base(tp)}", now, "offset-mismatch")
         # Step 6: the commit point.
         txn.phase = Phase.COMMITTING
         txn.commit_seq = self.head_seq + 1
@@ -329,7 +329,7 @@ class CoordinatorState:
         if not set(self.partitions) <= self.live_partitions(now):
             return []  # Step 3 needs every participant: START only when all partitions are held
         previous = uncommitted[-1] if uncommitted else None
-        start = {tp: self._base(tp) for tp in self.partitions}
+        start = {tp: self.base(tp) for tp in self.partitions}
         if previous is not None:
             start.update(previous.end)
         # Step 2: the stage table.
@@ -398,9 +398,6 @@ class CoordinatorState:
         return False
 
     def base(self, tp: TopicPartition) -> int:
-        return self._base(tp)
-
-    def _base(self, tp: TopicPartition) -> int:
         """Where ``tp``'s next txn must start: its last committed end, or a later floor (its initial
         offset when never committed, or where a skipped gap ended)."""
         return max(self.head.get(tp, 0), self.initial.get(tp, 0))
