@@ -36,6 +36,7 @@ ENV = "CHTXN_FAILPOINTS"
 
 #: Every failpoint, with the moment it stands for.
 POINTS: dict[str, str] = {
+    "leader.before-take-over": "a replica won its epoch; before it reads the ledger head",
     "leader.after-take-over": "a new leader sealed its first slot and cleaned up; before its first START",
     "leader.before-seal": "a new leader read the head and is about to seal slot head+1",
     "leader.before-count": "the WRITE-STATUS set of a txn is complete; before step 5 counts the stage table",

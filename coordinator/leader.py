@@ -7,24 +7,37 @@ machine as an event. The commit point itself is ``LedgerStore.claim_commit`` (st
 Take-over, before the first START, in this order:
 
 1. Check the target table.
-2. Seal: read the head and claim slot head+1 with an empty commit of this epoch. Until the seal
-   is ours, no stage table is touched: an older leader's commit that lands first is rolled
+2. Seal: read the head and claim slot head+1 with an empty commit of this epoch, unless a
+   newer epoch was claimed (then step down: an older epoch never seals on top of a newer
+   leader's slots). Until the seal is ours, no stage table is touched: an older leader's commit that lands first is rolled
    forward below, and one that comes later loses its slot and steps down. A seal lost to a
    newer epoch means a newer leader exists: step down.
 3. Roll forward, in commit order, every committed txn not yet published.
 4. Drop this pipeline's other stage tables (orphans): nothing older can commit them any more.
 
+While leading, the control loop never waits on ClickHouse: the machine's ClickHouse actions run
+on three single-thread lanes and their outcomes come back as events. The commit lane counts and
+claims (steps 5 and 6) in txn order; the stage lane creates the next txn's stage table (and
+drops unused ones); the background lane records STARTED, publishes (step 7) and cleans up
+aborts, in the order they were asked for. So the
+count and claim of txn k overlap the reading of k+1, and control messages are answered while
+ClickHouse is slow.
+
 Liveness: the leader heartbeat goes out from its own thread with its own producer, so a leader
-blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop stuck for longer than
-``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take over (the seal keeps that safe).
+blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop, or a lane action, stuck
+for longer than ``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take over (the seal
+keeps that safe).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -43,9 +56,9 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.stage import StageTableMissing, StageTables
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event, GapFound,
+    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, DropStage, Event, GapFound,
     PartitionsChanged, Phase, Publish, PublishResult, Ready, Received, RecordStarted, Shutdown, StageCreated,
-    StepDown, Stopped, Tick,
+    StepDown, Stopped, Tick, Txn,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
@@ -60,6 +73,23 @@ PARTITION_CHECK_S = 5.0
 UNKNOWN_TABLE = 60
 #: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
 LOOP_STALL_LIMIT_S = 120.0
+#: Longest wait in one control-topic poll; shorter while lane outcomes are due.
+POLL_S, BUSY_POLL_S = 0.02, 0.005
+#: Which lane runs each ClickHouse action (``Leader`` module docstring); others run on the loop.
+LANES: dict[type, str] = {
+    CountStage: "commit", Commit: "commit",
+    CreateStage: "stage", DropStage: "stage",
+    RecordStarted: "background", Publish: "background", AbortTxn: "background",
+}
+
+
+def _snapshot(action: Action) -> Action:
+    """``action`` with a copy of its ``Txn``, for a lane: the loop keeps changing the original."""
+    txn = getattr(action, "txn", None)
+    if not isinstance(txn, Txn):
+        return action
+    copy = dataclasses.replace(txn, start=dict(txn.start), statuses=dict(txn.statuses), holders=dict(txn.holders))
+    return dataclasses.replace(action, txn=copy)  # type: ignore[type-var]
 
 
 class SteppedDown(ChtxnError):
@@ -94,6 +124,10 @@ class Leader:
         self._dead_letters: Any = None
         self._progress_at = clock()
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._outcomes: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
+        self._in_flight: dict[int, float] = {}  # lane actions running or queued: id -> submitted at
+        self._gap_check_due = False
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -105,11 +139,20 @@ class Leader:
         self._admin = kafka_clients.admin(self.cfg)
         self._dead_letters = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
         self._offsets_reader = Consumer(kafka_clients.consumer_conf(self.cfg, **{"client.id": f"chtxn-coordinator-{self.coordinator}"}))
+        self._lanes = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"chtxn-{lane}-e{self.epoch}")
+                       for lane in sorted(set(LANES.values()))}
+        outcome = "crashed"
         try:
-            return self._run(stop)
+            outcome = self._run(stop)
+            return outcome
         except SteppedDown as exc:
-            return f"stepped down: {exc}"
+            outcome = f"stepped down: {exc}"
+            return outcome
         finally:
+            # Stopping: what was asked (clean-ups included) is done before we go. Stepping down or
+            # crashing: what has not begun never begins (the next leader decides it).
+            for lane in self._lanes.values():
+                lane.shutdown(wait=True, cancel_futures=outcome != "stopped")
             done.set()
             beating.join(10)
             self._offsets_reader.close()
@@ -126,15 +169,19 @@ class Leader:
         fresh_s = self.cfg.heartbeat_timeout_s / 4
         while outcome is None:
             listened_at = self._progress_at = self.clock()
-            for message in self.control.poll(timeout=0.02):
+            for message in self.control.poll(timeout=BUSY_POLL_S if self._in_flight else POLL_S):
                 outcome = outcome or self._feed(Received(message))
+            outcome = outcome or self._collect()
             now = self.clock()
             if now >= next_gauges:
                 next_gauges = now + self.cfg.coordinator.leader_lease_s / 3
                 self._gauges(now)
-            if now >= next_partition_check:
+            if now >= next_partition_check or self._gap_check_due:
+                if now >= next_partition_check:
+                    outcome = outcome or self._check_partitions()
                 next_partition_check = now + PARTITION_CHECK_S
-                outcome = outcome or self._check_partitions() or self._check_gaps()
+                self._gap_check_due = False
+                outcome = outcome or self._check_gaps()
             if stop.is_set() and not shutting:
                 shutting = True
                 outcome = outcome or self._feed(Shutdown())
@@ -161,7 +208,38 @@ class Leader:
 
     def _do(self, action: Action) -> Event | None:
         handler = getattr(self, f"_do_{type(action).__name__}")
-        return handler(action)
+        lane = LANES.get(type(action))
+        if lane is None:
+            return handler(action)
+        action = _snapshot(action)  # the loop goes on changing the machine's Txn
+        key = id(action)
+        self._in_flight[key] = self.clock()
+
+        def run() -> None:
+            try:
+                outcome = handler(action)
+                if outcome is not None:
+                    self._outcomes.put(outcome)
+            except BaseException as exc:  # a bug or an armed failpoint: raised again on the loop
+                self._outcomes.put(exc)
+            finally:
+                self._in_flight.pop(key, None)
+
+        self._lanes[lane].submit(run)
+        return None
+
+    def _collect(self) -> str | None:
+        """Feed the outcomes the lanes have posted; an exception a lane raised is raised here."""
+        outcome = None
+        while outcome is None:
+            try:
+                event = self._outcomes.get_nowait()
+            except queue.Empty:
+                return None
+            if isinstance(event, BaseException):
+                raise event
+            outcome = self._feed(event)
+        return outcome
 
     # ---- actions ----------------------------------------------------------------------------
 
@@ -175,7 +253,14 @@ class Leader:
             self.retry(f"create stage table {action.stage_table}")(self.stages.create, action.stage_table)
             return StageCreated(action.txn)
         except ChtxnError as exc:
+            log.error("could not create the next stage table; retrying", extra={"txn": action.txn, "error": str(exc)})
             return StageCreated(action.txn, ok=False, error=str(exc))
+
+    def _do_DropStage(self, action: DropStage) -> None:
+        try:
+            self.retry(f"drop {action.stage_table}")(self.stages.drop, action.stage_table)
+        except ChtxnError as exc:  # an unused, empty table: the next take-over drops it as an orphan
+            log.warning("could not drop an unused stage table", extra={"txn": action.txn, "error": str(exc)})
 
     def _do_RecordStarted(self, action: RecordStarted) -> None:
         try:
@@ -273,7 +358,7 @@ class Leader:
         except ChtxnError as exc:  # the orphan is dropped by the next take-over; nothing committed depends on it
             log.error("abort clean-up failed", extra={"txn": txn.id, "error": str(exc)})
         if action.kind == "participant-error":
-            self._check_gaps()  # an offset out of range may be a gap that opened while we ran
+            self._gap_check_due = True  # an offset out of range may be a gap that opened while we ran
 
     def _drop_uncommitted(self) -> None:
         """Best effort on stepping down: this epoch's stage tables that can never commit."""
@@ -285,14 +370,20 @@ class Leader:
                 self.ledger.append(ledger_row(self, txn, "ABORTED", reason="leader stepped down"))
             except ChtxnError as exc:
                 log.warning("could not drop a stage table on stepping down", extra={"txn": txn.id, "error": str(exc)})
+        if self.state.spare is not None:
+            self._do_DropStage(DropStage(self.state.spare.txn, self.state.spare.stage_table))
 
     # ---- take-over and periodic duties -------------------------------------------------------
 
     def take_over(self) -> tuple[int, dict[TopicPartition, int]]:
         """Take-over steps 1-4 (module docstring); returns the head after the seal."""
+        failpoints.hit("leader.before-take-over", self.coordinator)
         self.retry("check the target table")(self.stages.check_target)
         while True:  # Step 2: seal
             head_seq, head = self.ledger.head()
+            newest = self.ledger.max_epoch()  # read after the head: a newer seal in it shows here too
+            if newest > self.epoch:
+                raise SteppedDown(f"epoch {newest} > {self.epoch} was claimed: a newer leader exists")
             failpoints.hit("leader.before-seal", self.coordinator)
             if self.ledger.seal(self.epoch, self.coordinator, head_seq):
                 break
@@ -422,14 +513,15 @@ class Leader:
         interval = self.cfg.coordinator.leader_lease_s / 3
         try:
             while not done.is_set():
-                if self.clock() - self._progress_at <= LOOP_STALL_LIMIT_S:
+                oldest = min(list(self._in_flight.values()), default=self._progress_at)
+                if self.clock() - min(self._progress_at, oldest) <= LOOP_STALL_LIMIT_S:
                     try:
                         producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=beat)
                     except BufferError:
                         pass  # the broker is unreachable: the lease lapses, as it should
                 else:
                     log.error("the leader loop is stuck; no longer heartbeating",
-                              extra={"stuck_s": round(self.clock() - self._progress_at, 1)})
+                              extra={"stuck_s": round(self.clock() - min(self._progress_at, oldest), 1)})
                 producer.poll(0)
                 done.wait(interval)
         finally:

@@ -10,7 +10,9 @@ One task holds several source partitions and runs, until stopped:
 - one producer, for control messages only (dead letters go to ClickHouse with their chunk:
   ``participant.dead_letters``);
 - a small pool of insert workers (``Stager``), so consumption and heartbeats go on while chunks
-  are inserted. When ``max_in_flight`` chunks are queued, data polling waits (back-pressure).
+  are inserted. When the rows cut into chunks and not yet staged reach the insert backlog
+  (``participant.insert_backlog_rows``; by default ``chunk_rows`` per partition held), data
+  polling waits (back-pressure). That bound is also what is left to insert at an END.
 
 The loop never blocks on ClickHouse; it blocks at most ``POLL_S`` in a Kafka poll. Construction
 does no I/O and the object stays picklable (Spark ships it to executors); clients are made in
@@ -57,13 +59,14 @@ class TaskRunner:
 
     def __init__(
         self, cfg: PipelineConfig, partitions: Sequence[TopicPartition], *, participant_id: str = "",
-        workers: int = 2, max_in_flight: int = 4, clock: Callable[[], float] = time.monotonic,
+        workers: int = 2, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not partitions:
             raise ValueError("a participant task needs at least one partition")
         self.cfg, self.partitions = cfg, tuple(sorted(partitions))
         self.participant_id = participant_id
-        self.workers, self.max_in_flight, self.clock = workers, max_in_flight, clock
+        self.workers, self.clock = workers, clock
+        self.backlog_rows = cfg.participant.insert_backlog_rows or cfg.participant.chunk_rows * len(self.partitions)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Take part in txns until ``stop`` is set (Spark: until the task is killed)."""
@@ -82,13 +85,14 @@ class _Loop:
 
     def __init__(self, runner: TaskRunner) -> None:
         cfg = runner.cfg
-        self.cfg, self.clock, self.max_in_flight = cfg, runner.clock, runner.max_in_flight
+        self.cfg, self.clock, self.backlog_rows = cfg, runner.clock, runner.backlog_rows
         first = runner.partitions[0]
         self.sender = runner.participant_id or f"{socket.gethostname()}-{os.getpid()}-{first.topic}-{first.partition}"
         self.machine = ParticipantState(
             pipeline=cfg.name, sender=self.sender, partitions=runner.partitions,
             chunk_rows=cfg.participant.chunk_rows, chunk_bytes=cfg.participant.chunk_bytes,
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
+            size_trigger_rows=cfg.transaction.size_trigger_rows,
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         self.producer = Producer(producer_conf(cfg, **{"linger.ms": 2}))
@@ -102,8 +106,8 @@ class _Loop:
                                         attempts=cfg.participant.insert_retries),
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
-        self.results: queue.SimpleQueue[ChunkStaged | None] = queue.SimpleQueue()  # None: skipped
-        self.in_flight = 0  # chunks submitted and not yet taken from ``results``
+        self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)
+        self.in_flight_rows = 0  # rows of chunks submitted and not yet taken from ``results``
         self.dropped: deque[str] = deque(maxlen=64)
         self.assigned: set[tuple[str, int]] = set()
 
@@ -119,7 +123,7 @@ class _Loop:
 
     def once(self) -> None:
         """One turn: control messages, insert outcomes, heartbeat, one data poll."""
-        busy = self.machine.consuming and self.in_flight < self.max_in_flight
+        busy = self.machine.consuming and self.in_flight_rows < self.backlog_rows
         for msg in self.control.consume(num_messages=64, timeout=0 if busy else POLL_S):
             if msg.error():
                 log.warning("control topic: %s", msg.error())
@@ -129,15 +133,15 @@ class _Loop:
                 self._feed(Received(message))
         while True:
             try:
-                result = self.results.get_nowait()
+                rows, result = self.results.get_nowait()
             except queue.Empty:
                 break
-            self.in_flight -= 1
+            self.in_flight_rows -= rows
             if result is not None:
                 self._feed(result)
         if self.machine.heartbeat_due(self.clock()):
             self._feed(Tick(self._log_ends()))
-        if self.machine.consuming and self.in_flight < self.max_in_flight:
+        if self.machine.consuming and self.in_flight_rows < self.backlog_rows:
             self._poll_data()
         self.producer.poll(0)
 
@@ -167,7 +171,7 @@ class _Loop:
 
     def _do(self, a: Action) -> None:
         if isinstance(a, StageChunk):
-            self.in_flight += 1
+            self.in_flight_rows += a.chunk.rows
             self.pool.submit(self._stage, a)
         elif isinstance(a, Send):
             if type(a.message).__name__ == "WriteStatus":
@@ -201,7 +205,7 @@ class _Loop:
     def _stage(self, a: StageChunk) -> None:  # on a worker thread; always posts one result
         chunk = a.chunk
         if chunk.txn in self.dropped:
-            self.results.put(None)
+            self.results.put((chunk.rows, None))
             return
         try:
             failpoints.hit("stage.before-insert", self.sender)
@@ -213,7 +217,7 @@ class _Loop:
                 txn=chunk.txn, topic=chunk.topic, partition=chunk.partition, chunk_no=chunk.chunk_no,
                 error=f"staging crashed: {type(exc).__name__}: {exc}",
             )
-        self.results.put(result)
+        self.results.put((chunk.rows, result))
 
     def _log_ends(self) -> dict[TopicPartition, int]:
         ends: dict[TopicPartition, int] = {}

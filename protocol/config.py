@@ -70,9 +70,10 @@ class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
 
 
 class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    chunk_rows: int = 50_000
-    chunk_bytes: int = 16 * 1024 * 1024
+    chunk_rows: int = 20_000
+    chunk_bytes: int = 8 * 1024 * 1024
     poll_batch: int = 5_000
+    insert_backlog_rows: int = 0  # 0: chunk_rows per partition the task holds
     insert_retries: int = 8
     task_slots: int = 0  # 0: ask Spark (defaultParallelism)
 

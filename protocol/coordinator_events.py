@@ -15,7 +15,6 @@ Offsets = dict[TopicPartition, int]
 
 
 class Phase(Enum):
-    CREATING = "creating"  # step 2: stage table being created, START not yet sent
     COLLECTING = "collecting"  # step 3: START sent, participants staging
     ENDING = "ending"  # step 4: END sent, collecting WRITE-STATUS
     COMPLETE = "complete"  # WRITE-STATUS set complete, waiting for the previous txn to commit
@@ -32,12 +31,13 @@ class Txn:
     stage_table: str
     start: Offsets
     created_at: float
-    phase: Phase = Phase.CREATING
+    phase: Phase = Phase.COLLECTING
     started_at: float = 0.0
     ended_at: float = 0.0
     complete_at: float = 0.0
     statuses: dict[TopicPartition, WriteStatus] = field(default_factory=dict)
     after: str | None = None  # the txn this one was pipelined after (it aborts if that one does)
+    chained: bool = False  # started by the END of ``after``: starts are CONTINUE until its WRITE-STATUS
     holders: dict[TopicPartition, str] = field(default_factory=dict)  # participant ids at START
     commit_seq: int = 0
     publish_not_before: float = 0.0
@@ -163,6 +163,16 @@ Event = (Ready | PartitionsChanged | Tick | Received | StageCreated | Counted | 
 
 @dataclass(frozen=True)
 class CreateStage:
+    """Create the stage table of the next txn ahead of time (answered by ``StageCreated``)."""
+
+    txn: str
+    stage_table: str
+
+
+@dataclass(frozen=True)
+class DropStage:
+    """Drop a stage table no txn ever used (a spare that is no longer wanted); no ledger row."""
+
     txn: str
     stage_table: str
 
@@ -213,7 +223,7 @@ class AbortTxn:
 
 
 ABORT_KINDS = (
-    "stage-create-failed", "write-status-timeout", "participant-dead", "participant-error",
+    "write-status-timeout", "participant-dead", "participant-error",
     "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown", "target-altered",
 )
 
@@ -230,4 +240,4 @@ class Stopped:
     """Nothing is in flight after a Shutdown: the runner may exit."""
 
 
-Action = CreateStage | Broadcast | RecordStarted | CountStage | Commit | Publish | AbortTxn | StepDown | Stopped
+Action = CreateStage | DropStage | Broadcast | RecordStarted | CountStage | Commit | Publish | AbortTxn | StepDown | Stopped

@@ -4,7 +4,8 @@ One transaction, as the leader of ``epoch`` runs it (DESIGN.md section 3):
 
 1. Read the ledger head (the runner does, then feeds ``Ready``): the last committed offset of
    every partition is the source of truth.
-2. Create the stage table ``<target>__chtxn_<txn>`` (``CreateStage``, answered by ``StageCreated``).
+2. Create the stage table ``<target>__chtxn_<pipeline>__<txn>`` one txn ahead (``CreateStage``,
+   answered by ``StageCreated``): a txn starts on a stage table that already exists.
 3. Broadcast START; after ``interval_s``, or once heartbeats report ``size_trigger_rows`` staged,
    broadcast END.
 4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
@@ -24,9 +25,15 @@ Fencing: START names one holder (participant id) per partition, preferring the p
 while it heartbeats. Only the holder's WRITE-STATUS counts and only its silence aborts the txn;
 another live copy of the same participant stands down.
 
-Pipelining: the next START goes out as soon as the WRITE-STATUS set of the previous txn is
-complete, from the end offsets it reported; if the previous txn then aborts, so does the next.
-At most two txns are uncommitted at once. Commits happen strictly in txn order.
+Continuous txns: the END of txn k carries the START of k+1 (``EndCommit.next``) when every
+holder of k heartbeats ``continues`` and keeps its partitions, and the next stage table is ready.
+Participants cut k where they are and read on into k+1 without stopping; k+1's start of each
+partition is ``CONTINUE`` until k's WRITE-STATUS gives it. Otherwise (older participants, a
+change of holder, no stage table yet, shutting down) END goes alone and the next START waits for
+k's WRITE-STATUS set and starts from the end offsets it reported. Either way, if k aborts, every
+txn after it aborts too, and the next START re-reads from the ledger head (explicit offsets).
+A txn ends only when every older txn is committed, so at most two are uncommitted at once and
+commits happen strictly in txn order; while k commits, k+1 goes on reading.
 """
 
 from __future__ import annotations
@@ -36,16 +43,17 @@ from dataclasses import dataclass
 from protocol import naming
 from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, Event,
+    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, DropStage, Event,
     GapFound, Offsets, PartitionsChanged, PartitionStats, Phase, Publish, PublishResult, Ready, Received,
     RecordStarted, Shutdown, StageCreated, StepDown, Stopped, Tick, Txn,
 )
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, StartCommit, TopicPartition,
+    CONTINUE, Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, StartCommit, TopicPartition,
     WriteStatus,
 )
 
-_OPEN = (Phase.CREATING, Phase.COLLECTING, Phase.ENDING)
+_OPEN = (Phase.COLLECTING, Phase.ENDING)
+_UNCOMMITTED = (Phase.COLLECTING, Phase.ENDING, Phase.COMPLETE, Phase.VERIFYING, Phase.COMMITTING)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,16 @@ class _Liveness:
     txn: str = ""
     buffered_rows: int = 0
     log_end: int = -1  # the partition's end as the participant last saw it (-1: unknown)
+    continues: bool = False  # understands a START chained to an END
+
+
+@dataclass
+class _Spare:
+    """The next txn's stage table, created ahead of its START."""
+
+    txn: str
+    stage_table: str
+    ready: bool = False
 
 
 class CoordinatorState:
@@ -86,6 +104,8 @@ class CoordinatorState:
         self.alive: dict[TopicPartition, dict[str, _Liveness]] = {}  # per partition, per participant copy
         self.holders: dict[TopicPartition, str] = {}  # who staged each partition in the latest START
         self.ignored = 0  # stale-epoch and foreign messages skipped
+        self.spare: _Spare | None = None
+        self._spare_not_before = 0.0
         self._next_seq = 1
 
     # ---- public -----------------------------------------------------------------------
@@ -165,8 +185,9 @@ class CoordinatorState:
         self.stopping = True
         actions: list[Action] = []
         for txn in [t for t in self.txns if t.phase in _OPEN or t.phase is Phase.COMPLETE]:
-            actions += self._abort(txn, "coordinator shutting down", now, "shutdown")
-        return actions
+            if txn in self.txns:
+                actions += self._abort(txn, "coordinator shutting down", now, "shutdown")
+        return actions + self._drop_spare()
 
     def _on_Received(self, event: Received, now: float) -> list[Action]:
         msg = event.message
@@ -177,7 +198,7 @@ class CoordinatorState:
             forget = now - 10 * self.timing.heartbeat_timeout_s
             for pos in msg.partitions:
                 copies = self.alive.setdefault(pos.tp, {})
-                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end)
+                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues)
                 for sender in [s for s, c in copies.items() if c.seen_at < forget]:
                     del copies[sender]
             return []
@@ -208,26 +229,24 @@ class CoordinatorState:
         if ws.tp in txn.statuses:
             return []  # a repeated WRITE-STATUS (e.g. from a restarted participant) changes nothing
         txn.statuses[ws.tp] = ws
+        for later in self.txns:  # the txn chained to this one continues from where this one ended
+            if later.chained and later.after == txn.id and later.start.get(ws.tp) == CONTINUE:
+                later.start[ws.tp] = ws.end_offset
         if txn.phase is Phase.ENDING and not txn.missing:
             txn.phase = Phase.COMPLETE
             txn.complete_at = now
         return []
 
     def _on_StageCreated(self, event: StageCreated, now: float) -> list[Action]:
-        txn = self.txn(event.txn)
-        if txn is None or txn.phase is not Phase.CREATING:
+        spare = self.spare
+        if spare is None or spare.txn != event.txn:
             return []
-        if not event.ok:
-            return self._abort(txn, f"could not create stage table {txn.stage_table}: {event.error}", now, "stage-create-failed")
-        # Step 3: START.
-        txn.phase = Phase.COLLECTING
-        txn.started_at = now
-        txn.holders = {tp: holder for tp in txn.start if (holder := self._holder(tp))}
-        self.holders.update(txn.holders)
-        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
-        holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))
-        start = StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders)
-        return [Broadcast(start), RecordStarted(txn)]
+        if not event.ok:  # the runner logged why; try again a little later
+            self.spare = None
+            self._spare_not_before = now + self.timing.publish_retry_s
+            return []
+        spare.ready = True
+        return []
 
     def _on_Counted(self, event: Counted, now: float) -> list[Action]:
         txn = self.txn(event.txn)
@@ -235,9 +254,9 @@ class CoordinatorState:
             return []
         if event.count is None:
             return self._abort(txn, f"could not count the stage table: {event.error}", now, "count-failed")
-        if event.altered:
+        if event.altered:  # the spare was made like the old target too
             return self._abort(txn, f"the target table changed after the stage table was made ({event.altered}); "
-                               "the next txn stages in the new structure", now, "target-altered")
+                               "the next txn stages in the new structure", now, "target-altered") + self._drop_spare()
         if event.count != txn.rows:
             return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now, "row-count-mismatch")
         wrong = self._partition_mismatch(txn, event.partitions)
@@ -287,17 +306,8 @@ class CoordinatorState:
         for txn in list(self.txns):
             if txn not in self.txns:
                 continue  # aborted by a cascade in this loop
-            if txn.phase is Phase.COLLECTING:
-                staged = sum(
-                    live.buffered_rows for tp, holder in txn.holders.items()
-                    if (live := self.alive.get(tp, {}).get(holder)) is not None and live.txn == txn.id
-                )
-                if now - txn.started_at >= t.interval_s or staged >= t.size_trigger_rows or self.stopping:
-                    txn.phase = Phase.ENDING
-                    txn.ended_at = now
-                    actions.append(Broadcast(EndCommit(**self._envelope(txn.id))))
-                    if not txn.missing:
-                        txn.phase, txn.complete_at = Phase.COMPLETE, now
+            if txn.phase is Phase.COLLECTING and self._end_due(txn, now):
+                actions += self._end(txn, now)
             if txn.phase in (Phase.COLLECTING, Phase.ENDING):
                 dead = self._dead_participants(txn, now, judge_silence)
                 if dead:
@@ -316,12 +326,62 @@ class CoordinatorState:
                 txn.publish_in_flight = True
                 actions.append(Publish(txn))
         actions += self._maybe_start(now)
+        actions += self._prepare_spare(now)
         if self.stopping and not self.txns:
             actions.append(Stopped())
         return actions
 
+    def _end_due(self, txn: Txn, now: float) -> bool:
+        """Step 3's END: the interval passed or the size trigger is reached, and every older txn is
+        committed (participants go on reading meanwhile); at once when shutting down."""
+        if self.stopping:
+            return True
+        if any(t.phase in _UNCOMMITTED for t in self.txns[:self.txns.index(txn)]):
+            return False
+        staged = sum(
+            live.buffered_rows for tp, holder in txn.holders.items()
+            if (live := self.alive.get(tp, {}).get(holder)) is not None and live.txn == txn.id
+        )
+        return now - txn.started_at >= self.timing.interval_s or staged >= self.timing.size_trigger_rows
+
+    def _end(self, txn: Txn, now: float) -> list[Action]:
+        txn.phase = Phase.ENDING
+        txn.ended_at = now
+        nxt = self._chain(txn, now)
+        actions: list[Action] = []
+        if nxt is None:
+            actions.append(Broadcast(EndCommit(**self._envelope(txn.id))))
+        else:
+            actions += [Broadcast(EndCommit(**self._envelope(txn.id), next=self._start_message(nxt))), RecordStarted(nxt)]
+        if not txn.missing:
+            txn.phase, txn.complete_at = Phase.COMPLETE, now
+        return actions
+
+    def _chain(self, txn: Txn, now: float) -> Txn | None:
+        """The txn that starts with ``txn``'s END, or None when END must go alone."""
+        if self.stopping or self.spare is None or not self.spare.ready or not self.partitions:
+            return None
+        if not set(self.partitions) <= self.live_partitions(now):
+            return None
+        holders = {tp: self._holder(tp) for tp in self.partitions}
+        for tp in self.partitions:
+            live = self.alive.get(tp, {}).get(holders[tp])
+            if live is None or not live.continues:
+                return None  # an older participant would not see a START inside an END
+            if tp in txn.start and holders[tp] != txn.holders.get(tp):
+                return None  # a new holder cannot continue what another one cut
+        start = {tp: CONTINUE if tp in txn.start else self.base(tp) for tp in self.partitions}
+        nxt = self._take_spare(start, txn, now)
+        nxt.chained = True
+        nxt.holders = holders
+        self.holders.update(holders)
+        return nxt
+
     def _maybe_start(self, now: float) -> list[Action]:
+        """A START on its own: the first txn, after an abort, or after an END that went alone."""
         if not self.ready or self.stopping or self.open_txn is not None or not self.partitions:
+            return []
+        if self.spare is None or not self.spare.ready:
             return []
         uncommitted = [t for t in self.txns if t.phase in (Phase.COMPLETE, Phase.VERIFYING, Phase.COMMITTING)]
         if len(uncommitted) > 1:
@@ -332,12 +392,37 @@ class CoordinatorState:
         start = {tp: self.base(tp) for tp in self.partitions}
         if previous is not None:
             start.update(previous.end)
-        # Step 2: the stage table.
+        txn = self._take_spare(start, previous, now)
+        txn.holders = {tp: holder for tp in txn.start if (holder := self._holder(tp))}
+        self.holders.update(txn.holders)
+        return [Broadcast(self._start_message(txn)), RecordStarted(txn)]
+
+    def _take_spare(self, start: Offsets, previous: Txn | None, now: float) -> Txn:
+        spare = self.spare
+        assert spare is not None and spare.ready
+        self.spare = None
+        txn = Txn(spare.txn, spare.stage_table, start, now, after=previous.id if previous else None)
+        txn.started_at = now
+        self.txns.append(txn)
+        return txn
+
+    def _start_message(self, txn: Txn) -> StartCommit:
+        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
+        holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))
+        return StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders)
+
+    def _prepare_spare(self, now: float) -> list[Action]:
+        """Step 2, one txn ahead: the next txn's stage table."""
+        if self.spare is not None or not self.ready or self.stopping or not self.partitions or now < self._spare_not_before:
+            return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
-        txn = Txn(txn_id, naming.stage_table(self.target, self.pipeline, txn_id), start, now, after=previous.id if previous else None)
-        self.txns.append(txn)
-        return [CreateStage(txn.id, txn.stage_table)]
+        self.spare = _Spare(txn_id, naming.stage_table(self.target, self.pipeline, txn_id))
+        return [CreateStage(self.spare.txn, self.spare.stage_table)]
+
+    def _drop_spare(self) -> list[Action]:
+        spare, self.spare = self.spare, None
+        return [DropStage(spare.txn, spare.stage_table)] if spare is not None else []
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -347,8 +432,7 @@ class CoordinatorState:
         doomed = [txn] + [t for t in self.txns if self._follows(t, txn)]
         for victim in doomed:
             why, why_kind = (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})", "cascade")
-            if victim.phase is not Phase.CREATING:
-                actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
+            actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
             actions.append(AbortTxn(victim, why, why_kind))
             self.txns.remove(victim)
         return actions

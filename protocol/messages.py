@@ -25,6 +25,10 @@ import msgspec
 #: The newest message version this code writes and understands.
 PROTOCOL_VERSION = 1
 
+#: A START offset meaning "from where this partition was cut at the END that carries this START"
+#: (a chained txn, ``EndCommit.next``): the coordinator learns the value from that END's WRITE-STATUS.
+CONTINUE = -1
+
 
 class TopicPartition(msgspec.Struct, frozen=True, kw_only=True, order=True):
     topic: str
@@ -88,7 +92,15 @@ class StartCommit(_Control, tag="start-commit"):
 
 
 class EndCommit(_Control, tag="end-commit"):
-    """Coordinator -> all: flush, report WRITE-STATUS, stop consuming for this txn."""
+    """Coordinator -> all: cut at the current position, flush, report WRITE-STATUS for this txn.
+
+    ``next`` chains the following txn: each participant goes straight on reading into it from
+    where it cut this one (its offsets are ``CONTINUE``, or explicit for partitions new to it).
+    Sent only to participants that heartbeat ``continues``; without ``next`` they stop reading
+    until the next START.
+    """
+
+    next: StartCommit | None = None
 
 
 class WriteStatus(_Control, tag="write-status"):
@@ -126,6 +138,7 @@ class Heartbeat(_Control, tag="heartbeat"):
     """Participant -> coordinator: light and frequent."""
 
     partitions: tuple[PartitionPosition, ...]
+    continues: bool = False  # understands ``EndCommit.next`` (older participants do not)
 
 
 class LeaderHeartbeat(_Control, tag="leader-heartbeat"):

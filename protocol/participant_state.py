@@ -3,23 +3,32 @@
 ``ParticipantState.handle(event, now)`` returns the actions the runner carries out in order.
 The steps of one txn, for each partition the task holds (DESIGN.md section 3):
 
-1. START lists the partition: seek to its START offset (no seek when already there, e.g. a
-   START pipelined right after the previous END) and consume.
+1. START lists the partition: seek to its START offset only when the position differs, and
+   consume.
 2. Records are cut into chunks (``protocol.chunking``) and each chunk is staged as it closes,
-   while consumption goes on.
-3. END: flush the open chunk, pause the partition, and once every chunk of it is staged send
-   one WRITE-STATUS (end offset = next offset to read; errors, if any, make the coordinator
-   abort the txn).
+   while consumption goes on. Once the rows read for the txn cross this partition's share of
+   ``size_trigger_rows`` (the trigger divided by the partitions in the txn), a heartbeat goes
+   out at once, so the coordinator sees the trigger reached without waiting for the next beat.
+3. END: cut the open chunk at the current position and stage it; once every chunk of the txn is
+   staged, send one WRITE-STATUS (end offset = next offset to read; errors, if any, make the
+   coordinator abort the txn). WRITE-STATUS of one partition go out in txn order. When END
+   carries the next txn (``EndCommit.next``), the partition goes straight on reading into it
+   from the cut, without a pause; otherwise it stops reading (nothing is polled, the fetched
+   records stay buffered) until the next START.
 4. ACK-COMMIT for a txn this task ended: commit its offsets to the consumer group.
 5. ABORT of the current txn, or of an ended txn not yet acknowledged (which dooms every txn
    started after it): drop those txns, pause, and wait for the next START.
 
+Partitions are paused only when they leave every txn (dropped, failed, fenced, or not part of
+a START), never at END.
+
 Messages of a lower epoch than the highest seen, messages for txns this task is not part of,
 and other participants' messages are ignored. A START that names another copy of this
 participant (another ``sender``) as a partition's holder fences this copy out of that partition
-for the txn: it stands down (stays paused) and waits for a START that names it. A task that starts mid-txn (a restart) sees no
-START for it and so takes no part; it joins at the next START. A heartbeat goes out every
-``heartbeat_interval_s``.
+for the txn: it stands down (pauses) and waits for a START that names it. A task that starts
+mid-txn (a restart) sees no START for it and so takes no part; it joins at the next START that
+gives its partitions explicit offsets (a chained START's ``CONTINUE`` can only be followed by the
+copy that cut the txn before). A heartbeat goes out every ``heartbeat_interval_s``.
 
 A chunk that fails to stage (``ChunkStaged.error``) fails its partition for the txn: the
 partition is paused and its records are no longer staged; at END its WRITE-STATUS carries the
@@ -35,7 +44,7 @@ from dataclasses import dataclass, field
 
 from protocol.chunking import ChunkBuilder, RecordLike
 from protocol.messages import (
-    Abort, AckCommit, ControlMessage, EndCommit, Heartbeat, PartitionOffset, PartitionPosition,
+    CONTINUE, Abort, AckCommit, ControlMessage, EndCommit, Heartbeat, PartitionOffset, PartitionPosition,
     StartCommit, TopicPartition, WriteStatus,
 )
 from protocol.participant_events import (
@@ -50,10 +59,27 @@ MAX_UNACKED = 16
 
 
 class Status(enum.Enum):
-    IDLE = "idle"  # in no txn: paused (or never assigned), waiting for a START
-    STAGING = "staging"  # consuming into the current txn
+    STAGING = "staging"  # consuming into the txn
     FAILED = "failed"  # a chunk failed: paused, waiting for END to report the error
     ENDING = "ending"  # END seen, waiting for in-flight chunks before WRITE-STATUS
+
+
+@dataclass
+class Stint:
+    """One partition's part in one txn."""
+
+    txn: str
+    epoch: int
+    stage_table: str
+    start_offset: int
+    builder: ChunkBuilder
+    share: int  # rows of ``size_trigger_rows`` this partition stands for (0: no trigger)
+    status: Status = Status.STAGING
+    pending: set[int] = field(default_factory=set)  # chunk numbers in flight
+    rows: int = 0
+    dead_letters: int = 0
+    errors: list[str] = field(default_factory=list)
+    reported_share: int = 0  # how many shares read were already reported at once
 
 
 @dataclass
@@ -63,19 +89,17 @@ class Partition:
     tp: TopicPartition
     position: int = -1
     fetching: bool = False  # assigned and not paused
-    status: Status = Status.IDLE
-    txn: str = ""
-    epoch: int = 0
-    start_offset: int = 0
-    builder: ChunkBuilder | None = None
-    pending: set[int] = field(default_factory=set)  # chunk numbers in flight
-    rows: int = 0
-    dead_letters: int = 0
-    errors: list[str] = field(default_factory=list)
+    open: Stint | None = None  # the txn being read (STAGING or FAILED)
+    ending: list[Stint] = field(default_factory=list)  # ended txns awaiting chunks, oldest first
 
     @property
     def buffered_rows(self) -> int:
-        return self.builder.rows_read if self.builder else 0
+        return self.open.builder.rows_read if self.open else 0
+
+    def stint(self, txn: str) -> Stint | None:
+        if self.open is not None and self.open.txn == txn:
+            return self.open
+        return next((s for s in self.ending if s.txn == txn), None)
 
 
 class ParticipantState:
@@ -83,11 +107,12 @@ class ParticipantState:
 
     def __init__(
         self, *, pipeline: str, sender: str, partitions: Iterable[TopicPartition],
-        chunk_rows: int, chunk_bytes: int, heartbeat_interval_s: float,
+        chunk_rows: int, chunk_bytes: int, heartbeat_interval_s: float, size_trigger_rows: int = 0,
     ) -> None:
         self.pipeline, self.sender = pipeline, sender
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.size_trigger_rows = size_trigger_rows
         self.parts: dict[tuple[str, int], Partition] = {
             (tp.topic, tp.partition): Partition(tp=tp) for tp in sorted(set(partitions))
         }
@@ -95,16 +120,17 @@ class ParticipantState:
         self.current = ""  # the txn of the latest START this task took part in
         self.current_epoch = 0
         self.current_open = False  # START seen, neither ended nor dropped
-        self.stage_table = ""
         self.unacked: dict[str, int] = {}  # txn -> epoch: ended here, oldest first, awaiting ACK
         self.next_heartbeat = float("-inf")
+        self.log_ends: dict[TopicPartition, int] = {}
+        self._report_now = False
 
     # ---- queries (read-only, for the runner) ----------------------------------------------
 
     @property
     def consuming(self) -> bool:
         """True when some partition is being read into a txn (the runner should poll data)."""
-        return any(p.status is Status.STAGING for p in self.parts.values())
+        return any(p.open is not None and p.open.status is Status.STAGING for p in self.parts.values())
 
     def heartbeat_due(self, now: float) -> bool:
         return now >= self.next_heartbeat
@@ -113,13 +139,17 @@ class ParticipantState:
 
     def handle(self, event: Event, now: float) -> list[Action]:
         if isinstance(event, Polled):
-            return self._on_records(event.records)
+            actions = self._on_records(event.records)
+            if self._report_now:  # step 2: a share of the size trigger was crossed
+                actions += self._heartbeat(now)
+            return actions
         if isinstance(event, Received):
             return self._on_message(event.message)
         if isinstance(event, ChunkStaged):
             return self._on_staged(event)
         if isinstance(event, Tick):
-            return self._on_tick(event, now)
+            self.log_ends.update(event.log_ends)
+            return self._heartbeat(now) if now >= self.next_heartbeat else []
         if isinstance(event, PartitionFailed):
             return self._on_partition_failed(event)
         raise TypeError(f"not a participant event: {event!r}")
@@ -142,7 +172,9 @@ class ParticipantState:
             return self._on_ack(m)
         return self._on_abort(m)
 
-    def _on_start(self, m: StartCommit) -> list[Action]:
+    def _on_start(self, m: StartCommit, cuts: dict[TopicPartition, int] | None = None) -> list[Action]:
+        """Step 1. ``cuts``: where the END that carried this START cut each partition this copy
+        read to that END without an error (``CONTINUE`` goes on from there)."""
         if m.txn == self.current or m.txn in self.unacked:
             return []  # a START seen before
         actions: list[Action] = []
@@ -150,9 +182,10 @@ class ParticipantState:
             log.warning("START of %s while %s was never ended: dropping %s", m.txn, self.current, self.current)
             actions += self._drop([self.current])
         self.current, self.current_epoch, self.current_open = m.txn, m.epoch, True
-        self.stage_table = m.stage_table
-        resume: list[TopicPartition] = []
         holders = {(h.topic, h.partition): h.sender for h in m.holders}
+        share = self.size_trigger_rows // max(1, len(m.offsets))
+        resume: list[TopicPartition] = []
+        joined: set[TopicPartition] = set()
         for po in m.offsets:
             p = self.parts.get((po.topic, po.partition))
             if p is None:
@@ -161,47 +194,64 @@ class ParticipantState:
             if holder != self.sender:  # another copy of this participant holds it: stand down
                 log.warning("START of %s names %s as holder of %s/%d, not this copy (%s): standing down",
                             m.txn, holder, po.topic, po.partition, self.sender)
-                if p.status is not Status.IDLE:
-                    p.status, p.builder, p.pending = Status.IDLE, None, set()
-                actions += self._pause([p])
                 continue
-            if p.status is not Status.IDLE:  # still ending an older txn: it will never report
-                log.warning("START of %s: abandoning %s of %s/%d", m.txn, p.txn, po.topic, po.partition)
-            self._join(p, m, po.offset)
-            if p.position != po.offset:
-                actions.append(Seek(po.topic, po.partition, po.offset))
-                p.position, p.fetching = po.offset, True
+            if p.open is not None:  # still reading an older txn: it will never report
+                log.warning("START of %s: abandoning %s of %s/%d", m.txn, p.open.txn, po.topic, po.partition)
+                p.open = None
+            offset = po.offset
+            if offset == CONTINUE:
+                if cuts is None or p.tp not in cuts:
+                    log.warning("START of %s continues %s/%d from a txn this copy did not read to its END: "
+                                "taking no part", m.txn, po.topic, po.partition)
+                    continue
+                offset = cuts[p.tp]
+            self._join(p, m, offset, share)
+            joined.add(p.tp)
+            if p.position != offset:
+                actions.append(Seek(po.topic, po.partition, offset))
+                p.position, p.fetching = offset, True
             elif not p.fetching:
                 resume.append(p.tp)
                 p.fetching = True
         if resume:
             actions.append(Resume(tuple(resume)))
-        return actions
+        return actions + self._pause([p for p in self.parts.values() if p.tp not in joined])
 
-    def _join(self, p: Partition, m: StartCommit, offset: int) -> None:
-        p.status, p.txn, p.epoch, p.start_offset = Status.STAGING, m.txn, m.epoch, offset
-        p.builder = ChunkBuilder(
+    def _join(self, p: Partition, m: StartCommit, offset: int, share: int) -> None:
+        builder = ChunkBuilder(
             pipeline=self.pipeline, txn=m.txn, topic=p.tp.topic, partition=p.tp.partition,
             start_offset=offset, chunk_rows=self.chunk_rows, chunk_bytes=self.chunk_bytes,
         )
-        p.pending, p.rows, p.dead_letters, p.errors = set(), 0, 0, []
+        p.open = Stint(txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share)
 
     def _on_end(self, m: EndCommit) -> list[Action]:
         if m.txn != self.current or not self.current_open:
+            if m.next is not None and m.next.epoch >= self.epoch:
+                return self._on_start(m.next)  # not in this txn: join the next where offsets are explicit
             return []
         self.current_open = False
         self.unacked[m.txn] = self.current_epoch
         while len(self.unacked) > MAX_UNACKED:
             del self.unacked[next(iter(self.unacked))]
         actions: list[Action] = []
-        for p in self._of_txn(m.txn):
-            if p.status is Status.STAGING:
-                chunk = p.builder.flush()  # type: ignore[union-attr]
+        cuts: dict[TopicPartition, int] = {}
+        for p in self.parts.values():
+            stint = p.open
+            if stint is None or stint.txn != m.txn:
+                continue
+            if not stint.errors:
+                cuts[p.tp] = stint.builder.next_offset
+            if stint.status is Status.STAGING:
+                chunk = stint.builder.flush()
                 if chunk is not None:
-                    p.pending.add(chunk.chunk_no)
-                    actions.append(StageChunk(self.stage_table, chunk))
-            p.status = Status.ENDING
-            actions += self._pause([p]) + self._report_if_done(p)
+                    stint.pending.add(chunk.chunk_no)
+                    actions.append(StageChunk(stint.stage_table, chunk))
+            stint.status = Status.ENDING
+            p.open = None
+            p.ending.append(stint)
+            actions += self._report_ready(p)
+        if m.next is not None:
+            actions += self._on_start(m.next, cuts)
         return actions
 
     def _on_ack(self, m: AckCommit) -> list[Action]:
@@ -228,14 +278,18 @@ class ParticipantState:
 
     def _drop(self, txns: list[str]) -> list[Action]:
         actions: list[Action] = [DropTxn(t) for t in txns]
-        dropped = [p for p in self.parts.values() if p.txn in txns and p.status is not Status.IDLE]
-        for p in dropped:
-            p.status, p.builder, p.pending = Status.IDLE, None, set()
+        idle: list[Partition] = []
+        for p in self.parts.values():
+            p.ending = [s for s in p.ending if s.txn not in txns]
+            if p.open is not None and p.open.txn in txns:
+                p.open = None
+            if p.open is None:
+                idle.append(p)
         for txn in txns:
             self.unacked.pop(txn, None)
         if self.current in txns:
             self.current_open = False
-        return actions + self._pause(dropped)
+        return actions + self._pause(idle)
 
     # ---- records and chunks ---------------------------------------------------------------
 
@@ -248,11 +302,15 @@ class ParticipantState:
             while j < n and records[j].partition() == partition and records[j].topic() == topic:
                 j += 1
             p = self.parts.get((topic, partition))
-            if p is not None and p.status is Status.STAGING:
-                for chunk in p.builder.add(records, i, j):  # type: ignore[union-attr]
-                    p.pending.add(chunk.chunk_no)
-                    actions.append(StageChunk(self.stage_table, chunk))
-                p.position = p.builder.next_offset  # type: ignore[union-attr]
+            stint = p.open if p is not None else None
+            if stint is not None and stint.status is Status.STAGING:
+                for chunk in stint.builder.add(records, i, j):
+                    stint.pending.add(chunk.chunk_no)
+                    actions.append(StageChunk(stint.stage_table, chunk))
+                p.position = stint.builder.next_offset  # type: ignore[union-attr]
+                if stint.share and stint.builder.rows_read // stint.share > stint.reported_share:
+                    stint.reported_share = stint.builder.rows_read // stint.share
+                    self._report_now = True
             elif p is not None:  # delivered outside a txn: not staged; a later START seeks back
                 p.position = max(p.position, records[j - 1].offset() + 1)
             i = j
@@ -260,48 +318,45 @@ class ParticipantState:
 
     def _on_staged(self, e: ChunkStaged) -> list[Action]:
         p = self.parts.get((e.topic, e.partition))
-        if p is None or p.txn != e.txn or e.chunk_no not in p.pending:
+        stint = p.stint(e.txn) if p is not None else None
+        if stint is None or e.chunk_no not in stint.pending:
             return []  # a dropped txn
-        p.pending.discard(e.chunk_no)
-        p.rows += e.rows
-        p.dead_letters += e.dead_letters
+        stint.pending.discard(e.chunk_no)
+        stint.rows += e.rows
+        stint.dead_letters += e.dead_letters
         if e.error:
-            return self._fail(p, f"chunk {e.chunk_no}: {e.error}")
-        return self._report_if_done(p)
+            return self._fail(p, stint, f"chunk {e.chunk_no}: {e.error}")  # type: ignore[arg-type]
+        return self._report_ready(p)  # type: ignore[arg-type]
 
     def _on_partition_failed(self, e: PartitionFailed) -> list[Action]:
         p = self.parts.get((e.topic, e.partition))
-        if p is None or p.status is Status.IDLE:
+        if p is None or p.open is None:
             log.warning("cannot read %s/%d outside a txn: %s", e.topic, e.partition, e.error)
             return []
-        return self._fail(p, e.error)
+        return self._fail(p, p.open, e.error)
 
-    def _fail(self, p: Partition, error: str) -> list[Action]:
-        p.errors.append(error)
-        if p.status is Status.STAGING:
-            p.status = Status.FAILED
+    def _fail(self, p: Partition, stint: Stint, error: str) -> list[Action]:
+        stint.errors.append(error)
+        if stint.status is Status.STAGING:
+            stint.status = Status.FAILED
             return self._pause([p])
-        return self._report_if_done(p)
+        return self._report_ready(p)
 
-    def _report_if_done(self, p: Partition) -> list[Action]:
-        """Step 3: one WRITE-STATUS once the partition has ended and nothing is in flight."""
-        if p.status is not Status.ENDING or p.pending:
-            return []
-        b = p.builder
-        assert b is not None
-        status = WriteStatus(
-            pipeline=self.pipeline, epoch=p.epoch, txn=p.txn, sender=self.sender,
-            topic=p.tp.topic, partition=p.tp.partition, start_offset=p.start_offset,
-            end_offset=b.next_offset, rows=p.rows, chunks=b.chunks_cut, dead_letters=p.dead_letters,
-            bytes=b.bytes_read, errors=tuple(p.errors),
-        )
-        p.status, p.builder = Status.IDLE, None
-        return [Send(status)]
+    def _report_ready(self, p: Partition) -> list[Action]:
+        """Step 3: one WRITE-STATUS per ended txn once nothing of it is in flight, oldest first."""
+        actions: list[Action] = []
+        while p.ending and not p.ending[0].pending:
+            stint = p.ending.pop(0)
+            b = stint.builder
+            actions.append(Send(WriteStatus(
+                pipeline=self.pipeline, epoch=stint.epoch, txn=stint.txn, sender=self.sender,
+                topic=p.tp.topic, partition=p.tp.partition, start_offset=stint.start_offset,
+                end_offset=b.next_offset, rows=stint.rows, chunks=b.chunks_cut, dead_letters=stint.dead_letters,
+                bytes=b.bytes_read, errors=tuple(stint.errors),
+            )))
+        return actions
 
     # ---- helpers --------------------------------------------------------------------------
-
-    def _of_txn(self, txn: str) -> list[Partition]:
-        return [p for p in self.parts.values() if p.txn == txn and p.status is not Status.IDLE]
 
     def _pause(self, parts: list[Partition]) -> list[Action]:
         fetching = [p for p in parts if p.fetching]
@@ -309,17 +364,17 @@ class ParticipantState:
             p.fetching = False
         return [Pause(tuple(p.tp for p in fetching))] if fetching else []
 
-    def _on_tick(self, e: Tick, now: float) -> list[Action]:
-        if now < self.next_heartbeat:
-            return []
+    def _heartbeat(self, now: float) -> list[Action]:
         self.next_heartbeat = now + self.heartbeat_interval_s
+        self._report_now = False
         in_txn = self.current if self.current_open else ""
         positions = tuple(
             PartitionPosition(
                 topic=p.tp.topic, partition=p.tp.partition, position=p.position,
-                log_end=e.log_ends.get(p.tp, -1),
-                buffered_rows=p.buffered_rows if in_txn and p.txn == in_txn else 0,
+                log_end=self.log_ends.get(p.tp, -1),
+                buffered_rows=p.buffered_rows if in_txn and p.open is not None and p.open.txn == in_txn else 0,
             )
             for p in self.parts.values()
         )
-        return [Send(Heartbeat(pipeline=self.pipeline, epoch=self.epoch, txn=in_txn, sender=self.sender, partitions=positions))]
+        return [Send(Heartbeat(pipeline=self.pipeline, epoch=self.epoch, txn=in_txn, sender=self.sender,
+                               partitions=positions, continues=True))]

@@ -146,9 +146,17 @@ FIELD_NOTES: dict[str, str] = {
         "target has materialized views, which do not fire on a move). `insert-select`: a "
         "deduplicated `INSERT ... SELECT` (fires views; the target must deduplicate)."
     ),
-    "participant.chunk_rows": "A chunk is cut after this many records...",
+    "participant.chunk_rows": (
+        "A chunk is cut after this many records... Pick it so that a txn holds several chunks per "
+        "partition: about a fifth of the rows one partition brings in `interval_s` (the default suits "
+        "~100k rows/s per partition at 1 s)."
+    ),
     "participant.chunk_bytes": "...or before the record that would take it past this many bytes of values.",
     "participant.poll_batch": "Most records taken from Kafka in one poll.",
+    "participant.insert_backlog_rows": (
+        "Rows cut into chunks but not yet staged, at most, per task; reading waits above it. It bounds "
+        "what is left to insert at END. 0: `chunk_rows` per partition the task holds."
+    ),
     "participant.insert_retries": "Tries of one chunk insert on retryable ClickHouse errors (same token each time).",
     "participant.task_slots": "How many Spark tasks the partitions are grouped into (every task runs at once).",
     "coordinator.id": "This replica's id in the ledger, logs and control messages.",

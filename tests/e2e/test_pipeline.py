@@ -28,9 +28,9 @@ class Processes:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *argv: str) -> subprocess.Popen:
+    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
-        env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, **(env or {})}
         proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
@@ -39,8 +39,8 @@ class Processes:
     def coordinator(self, name: str = "coordinator") -> subprocess.Popen:
         return self.start(name, "coordinator")
 
-    def participants(self, slots: int) -> subprocess.Popen:
-        return self.start("participant", "participant", "--master", f"local[{slots},4]")
+    def participants(self, slots: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.start("participant", "participant", "--master", f"local[{slots},4]", env=env)
 
     def kill(self, name: str) -> None:
         os.killpg(self.procs[name].pid, signal.SIGKILL)

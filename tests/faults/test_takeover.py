@@ -120,3 +120,31 @@ def test_a_committed_txn_whose_stage_table_is_gone_is_an_alarm_not_published(sta
     assert any(k in line and "never published" in line for line in audit), audit
     assert not pipeline.oracle().ok
     assert pipeline.target_count() < produced
+
+
+def test_an_older_epoch_never_seals_on_top_of_a_newer_leaders_seal(stack, tmp_path):
+    """E1 (epoch 1) stalls before its take-over while E2 (epoch 2) takes over and seals. When E1
+    goes on, it reads a head that holds E2's seal, and must step down without claiming a slot: a seal of the older epoch on top of the newer
+    one would take the slot E2 commits into next, and both leaders would step down (no one left
+    leading). E2 goes on committing every record."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("sealorder"))
+    produced = pipeline.produce(1_000)
+    e1 = LeaderThread(pipeline, 1, "E1")
+    e2 = LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1, e2):
+        sealing = failpoints.arm("leader.before-take-over", "pause*1", who="E1")
+        e1.start()
+        assert sealing.reached.wait(60), "E1 never reached its take-over"
+        held = failpoints.arm("leader.after-take-over", "pause*1", who="E2")
+        e2.start()
+        assert held.reached.wait(60), "E2 never finished its take-over"
+
+        failpoints.release("leader.before-take-over")  # E1 reads a head that holds E2's seal
+        outcome = e1.ended(60)
+        assert isinstance(outcome, str) and outcome.startswith("stepped down"), outcome
+        failpoints.release("leader.after-take-over")
+        wait_until(lambda: pipeline.target_count() == produced, 60, "E2 commits every record")
+    assert isinstance(e2.outcome, str) and not e2.outcome.startswith("stepped down"), e2.outcome
+    assert_exactly_once(pipeline, produced)
+    assert [(c.txn, c.epoch) for c in pipeline.ledger().commits()][:1] == [(naming.seal_txn(2), 2)]
+    assert all(c.epoch == 2 for c in pipeline.ledger().commits()), "epoch 1 claimed a slot after epoch 2's seal"

@@ -28,7 +28,14 @@ SAMPLES: dict[str, ControlMessage] = {
         offsets=(PartitionOffset(topic="src", partition=0, offset=100), PartitionOffset(topic="src", partition=1, offset=7)),
         holders=(PartitionHolder(topic="src", partition=0, sender="part-a"), PartitionHolder(topic="src", partition=1, sender="part-b")),
     ),
-    "end-commit": EndCommit(**_BASE, txn="e3_t17", sender="coord-a"),
+    "end-commit": EndCommit(
+        **_BASE, txn="e3_t17", sender="coord-a",
+        next=StartCommit(
+            **_BASE, txn="e3_t18", sender="coord-a", stage_table="events__chtxn_e3_t18",
+            offsets=(PartitionOffset(topic="src", partition=0, offset=-1), PartitionOffset(topic="src", partition=2, offset=0)),
+            holders=(PartitionHolder(topic="src", partition=0, sender="part-a"), PartitionHolder(topic="src", partition=2, sender="part-c")),
+        ),
+    ),
     "write-status": WriteStatus(
         **_BASE, txn="e3_t17", sender="part-src-0", topic="src", partition=0, start_offset=100,
         end_offset=250, rows=148, chunks=2, dead_letters=2, bytes=9000, errors=("row 3: CANNOT_PARSE_TEXT",),
@@ -41,6 +48,7 @@ SAMPLES: dict[str, ControlMessage] = {
     "heartbeat": Heartbeat(
         **_BASE, txn="e3_t17", sender="part-src-0",
         partitions=(PartitionPosition(topic="src", partition=0, position=180, log_end=300, buffered_rows=80),),
+        continues=True,
     ),
     "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a"),
 }

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from protocol import naming
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, CreateStage, Event, Offsets, Ready, Received, RecordStarted, StageCreated,
-    Txn,
+    AbortTxn, Action, Broadcast, CreateStage, DropStage, Event, Offsets, Ready, Received, RecordStarted,
+    StageCreated, Txn,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, PartitionPosition, StartCommit,
+    CONTINUE, Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, PartitionPosition, StartCommit,
     TopicPartition, WriteStatus,
 )
 
@@ -58,13 +58,16 @@ def participant(tp: TopicPartition) -> str:
 
 
 def hb(tp: TopicPartition, *, sender: str | None = None, txn: str = "", buffered: int = 0,
-       pipeline: str = PIPE) -> Received:
+       pipeline: str = PIPE, continues: bool = False) -> Received:
+    """A heartbeat of ``tp``'s participant; ``continues`` as sent by participants that understand
+    ``EndCommit.next`` (the default, False, is an older participant)."""
     position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1, buffered_rows=buffered)
-    return Received(Heartbeat(pipeline=pipeline, epoch=EPOCH, txn=txn, sender=sender or participant(tp), partitions=(position,)))
+    return Received(Heartbeat(pipeline=pipeline, epoch=EPOCH, txn=txn, sender=sender or participant(tp),
+                              partitions=(position,), continues=continues))
 
 
-def beats(*tps: TopicPartition, txn: str = "") -> list[Received]:
-    return [hb(tp, txn=txn) for tp in tps]
+def beats(*tps: TopicPartition, txn: str = "", continues: bool = False) -> list[Received]:
+    return [hb(tp, txn=txn, continues=continues) for tp in tps]
 
 
 def ws(txn: str, tp: TopicPartition, start: int, end: int, rows: int, *, epoch: int = EPOCH,
@@ -82,25 +85,44 @@ def create(n: int) -> CreateStage:
     return CreateStage(txn_id(n), naming.stage_table(TARGET, PIPE, txn_id(n)))
 
 
-def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
+def drop(n: int) -> DropStage:
+    return DropStage(txn_id(n), naming.stage_table(TARGET, PIPE, txn_id(n)))
+
+
+def start_message(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> StartCommit:
     """START of txn ``n``; each partition held by ``participant(tp)`` unless ``holders`` says otherwise."""
     table = naming.stage_table(TARGET, PIPE, txn_id(n))
     named = {tp: participant(tp) for tp in offsets} | (holders or {})
     held = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(named.items()))
-    return Broadcast(StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held))
+    return StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held)
+
+
+def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
+    return Broadcast(start_message(n, offsets, holders))
 
 
 def end(n: int) -> Broadcast:
     return Broadcast(EndCommit(**_coordinator(txn_id(n))))
 
 
+def chained_end(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
+    """END of txn ``n`` carrying the START of txn ``n + 1`` from ``offsets`` (``CONTINUE`` or explicit)."""
+    return Broadcast(EndCommit(**_coordinator(txn_id(n)), next=start_message(n + 1, offsets, holders)))
+
+
+def continuing(*tps: TopicPartition) -> Offsets:
+    """Offsets of a chained START: every partition goes on from where the END cut it."""
+    return {tp: CONTINUE for tp in tps}
+
+
 def ack(n: int, offsets: Offsets, commit_seq: int) -> Broadcast:
     return Broadcast(AckCommit(**_coordinator(txn_id(n)), offsets=_offsets(offsets), commit_seq=commit_seq))
 
 
-def abort(txn: Txn, reason: str, kind: str, *, broadcast: bool = True) -> list[Action]:
-    told = [Broadcast(Abort(**_coordinator(txn.id), reason=reason))] if broadcast else []
-    return [*told, AbortTxn(txn, reason, kind)]
+def abort(txn: Txn, reason: str, kind: str) -> list[Action]:
+    """ABORT of a started txn: the broadcast, then the stage table dropped and ABORTED appended
+    (every txn is started: none exists before its stage table)."""
+    return [Broadcast(Abort(**_coordinator(txn.id), reason=reason)), AbortTxn(txn, reason, kind)]
 
 
 # ---- the driver -----------------------------------------------------------------------
@@ -123,14 +145,22 @@ class Driver:
         assert found is not None, f"{txn_id(n)} is not in flight; in flight: {[t.id for t in self.state.txns]}"
         return found
 
-    def started(self, now: float = T0) -> Txn:
-        """Ready, both partitions held, stage table created: txn 1 is collecting from ``START_1``."""
-        assert self.at(now, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
+    def started(self, now: float = T0, *, continues: bool = False) -> Txn:
+        """Ready, both partitions held, stage table created: txn 1 is collecting from ``START_1``,
+        and the spare stage table of txn 2 is being created (not ready yet)."""
+        assert self.at(now, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1, continues=continues)) == [create(1)]
+        assert self.state.txns == []  # no txn before its stage table exists
+        actions = self.at(now, StageCreated(txn_id(1)))
         txn = self.txn(1)
-        assert self.at(now, StageCreated(txn.id)) == [start(1, START_1), RecordStarted(txn)]
+        assert actions == [start(1, START_1), RecordStarted(txn), create(2)]
         return txn
 
+    def spare_ready(self, n: int, now: float) -> None:
+        """The spare stage table of txn ``n`` is created; nothing is due yet."""
+        assert self.at(now, StageCreated(txn_id(n))) == []
+        assert self.state.spare is not None and (self.state.spare.txn, self.state.spare.ready) == (txn_id(n), True)
+
     def ended(self, n: int, now: float) -> None:
-        """Heartbeats from both partitions and the END of txn ``n`` at ``now``."""
+        """Heartbeats from both partitions and the END of txn ``n`` at ``now`` (going alone)."""
         assert self.at(now, *beats(P0, P1)) == [end(n)]
 

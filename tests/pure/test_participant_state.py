@@ -79,7 +79,7 @@ def test_a_whole_txn_start_records_end_write_status_ack():
     assert m.handle(staged("e1_t1", TP0, 0, 2), 0) == []
     acts = m.handle(end("e1_t1"), 0)
     assert stages(acts[:1]) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/1/12-13", [12])]
-    assert acts[1:] == [Pause((TP0,)), Pause((TP1,)), status("e1_t1", TP1, 20, 20, 0, 0)]
+    assert acts[1:] == [status("e1_t1", TP1, 20, 20, 0, 0)]  # no pause at END: reading just stops
     assert not m.consuming
     assert m.handle(staged("e1_t1", TP0, 1, 1), 0) == [status("e1_t1", TP0, 10, 13, 3, 2)]
     assert m.handle(ack("e1_t1", {TP0: 13, TP1: 20, TP9: 5}), 0) == [
@@ -92,7 +92,7 @@ def test_write_status_waits_for_chunks_in_flight_and_counts_dead_letters():
     m = machine()
     m.handle(start("e1_t1", {TP0: 0}), 0)
     m.handle(polled(TP0, 0, 1, 2, 3), 0)
-    assert m.handle(end("e1_t1"), 0) == [Pause((TP0,))]
+    assert m.handle(end("e1_t1"), 0) == []  # both chunks were cut already; no pause at END
     assert m.handle(staged("e1_t1", TP0, 1, 2), 0) == []
     assert m.handle(staged("e1_t1", TP0, 0, 1, dead_letters=1), 0) == [status("e1_t1", TP0, 0, 4, 3, 2, dead_letters=1)]
 
@@ -103,7 +103,8 @@ def test_pipelined_start_continues_without_seeking():
     m.handle(polled(TP0, 10), 0)
     m.handle(end("e1_t1"), 0)
     m.handle(staged("e1_t1", TP0, 0, 1), 0)
-    assert m.handle(start("e1_t2", {TP0: 11}), 0) == [Resume((TP0,))]
+    assert m.handle(start("e1_t2", {TP0: 11}), 0) == []  # at its position and never paused: nothing to do
+    assert m.consuming
     assert stages(m.handle(polled(TP0, 11, 12), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/11-13", [11, 12])]
     # the ACK of the previous txn still commits its offsets
     assert m.handle(ack("e1_t1", {TP0: 11}), 0) == [CommitOffsets((PartitionOffset(topic="src", partition=0, offset=11),))]
@@ -116,6 +117,22 @@ def test_a_start_elsewhere_than_the_position_seeks():
     m.handle(abort("e1_t1"), 0)
     assert m.handle(start("e1_t2", {TP0: 10}), 0) == [Seek("src", 0, 10)]
     assert stages(m.handle(polled(TP0, 10, 11), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/10-12", [10, 11])]
+
+
+def test_a_start_at_the_position_of_a_paused_partition_resumes_it():
+    m = machine()
+    m.handle(start("e1_t1", {TP0: 10}), 0)
+    m.handle(polled(TP0, 10, 11, 12), 0)
+    assert m.handle(abort("e1_t1"), 0) == [DropTxn("e1_t1"), Pause((TP0,))]
+    assert m.handle(start("e1_t2", {TP0: 13}), 0) == [Resume((TP0,))]  # no seek: it is there already
+    assert stages(m.handle(polled(TP0, 13, 14), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/13-15", [13, 14])]
+
+
+def test_a_partition_left_out_of_a_start_is_paused():
+    m = machine()
+    m.handle(start("e1_t1", {TP0: 10, TP1: 20}), 0)
+    m.handle(end("e1_t1"), 0)
+    assert m.handle(start("e1_t2", {TP0: 10}), 0) == [Pause((TP1,))]  # TP0 is at 10 and fetching
 
 
 def test_records_delivered_outside_a_txn_force_a_seek_at_the_next_start():
@@ -218,7 +235,7 @@ def test_heartbeats_every_interval_with_positions_and_buffered_rows():
     assert beat == [Send(Heartbeat(pipeline=P, epoch=0, txn="", sender="task-0", partitions=(
         PartitionPosition(topic="src", partition=0, position=-1, log_end=-1),
         PartitionPosition(topic="src", partition=1, position=-1, log_end=-1),
-    )))]
+    ), continues=True))]
     m.handle(start("e1_t1", {TP0: 10, TP1: 0}), 0.1)
     m.handle(polled(TP0, 10, 11, 12), 0.2)
     assert m.handle(Tick({TP0: 40}), 0.9) == []
@@ -226,10 +243,12 @@ def test_heartbeats_every_interval_with_positions_and_buffered_rows():
     assert m.handle(Tick({TP0: 40}), 1.0) == [Send(Heartbeat(pipeline=P, epoch=1, txn="e1_t1", sender="task-0", partitions=(
         PartitionPosition(topic="src", partition=0, position=13, log_end=40, buffered_rows=3),
         PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
-    )))]
+    ), continues=True))]
     m.handle(end("e1_t1"), 1.5)
-    [hb] = m.handle(Tick(), 2.0)
-    assert hb.message.txn == "" and [p.buffered_rows for p in hb.message.partitions] == [0, 0]
+    assert m.handle(Tick(), 2.0) == [Send(Heartbeat(pipeline=P, epoch=1, txn="", sender="task-0", partitions=(
+        PartitionPosition(topic="src", partition=0, position=13, log_end=40, buffered_rows=0),  # the last log end seen
+        PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
+    ), continues=True))]
 
 
 def test_mixed_batches_are_split_by_partition():

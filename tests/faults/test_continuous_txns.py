@@ -1,0 +1,95 @@
+"""Continuous txns under faults: the END of txn k carries the START of k+1, so k+1 is reading
+(and staging) while k is flushed, counted and claimed. Whatever happens to k then, both are
+read again and the exactly-once oracle (DESIGN.md section 8) holds.
+
+The real coordinator and real participant tasks run in threads against the embedded stack;
+failpoints hold the leader at a chosen step, so the interleaving is the same on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition as KafkaTP
+
+from clients import failpoints
+from protocol import codec, naming
+from protocol.messages import EndCommit
+from tests.helpers import unique_name, wait_until
+from tests.integration.live_pipeline import coordinator, participants
+from tests.pipelines import Pipeline, make_pipeline
+
+SETTINGS = {"participant.chunk_rows": 500, "transaction.interval_s": 0.3}
+
+
+@pytest.fixture(autouse=True)
+def _disarm() -> Iterator[None]:
+    yield
+    failpoints.disarm()
+
+
+def chained_ends(pipeline: Pipeline) -> dict[str, str]:
+    """``{txn k: txn k+1}`` for every END on the control topic that carried the next START."""
+    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "chained-ends",
+                         "enable.auto.commit": False})
+    try:
+        _, high = consumer.get_watermark_offsets(KafkaTP(pipeline.cfg.control_topic, 0), timeout=10)
+        consumer.assign([KafkaTP(pipeline.cfg.control_topic, 0, 0)])
+        chained: dict[str, str] = {}
+        seen = 0
+        while seen < high:
+            batch = consumer.consume(1000, 5)
+            assert batch, "the control topic ended early"
+            for record in batch:
+                seen = record.offset() + 1
+                message = codec.decode(record.value())
+                if isinstance(message, EndCommit) and message.next is not None:
+                    chained[message.txn] = message.next.txn
+        return chained
+    finally:
+        consumer.close()
+
+
+def being_counted(pipeline: Pipeline) -> tuple[str, str] | None:
+    """(k, k+1): the oldest txn not yet decided whose END started the next one."""
+    decided = {t.txn for t in pipeline.ledger().history(limit=1000) if t.state in ("COMMITTED", "PUBLISHED", "ABORTED")}
+    pending = sorted((naming.parse_txn_id(k), k, nxt) for k, nxt in chained_ends(pipeline).items() if k not in decided)
+    return (pending[0][1], pending[0][2]) if pending else None
+
+
+def staged_rows(pipeline: Pipeline, txn: str) -> int:
+    table = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, txn)
+    if table not in pipeline.stage_tables():
+        return 0
+    return pipeline.client().query(f"SELECT count() FROM `{pipeline.cfg.clickhouse.database}`.`{table}`").result_rows[0][0]
+
+
+def assert_exactly_once(pipeline: Pipeline, produced: int) -> None:
+    report = pipeline.oracle()
+    assert report.ok, report.anomalies
+    assert report.rows_in_target == produced
+    assert pipeline.ledger().lost() == []
+
+
+def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
+    """k is held before its count while k+1, started by k's END, stages rows. A stray row in k's
+    stage table then fails k's count: k aborts, k+1 aborts with it (cascade), and every record of
+    both is read again from the ledger head."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("contabort"), settings=SETTINGS)
+    produced = pipeline.produce(40_000)
+    counting = failpoints.arm("leader.before-count", "pause*1", who="c1")
+    with coordinator(pipeline), participants(pipeline, tasks=2):
+        assert counting.reached.wait(120), "no txn reached its count"
+        k, k_next = wait_until(lambda: being_counted(pipeline), 30, "the txn being counted, and the one its END started")
+        wait_until(lambda: staged_rows(pipeline, k_next) > 0, 60, f"{k_next} staging while {k} is counted")
+        stage_k = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, k)
+        pipeline.client().command(
+            f"INSERT INTO `{pipeline.cfg.clickhouse.database}`.`{stage_k}` SELECT * FROM "
+            f"`{pipeline.cfg.clickhouse.database}`.`{stage_k}` LIMIT 1")  # k's count no longer matches
+        failpoints.release("leader.before-count")
+        wait_until(lambda: pipeline.target_count() == produced, 120, "every record committed after the abort")
+    states = {t.txn: t for t in pipeline.ledger().history(limit=1000)}
+    assert states[k].state == "ABORTED" and "row-count mismatch" in states[k].reason, states[k]
+    assert states[k_next].state == "ABORTED" and states[k_next].reason.startswith(f"cascade: {k} aborted"), states[k_next]
+    assert_exactly_once(pipeline, produced)
