@@ -58,9 +58,9 @@ def pipeline_table(f: PipelineFigures) -> Table:
     if p is not None:
         table.add_section()
         for name, value in (
-            (f"control topic, median of {p.txns} data txns: END -> last WRITE-STATUS ms (inserting, not reading)",
+            (f"control topic, median of {p.txns} data txns: END -> last WRITE-STATUS ms (inserting the last chunks)",
              f"{p.flush_ms:.0f}"),
-            ("last WRITE-STATUS -> next START ms (coordinator turnaround)", f"{p.turnaround_ms:.0f}"),
+            ("END -> next START ms (nothing read; 0 when END carries the next START)", f"{p.turnaround_ms:.0f}"),
             ("last WRITE-STATUS -> ACK-COMMIT ms", f"{p.to_ack_ms:.0f}"),
             ("share of the cycle participants can read", f"{p.reading_share:.0%}"),
             ("chunks per data txn, mean", f"{p.chunks_per_txn:.1f}"),

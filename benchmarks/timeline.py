@@ -3,15 +3,16 @@
 Every control message carries its producer's timestamp (CreateTime, ms), so the topic is a
 timeline of the protocol. Per data txn (one with rows in its WRITE-STATUS set):
 
-- ``consume``: START -> END, participants reading and staging;
-- ``flush``: END -> last WRITE-STATUS, participants inserting their open and in-flight chunks,
-  not reading (partitions are paused at END);
-- ``turnaround``: last WRITE-STATUS -> next START, the coordinator counting the stage table,
-  claiming the commit slot and creating the next stage table; participants wait;
+- ``consume``: START -> END, participants reading and staging (a START carried by the previous
+  txn's END starts at that END);
+- ``flush``: END -> last WRITE-STATUS, participants inserting their open and in-flight chunks
+  (while reading the next txn when its START came with the END);
+- ``turnaround``: END -> next START, when no txn is being read: the flush, the coordinator's
+  count and claim, and the START, when the END went alone; 0 for a chained START;
 - ``to_ack``: last WRITE-STATUS -> ACK-COMMIT.
 
-Participants read during ``consume`` only, so consume / (consume + flush + turnaround) is the
-share of the time they can read.
+Participants read during ``consume`` only, so consume / (consume + turnaround) is the share of
+the time they can read.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Phases:
 
     @property
     def reading_share(self) -> float:
-        cycle = self.consume_ms + self.flush_ms + self.turnaround_ms
+        cycle = self.consume_ms + self.turnaround_ms
         return self.consume_ms / cycle if cycle else 0.0
 
 
@@ -102,6 +103,8 @@ def _note(txns: dict[str, TxnTimes], order: list[str], msg: object, ts: float) -
         txns.setdefault(msg.txn, TxnTimes()).start = ts
     elif isinstance(msg, EndCommit):
         txns.setdefault(msg.txn, TxnTimes()).end = ts
+        if msg.next is not None:
+            _note(txns, order, msg.next, ts)
     elif isinstance(msg, WriteStatus):
         times = txns.setdefault(msg.txn, TxnTimes())
         times.write_statuses.append(ts)
@@ -124,7 +127,7 @@ def phases(txns: dict[str, TxnTimes]) -> Phases | None:
         txns=len(data),
         consume_ms=median_ms([t.end - t.start for t in data]),
         flush_ms=median_ms([max(t.write_statuses) - t.end for t in data]),
-        turnaround_ms=median_ms([t.next_start - max(t.write_statuses) for t in data if t.next_start]),
+        turnaround_ms=median_ms([max(0.0, t.next_start - t.end) for t in data if t.next_start]),
         to_ack_ms=median_ms([t.ack - max(t.write_statuses) for t in data]),
         chunks_per_txn=statistics.mean(t.chunks for t in data),
     )

@@ -94,7 +94,7 @@ def _pipeline(aborts: Counter | None = None) -> PipelineFigures:
     return PipelineFigures(
         rows=1_000_000, data_txns=8, empty_txns=1, window_s=20.0, commit_ms=[900.0, 1000.0, 1100.0, 2000.0],
         publish_ms=[100.0, 120.0], consume_ms=[1000.0], aborts=aborts or Counter(), wall_s=40.0,
-        spark_ready_s=18.0, phases=Phases(txns=8, consume_ms=1000, flush_ms=800, turnaround_ms=200, to_ack_ms=300,
+        spark_ready_s=18.0, phases=Phases(txns=8, consume_ms=1000, flush_ms=800, turnaround_ms=1000, to_ack_ms=300,
                                           chunks_per_txn=4.0),
         cpu_s={"clickhouse": 8.0, "participant python": 6.0, "other": 50.0},
     )
