@@ -8,7 +8,8 @@ The steps of one txn, for each partition the task holds (DESIGN.md section 3):
 2. Records are cut into chunks (``protocol.chunking``) and each chunk is staged as it closes,
    while consumption goes on. Once the rows read for the txn cross this partition's share of
    ``size_trigger_rows`` (the trigger divided by the partitions in the txn), a heartbeat goes
-   out at once, so the coordinator sees the trigger reached without waiting for the next beat.
+   out at once, so the coordinator sees the trigger reached without waiting for the next beat;
+   past the share by ``SIZE_SLACK`` the partition stops reading until END.
 3. END: cut the open chunk at the current position and stage it; once every chunk of the txn is
    staged, send one WRITE-STATUS (end offset = next offset to read; errors, if any, make the
    coordinator abort the txn). WRITE-STATUS of one partition go out in txn order. When END
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 
 #: Ended txns awaiting ACK-COMMIT remembered at most (older ones are forgotten, not failed).
 MAX_UNACKED = 16
+#: How far past its share of ``size_trigger_rows`` a partition reads before it waits for END.
+SIZE_SLACK = 0.2
 
 
 class Status(enum.Enum):
@@ -129,8 +132,15 @@ class ParticipantState:
 
     @property
     def consuming(self) -> bool:
-        """True when some partition is being read into a txn (the runner should poll data)."""
-        return any(p.open is not None and p.open.status is Status.STAGING for p in self.parts.values())
+        """True when some partition is being read into a txn and has room left in it (the runner
+        should poll data). A partition has read its fill once its rows pass its share of the size
+        trigger by ``SIZE_SLACK``: reading waits for END, so a txn ended by the trigger stays within
+        that slack of it (to a poll batch)."""
+        return any(
+            p.open is not None and p.open.status is Status.STAGING
+            and not (p.open.share and p.open.builder.rows_read >= p.open.share + p.open.share * SIZE_SLACK)
+            for p in self.parts.values()
+        )
 
     def heartbeat_due(self, now: float) -> bool:
         return now >= self.next_heartbeat

@@ -199,3 +199,19 @@ def test_a_heartbeat_goes_out_at_once_each_time_a_partition_crosses_its_share_of
     assert kinds(acts) == ["StageChunk", "StageChunk"]
     assert m.handle(polled(TP0, 9, 10, 11), 0.7) == []
     assert m.handle(polled(TP0, 12), 0.8) == [beat("e1_t2", pos(TP0, 13, buffered=4), pos(TP1, 4))]
+
+
+def test_a_partition_past_its_share_of_the_size_trigger_by_the_slack_stops_reading_until_end():
+    """Share 10 rows (trigger 20, two partitions), slack 20%: reading waits at 12 rows per
+    partition, so a txn ended by the trigger holds at most 24 rows (to a poll batch)."""
+    m = ParticipantState(pipeline=P, sender="task-0", partitions=[TP0, TP1], chunk_rows=100, chunk_bytes=10_000,
+                         heartbeat_interval_s=1.0, size_trigger_rows=20)
+    m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0.0)
+    m.handle(polled(TP0, *range(12)), 0.1)
+    assert m.consuming  # TP1 still has room
+    m.handle(polled(TP1, *range(11)), 0.2)
+    assert m.consuming
+    m.handle(polled(TP1, 11), 0.3)
+    assert not m.consuming  # both full: the runner polls no more
+    m.handle(end_next("e1_t1", "e1_t2", {TP0: CONTINUE, TP1: CONTINUE}), 0.4)
+    assert m.consuming  # the next txn reads on from the cut
