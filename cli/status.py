@@ -64,7 +64,7 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
         head_seq, head = ledger.head()
         epoch = ledger.max_epoch()
         latest = ledger.history(limit=1)
-        aborted = ledger.history(limit=1, state="ABORTED")
+        aborted = ledger.last_abort()
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
     leader, holders = _heartbeats(cfg)
@@ -84,7 +84,7 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
     return Status(
         pipeline=cfg.name, leader=leader, epoch=epoch, last_commit_seq=head_seq,
         last_txn=latest[0].txn if latest else "", last_txn_state=latest[0].state if latest else "",
-        last_abort_reason=aborted[0].reason if aborted else "", partitions=tuple(rows),
+        last_abort_reason=aborted.reason if aborted else "", partitions=tuple(rows),
         healthy=bool(leader) and all(r.participant for r in rows),
     )
 
