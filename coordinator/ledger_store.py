@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 DEFAULT_RETENTION_S = 30 * 86400.0
 #: Extra txns a txn-list window query returns, for txns with rows older than the window.
 _SLACK = 8
-#: Txn-list windows start at the 1st, 4th, 16th, ... latest checkpoint, then take everything.
+#: Txn-list windows start at the 1st, 4th, 16th, ... latest checkpoint, or an hour, a day, a week
+#: ago, narrowest first, and then take everything.
 _WINDOW_STEPS = (0, 3, 15, 63, 255, 1023)
+_WINDOW_AGES_S = (3600.0, 86400.0, 7 * 86400.0)
 
 
 class LedgerStore:
@@ -290,8 +292,8 @@ class LedgerStore:
         """The latest ``limit`` txns, newest first (by their first row), optionally only those in ``state``.
 
         Reads a window of recent rows, from the latest checkpoint on, and widens it (the 4th,
-        16th, ... latest checkpoint, then everything) only while it holds fewer than ``limit``
-        txns whose rows all lie inside it: those are ranked and judged exactly.
+        16th, ... latest checkpoint, an hour, a day, a week, then everything) only while it holds
+        fewer than ``limit`` txns whose rows all lie inside it: those are ranked and judged exactly.
         """
         if state and state.upper() not in ledger.STATE_PRECEDENCE:
             raise ValueError(f"unknown txn state {state!r}: use one of {', '.join(ledger.STATE_PRECEDENCE)}")
@@ -347,7 +349,9 @@ class LedgerStore:
         """Lower bounds (unix ms) of the txn-list windows, narrowest first; the last is 0 (all rows)."""
         sql = ledger_checkpoint.checkpoint_times_sql(self._database)
         times = [int(r[0]) for r in self._query("read checkpoint times", sql, limit=_WINDOW_STEPS[-1] + 1)]
-        return [times[i] for i in _WINDOW_STEPS if i < len(times)] + [0]
+        now_ms = self._wall_clock() * 1000
+        bounds = {times[i] for i in _WINDOW_STEPS if i < len(times)} | {int(now_ms - age * 1000) for age in _WINDOW_AGES_S}
+        return sorted(bounds, reverse=True) + [0]
 
     def _slot_winner(self, event: LedgerEvent, slot: int) -> LedgerRow | None:
         rows = self._query(f"read {event.value} slot {slot}", ledger.slot_winner_sql(self._database, event), slot=slot)
