@@ -11,8 +11,10 @@ with their STARTED and PUBLISHED rows, as main writes them) and ``small`` (ten c
   seal, committed_unpublished, txn) with the SQL main used before checkpoints ("old") and with
   this code: the first take-over of a ledger without a checkpoint (it writes the first one), then,
   with the checkpoints every 1000 slots the new code would have written added, a later one;
+- the ledger reads of ``chtxn status`` and ``chtxn txn list``, in-process, old SQL and new;
 - ``chtxn status --json`` and ``chtxn txn list --json`` as processes (wall time, interpreter start
-  included), run from the ``--main`` checkout ("old") and from this one ("new"), on the same table.
+  and Kafka included), run from the ``--main`` checkout ("old") and from this one ("new"), on the
+  same table.
 
 Prints a Markdown table (median of ``--runs``). Measures; asserts nothing about time.
 """
@@ -152,6 +154,17 @@ def take_over(store: LedgerStore, epoch: int) -> None:
     store.txn(naming.txn_id(1, max(1, head_seq - 1)))
 
 
+def status_reads(store: LedgerStore) -> None:
+    """The ledger reads of ``chtxn status`` (main's: the last abort by ``history(1, "ABORTED")``)."""
+    store.head()
+    store.max_epoch()
+    store.history(limit=1)
+    if isinstance(store, OldLedgerStore):
+        store.history(limit=1, state="ABORTED")
+    else:
+        store.last_abort()
+
+
 def timed(action: Callable[[], object]) -> float:
     started = time.monotonic()
     action()
@@ -230,11 +243,18 @@ def measure(args: argparse.Namespace, client: Any, tmp: Path, bootstrap: str, ur
         if (after[0], {(tp.topic, tp.partition): end for tp, end in after[1].items()}) != (before[0] + 1, before[1]):
             raise RuntimeError(f"{pipeline}: the head read from checkpoints {after} is not the chain's {before}")
         row["take-over new"] = median([timed(lambda: take_over(new, next(epochs))) for _ in range(runs)])
+        for name, store in (("old", old), ("new", new)):
+            row[f"status ledger reads {name} (in-process)"] = median([timed(lambda: status_reads(store))
+                                                                      for _ in range(runs)])
+            row[f"txn list ledger reads {name} (in-process)"] = median([timed(lambda: store.history(limit=20))
+                                                                        for _ in range(runs)])
         config = config_file(tmp, pipeline, bootstrap, url)
         python = sys.executable
         for name, checkout in (("old", args.main), ("new", REPO)):
-            row[f"status {name}"] = median([cli(checkout, python, config, "status") for _ in range(runs)])
-            row[f"txn list {name}"] = median([cli(checkout, python, config, "txn", "list") for _ in range(runs)])
+            row[f"chtxn status --json {name} (process)"] = median([cli(checkout, python, config, "status")
+                                                                  for _ in range(runs)])
+            row[f"chtxn txn list --json {name} (process)"] = median([cli(checkout, python, config, "txn", "list")
+                                                                    for _ in range(runs)])
         head = LedgerStore(client, DATABASE, pipeline).head()
         print(f"{pipeline}: head slot {head[0]}, {len(head[1])} partitions", file=sys.stderr)
     return results
