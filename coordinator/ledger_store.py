@@ -326,13 +326,18 @@ class LedgerStore:
         disagree with it, and committed txns lost before publish; empty if sound.
 
         When the first slots have expired, the chain is checked from the oldest checkpoint left."""
+        start, commits, checkpoints = self.retained_chain()
+        return audit(commits, self.gaps(), self.lost(), start=start, checkpoints=checkpoints)
+
+    def retained_chain(self) -> tuple[LedgerRow | None, list[LedgerRow], list[LedgerRow]]:
+        """(start, commits, checkpoints): the checkpoint the retained chain continues from (None
+        while slot 1 is retained), the resolved commits after it, and every retained checkpoint."""
         commits = self.commits()
         checkpoints = self.checkpoints()
-        start = None
         if checkpoints and (not commits or commits[0].commit_seq > 1):
             start = checkpoints[0]
-            commits = [c for c in commits if c.commit_seq > start.commit_seq]
-        return audit(commits, self.gaps(), self.lost(), start=start, checkpoints=checkpoints)
+            return start, [c for c in commits if c.commit_seq > start.commit_seq], checkpoints
+        return None, commits, checkpoints
 
     # -- plumbing -----------------------------------------------------------------------------
 
