@@ -64,7 +64,7 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
         head_seq, head = ledger.head()
         epoch = ledger.max_epoch()
         latest = ledger.history(limit=1)
-        aborted = ledger.history(limit=1, state="ABORTED")
+        aborted = ledger.last_abort()
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
     leader, holders = _heartbeats(cfg)
@@ -84,27 +84,39 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
     return Status(
         pipeline=cfg.name, leader=leader, epoch=epoch, last_commit_seq=head_seq,
         last_txn=latest[0].txn if latest else "", last_txn_state=latest[0].state if latest else "",
-        last_abort_reason=aborted[0].reason if aborted else "", partitions=tuple(rows),
+        last_abort_reason=aborted.reason if aborted else "", partitions=tuple(rows),
         healthy=bool(leader) and all(r.participant for r in rows),
     )
 
 
 def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
-    """The leader and the holder of each partition heard within their timeouts, from the control topic."""
+    """The leader and the holder of each partition heard within their timeouts, from the control topic.
+
+    Reads the last ``CONTROL_TAIL`` records up to the end as it was when called: it stops at the
+    high watermark sampled first, at a record written after the call, or at the partition's end,
+    whichever comes first. It never waits for an end-of-partition event, which a broker whose high
+    watermark trails the log (Tansu) never sends while heartbeats keep coming.
+    """
     consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-status",
                                                              "enable.partition.eof": True}))
     try:
-        low, high = consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
+        control = KafkaTP(cfg.control_topic, 0)
+        low, high = consumer.get_watermark_offsets(control, timeout=10)
+        leader, holders = "", {}
+        if high <= low:
+            return leader, holders
         consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, high - CONTROL_TAIL))])
         now_ms = time.time() * 1000
-        leader, holders = "", {}
         done = False
         deadline = time.monotonic() + 10
         while not done and time.monotonic() < deadline:
-            for record in consumer.consume(500, 0.5):
+            records = consumer.consume(500, 0.05)
+            for record in records:
                 if record.error() is not None:
                     done = True  # partition EOF
                     continue
+                if record.offset() >= high - 1 or record.timestamp()[1] >= now_ms:
+                    done = True  # the end as it was when called
                 message = codec.decode(record.value())
                 age_s = (now_ms - record.timestamp()[1]) / 1000
                 if isinstance(message, LeaderHeartbeat) and age_s <= cfg.coordinator.leader_lease_s:
@@ -112,6 +124,8 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
                 elif isinstance(message, Heartbeat) and age_s <= cfg.heartbeat_timeout_s:
                     for pos in message.partitions:
                         holders[pos.tp] = message.sender
+            if not records and not done:
+                done = consumer.position([control])[0].offset >= high  # past markers that hold no record
         return leader, holders
     finally:
         consumer.close()

@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify",
         help="check exactly-once: the commit chain, and with --deep every offset in the target",
         description="Without --deep: per partition, consecutive commits in the ledger must neither overlap, "
-        "go backward nor leave a gap. With --deep (needs the target's _topic, _partition, _offset columns): "
+        "go backward nor leave a gap, and every checkpoint must agree with the chain; once the first commits "
+        "have expired (coordinator.ledger_retention_days), the chain is checked from the oldest checkpoint left. "
+        "With --deep (needs the target's _topic, _partition, _offset columns): "
         "the target holds every committed offset exactly once, less those sent to the dead-letter topic, "
         "and nothing else. Exit code 0 when sound, 1 otherwise.",
         epilog="Example: chtxn verify --config pipeline.toml --deep --json",
@@ -38,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     anomalies = ledger.audit()
     report = None
     if args.deep:
+        start, commits, _ = ledger.retained_chain()
         report = verify_deep(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.clickhouse.target_table,
-                             ledger.commits(), dead_letter_offsets(cfg), anomalies)
+                             commits, dead_letter_offsets(cfg), anomalies,
+                             checked_from={r.tp: r.end for r in start.ranges} if start else None)
         anomalies = list(report.anomalies)
     ok = not anomalies
     if args.json:

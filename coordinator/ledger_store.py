@@ -9,6 +9,10 @@ Guarantees:
 - Reads resolve a duplicated slot by the first claim (``protocol.ledger``), so every reader
   sees the same single chain of commits, and a late claim never rewrites it.
 - ``seal`` lets a new leader fence every older one out of the next commit slot.
+- Every ``checkpoint_every``-th won slot and every won seal are followed by a checkpoint and an
+  expiry run (``protocol.ledger_checkpoint``): reads start from the latest checkpoint, and history
+  older than ``retention_s`` goes, never the head. Their failures are logged, never raised: the
+  commit stands, and the next checkpoint covers what this one missed.
 - On replicated ClickHouse (``replicated=True``) inserts wait for a quorum and reads see every
   quorum insert (``insert_quorum``, ``select_sequential_consistency``).
 Calls retry retryable ClickHouse errors and then raise ``protocol.errors.ClickHouseError``.
@@ -17,6 +21,7 @@ Calls retry retryable ClickHouse errors and then raise ``protocol.errors.ClickHo
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -25,10 +30,22 @@ from typing import Any
 import msgspec
 
 from clients.clickhouse import retrying
-from protocol import dead_letters, ledger, naming
-from protocol.ledger import LedgerEvent, LedgerRow
+from protocol import dead_letters, ledger, ledger_checkpoint, naming
+from protocol.errors import ChtxnError
+from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow
 from protocol.ledger_view import TxnSummary, audit, summarize
 from protocol.messages import TopicPartition
+
+log = logging.getLogger(__name__)
+
+#: Default ``retention_s``: 30 days.
+DEFAULT_RETENTION_S = 30 * 86400.0
+#: Extra txns a txn-list window query returns, for txns with rows older than the window.
+_SLACK = 8
+#: Txn-list windows start at the 1st, 4th, 16th, ... latest checkpoint, or an hour, a day, a week
+#: ago, narrowest first, and then take everything.
+_WINDOW_STEPS = (0, 3, 15, 63, 255, 1023)
+_WINDOW_AGES_S = (3600.0, 86400.0, 7 * 86400.0)
 
 
 class LedgerStore:
@@ -43,6 +60,9 @@ class LedgerStore:
         replicated: bool = False,
         retries: int = 8,
         sleep: Callable[[float], None] = time.sleep,
+        checkpoint_every: int = ledger_checkpoint.DEFAULT_EVERY,
+        retention_s: float = DEFAULT_RETENTION_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
         self._database = database
@@ -51,6 +71,10 @@ class LedgerStore:
         self._retries = retries
         self._sleep = sleep
         self._read_settings: dict[str, Any] = {"select_sequential_consistency": 1} if replicated else {}
+        self._checkpoint_every = checkpoint_every
+        self._retention_s = retention_s
+        self._wall_clock = wall_clock
+        self._expired_through = 0
 
     @property
     def table(self) -> str:
@@ -63,11 +87,19 @@ class LedgerStore:
     # -- set-up -------------------------------------------------------------------------------
 
     def ensure_tables(self) -> bool:
-        """Create the ledger table and the dead-letter table if missing; True if this call created the ledger."""
+        """Create the ledger table and the dead-letter table if missing; True if this call created the ledger.
+
+        A ledger made by an earlier version gets the skip indexes it lacks (idempotent)."""
         self._retry("create the dead-letter table")(
             self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated))
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
         if int(exists) == 1:
+            found = {r[0] for r in self._query("list the ledger's indexes", ledger.existing_indexes_sql(),
+                                               database=self._database, table=ledger.TABLE)}
+            for name, _ in ledger.SKIP_INDEXES:
+                if name not in found:
+                    for statement in ledger.add_index_sql(self._database, name):
+                        self._retry(f"add index {name} to the ledger")(self._client.command, statement)
             return False
         ddl = ledger.create_table_sql(self._database, replicated=self._replicated)
         self._retry("create the ledger table")(self._client.command, ddl)
@@ -124,11 +156,53 @@ class LedgerStore:
         mine = msgspec.structs.replace(row, pipeline=self._pipeline, claim_id=row.claim_id or uuid.uuid4().hex)
         self._insert(mine, naming.commit_token(self._pipeline, row.commit_seq), f"claim commit slot {row.commit_seq}")
         winner = self.commit_at(row.commit_seq)
-        return (
+        won = (
             winner is not None
             and winner.claim_id == mine.claim_id
             and (winner.txn, winner.epoch, winner.coordinator) == (row.txn, row.epoch, row.coordinator)
         )
+        if won and (row.commit_seq % self._checkpoint_every == 0 or row.txn == naming.seal_txn(row.epoch)):
+            try:
+                self.checkpoint(epoch=row.epoch, coordinator=row.coordinator)
+                self.expire()
+            except ChtxnError as exc:
+                log.warning("could not checkpoint or expire the ledger", extra={"error": str(exc)})
+        return won
+
+    def checkpoint(self, *, epoch: int, coordinator: str) -> int:
+        """Write a checkpoint for the longest decided and settled prefix of the chain past the
+        latest checkpoint (``protocol.ledger_checkpoint``), derived from what is read back.
+        Returns its slot, or the latest checkpoint's when there is nothing new to summarise."""
+        latest = self.latest_checkpoint()
+        after = latest.commit_seq if latest else 0
+        slots = [int(r[0]) for r in self._query(
+            "read the commit slots", ledger_checkpoint.chain_slots_sql(self._database), after=after)]
+        pending = [r.commit_seq for r in self.committed_unpublished(after=after)]
+        through = ledger_checkpoint.settled_through(after, slots, pending)
+        if through <= after:
+            return after
+        rows = self._query("read the head to checkpoint", ledger.head_sql(self._database), after=after, through=through)
+        seq, offsets = ledger_checkpoint.overlay(latest, rows)
+        row = ledger_checkpoint.checkpoint_row(self._pipeline, seq, offsets, epoch=epoch, coordinator=coordinator)
+        self._insert(row, naming.checkpoint_token(self._pipeline, seq), f"checkpoint the ledger at slot {seq}")
+        return seq
+
+    def expire(self) -> int:
+        """Delete the history older than the retention that no reader needs
+        (``protocol.ledger_checkpoint``); returns the last slot whose rows are now gone (0: none)."""
+        before_ms = int((self._wall_clock() - self._retention_s) * 1000)
+        horizon = self._query("find the expiry horizon", ledger_checkpoint.expiry_horizon_sql(self._database),
+                              before_ms=before_ms)
+        if not horizon:
+            return 0
+        through, at_ms = int(horizon[0][0]), int(horizon[0][1])
+        if through > self._expired_through:
+            self._command("expire old checkpoints", ledger_checkpoint.expire_checkpoints_sql(self._database),
+                          through=through)
+            self._command("expire old ledger rows", ledger_checkpoint.expire_rows_sql(self._database),
+                          through=through, before_ms=at_ms)
+            self._expired_through = through
+        return through
 
     def claim_epoch(self, epoch: int, coordinator: str, claim_id: str = "") -> bool:
         """Claim leadership generation ``epoch`` for ``coordinator``; True if it is ours.
@@ -165,8 +239,20 @@ class LedgerStore:
         return [ledger.from_result_row(r) for r in self._query("read lost txns", sql)]
 
     def commit_at(self, commit_seq: int) -> LedgerRow | None:
-        """The COMMITTED row owning slot ``commit_seq``, or None if the slot is free."""
+        """The COMMITTED row owning slot ``commit_seq``; None if the slot is free, or if its owner's
+        row has expired (a claim stored after a checkpoint covered the slot owns nothing)."""
         return self._slot_winner(LedgerEvent.COMMITTED, commit_seq)
+
+    def latest_checkpoint(self) -> LedgerRow | None:
+        """The CHECKPOINT row of the highest slot, or None (a ledger without one reads from slot 1)."""
+        rows = self._query("read the latest checkpoint", ledger_checkpoint.checkpoints_sql(self._database, newest_first=True),
+                           limit=1)
+        return ledger.from_result_row(rows[0]) if rows else None
+
+    def checkpoints(self) -> list[LedgerRow]:
+        """Every retained checkpoint, oldest first."""
+        sql = ledger_checkpoint.checkpoints_sql(self._database, newest_first=False)
+        return [ledger.from_result_row(r) for r in self._query("read the checkpoints", sql, limit=2**32 - 1)]
 
     def epoch_owner(self, epoch: int) -> str | None:
         """The coordinator that claimed ``epoch``, or None if nobody did."""
@@ -179,33 +265,56 @@ class LedgerStore:
         return int(rows[0][0]) if rows else 0
 
     def head(self) -> tuple[int, dict[TopicPartition, int]]:
-        """The last commit slot (0 if none) and, per partition ever committed, its committed end offset."""
-        rows = self._query("read the ledger head", ledger.head_sql(self._database))
-        seq = max((int(r[3]) for r in rows), default=0)
-        offsets = {TopicPartition(topic=t, partition=int(p)): int(e) for t, p, e, _ in rows if t}
-        return seq, offsets
+        """The last commit slot (0 if none) and, per partition ever committed, its committed end
+        offset: the latest checkpoint overlaid with the commits after it."""
+        latest = self.latest_checkpoint()
+        after = latest.commit_seq if latest else 0
+        rows = self._query("read the ledger head", ledger.head_sql(self._database), after=after,
+                           through=ALL_SLOTS["through"])
+        return ledger_checkpoint.overlay(latest, rows)
 
     def commits(self) -> list[LedgerRow]:
-        """The chain: one resolved COMMITTED row per slot, in slot order."""
+        """The retained chain: one resolved COMMITTED row per slot, in slot order."""
         sql = ledger.resolved_commits_sql(self._database)
-        return [ledger.from_result_row(r) for r in self._query("read the commits", sql)]
+        return [ledger.from_result_row(r) for r in self._query("read the commits", sql, **ALL_SLOTS)]
 
-    def committed_unpublished(self) -> list[LedgerRow]:
-        """COMMITTED txns without a PUBLISHED row, in slot order: any leader must publish them."""
+    def committed_unpublished(self, *, after: int | None = None) -> list[LedgerRow]:
+        """COMMITTED txns without a PUBLISHED row, in slot order: any leader must publish them.
+        All lie after the latest checkpoint (the default ``after``)."""
+        if after is None:
+            latest = self.latest_checkpoint()
+            after = latest.commit_seq if latest else 0
         sql = ledger.committed_unpublished_sql(self._database)
-        return [ledger.from_result_row(r) for r in self._query("read unpublished commits", sql)]
+        rows = self._query("read unpublished commits", sql, after=after, through=ALL_SLOTS["through"])
+        return [ledger.from_result_row(r) for r in rows]
 
     def history(self, limit: int = 20, state: str | None = None) -> list[TxnSummary]:
-        """The latest ``limit`` txns, newest first, optionally only those in ``state``."""
+        """The latest ``limit`` txns, newest first (by their first row), optionally only those in ``state``.
+
+        Reads a window of recent rows, from the latest checkpoint on, and widens it (the 4th,
+        16th, ... latest checkpoint, an hour, a day, a week, then everything) only while it holds
+        fewer than ``limit`` txns whose rows all lie inside it: those are ranked and judged exactly.
+        """
         if state and state.upper() not in ledger.STATE_PRECEDENCE:
             raise ValueError(f"unknown txn state {state!r}: use one of {', '.join(ledger.STATE_PRECEDENCE)}")
-        picked = self._query(
-            "list txns", ledger.history_txns_sql(self._database),
-            limit=max(0, limit), state=(state or "").upper(),
-        )
-        order = [r[0] for r in picked]
-        grouped = self._rows_of(order)
-        return [summarize(grouped[t]) for t in order if t in grouped]
+        if limit <= 0:
+            return []
+        for since_ms in self._windows():
+            picked = self._query(
+                "list txns", ledger.history_txns_sql(self._database),
+                limit=limit + _SLACK, state=(state or "").upper(), since_ms=since_ms,
+            )
+            grouped = self._rows_of([r[0] for r in picked])
+            inside = [t for t, _, _ in picked
+                      if t in grouped and min(round(r.event_time * 1000) for r in grouped[t]) >= since_ms]
+            if len(inside) >= limit or since_ms == 0:
+                return [summarize(grouped[t]) for t in inside[:limit]]
+        raise AssertionError("the last window takes every row")
+
+    def last_abort(self) -> LedgerRow | None:
+        """The newest ABORTED row (reads only ABORTED rows)."""
+        rows = self._query("read the last abort", ledger.latest_event_sql(self._database, LedgerEvent.ABORTED))
+        return ledger.from_result_row(rows[0]) if rows else None
 
     def txn(self, txn_id: str) -> TxnSummary | None:
         """Everything the ledger says of ``txn_id``, or None if it has no row."""
@@ -213,9 +322,22 @@ class LedgerStore:
         return summarize(rows) if rows else None
 
     def audit(self) -> list[str]:
-        """Anomalies of the commit chain per partition (overlap, backward, gap) and committed txns
-        lost before publish; empty if sound."""
-        return audit(self.commits(), self.gaps(), self.lost())
+        """Anomalies of the commit chain per partition (overlap, backward, gap), checkpoints that
+        disagree with it, and committed txns lost before publish; empty if sound.
+
+        When the first slots have expired, the chain is checked from the oldest checkpoint left."""
+        start, commits, checkpoints = self.retained_chain()
+        return audit(commits, self.gaps(), self.lost(), start=start, checkpoints=checkpoints)
+
+    def retained_chain(self) -> tuple[LedgerRow | None, list[LedgerRow], list[LedgerRow]]:
+        """(start, commits, checkpoints): the checkpoint the retained chain continues from (None
+        while slot 1 is retained), the resolved commits after it, and every retained checkpoint."""
+        commits = self.commits()
+        checkpoints = self.checkpoints()
+        if checkpoints and (not commits or commits[0].commit_seq > 1):
+            start = checkpoints[0]
+            return start, [c for c in commits if c.commit_seq > start.commit_seq], checkpoints
+        return None, commits, checkpoints
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -228,12 +350,30 @@ class LedgerStore:
             grouped.setdefault(row.txn, []).append(row)
         return grouped
 
+    def _windows(self) -> list[int]:
+        """Lower bounds (unix ms) of the txn-list windows, narrowest first; the last is 0 (all rows)."""
+        sql = ledger_checkpoint.checkpoint_times_sql(self._database)
+        times = [int(r[0]) for r in self._query("read checkpoint times", sql, limit=_WINDOW_STEPS[-1] + 1)]
+        now_ms = self._wall_clock() * 1000
+        bounds = {times[i] for i in _WINDOW_STEPS if i < len(times)} | {int(now_ms - age * 1000) for age in _WINDOW_AGES_S}
+        return sorted(bounds, reverse=True) + [0]
+
     def _slot_winner(self, event: LedgerEvent, slot: int) -> LedgerRow | None:
         rows = self._query(f"read {event.value} slot {slot}", ledger.slot_winner_sql(self._database, event), slot=slot)
-        return ledger.from_result_row(rows[0]) if rows else None
+        if not rows:
+            return None
+        if event is LedgerEvent.COMMITTED:
+            stored_ms, fence_ms = rows[0][len(ledger.INSERT_COLUMNS)], rows[0][-1]
+            if fence_ms is not None and int(stored_ms) > int(fence_ms):
+                return None  # a late claim of a slot whose owner has expired
+        return ledger.from_result_row(rows[0])
 
     def _retry(self, what: str):  # noqa: ANN202 - a ClickHouseRetrying
         return retrying(self._retries, what, sleep=self._sleep)
+
+    def _command(self, what: str, sql: str, **params: Any) -> None:
+        parameters = {"pipeline": self._pipeline, **params}
+        self._retry(what)(self._client.command, sql, parameters=parameters)
 
     def _query(self, what: str, sql: str, **params: Any) -> list[tuple]:
         parameters = {"pipeline": self._pipeline, **params}

@@ -66,7 +66,9 @@ class CoordinatorService:
     def _run_once(self, stop: threading.Event) -> None:
         ch = self.cfg.clickhouse
         client = make_client(ch)
-        ledger = LedgerStore(client, ch.database, self.cfg.name)
+        co = self.cfg.coordinator
+        ledger = LedgerStore(client, ch.database, self.cfg.name, checkpoint_every=co.ledger_checkpoint_every,
+                             retention_s=co.ledger_retention_days * 86400)
         stages = StageTables(client, database=ch.database, target=ch.target_table, pipeline=self.cfg.name,
                              publish_mode=self.cfg.transaction.publish_mode)
         ledger.ensure_tables()

@@ -52,12 +52,19 @@ def committed_ranges(commits: list[LedgerRow]) -> dict[TopicPartition, list[tupl
 
 def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow],
                 dead_letters: dict[TopicPartition, set[int]] | None = None,
-                chain_anomalies: list[str] | None = None, topics: Collection[str] | None = None) -> DeepReport:
+                chain_anomalies: list[str] | None = None, topics: Collection[str] | None = None,
+                checked_from: dict[TopicPartition, int] | None = None) -> DeepReport:
     """Check the target against the committed ranges (``commits``: the resolved commit chain).
 
     ``topics``: the pipeline's source topics; rows of other topics in a shared target belong to
-    other pipelines and are not checked (None: check every row).
+    other pipelines and are not checked (None: check every row). ``checked_from``: per partition,
+    the first offset to check, when the ledger's first commits have expired (the offsets of the
+    checkpoint the retained chain starts from); rows below it are not checked.
     """
+    floored = sorted((checked_from or {}).items())
+    floors = {"floor_keys": [f"{tp.topic}/{tp.partition}" for tp, _ in floored], "floors": [o for _, o in floored]}
+    floor_sql = ("_offset >= arrayElement({floors:Array(Int64)}, "
+                 "indexOf({floor_keys:Array(String)}, concat(_topic, '/', toString(_partition))))")
     dead_letters = dead_letters or {}
     anomalies = list(chain_anomalies or [])
     table = f"`{database}`.`{target}`"
@@ -65,7 +72,7 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
         (t, int(p)): (int(n), int(u), int(lo), int(hi))
         for t, p, n, u, lo, hi in client.query(
             f"SELECT _topic, _partition, count(), uniqExact(_offset), min(_offset), max(_offset) FROM {table} "
-            "GROUP BY _topic, _partition"
+            f"WHERE {floor_sql} GROUP BY _topic, _partition", parameters=floors
         ).result_rows
     }
     ranges = committed_ranges(commits)
@@ -86,8 +93,9 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
         if rows:
             inside_sql = " OR ".join(f"(_offset >= {s} AND _offset < {e})" for s, e in spans) or "0"
             outside = int(client.command(
-                f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} AND NOT ({inside_sql})",
-                parameters={"t": tp.topic, "p": tp.partition},
+                f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
+                f"AND {floor_sql} AND NOT ({inside_sql})",
+                parameters={"t": tp.topic, "p": tp.partition, **floors},
             ))
         if rows and dlq:  # a dead-lettered offset must not also be in the target
             outside += int(client.command(

@@ -83,6 +83,8 @@ class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     leader_lease_s: float = 2.0  # a standby claims leadership after this much leader silence
     metrics_port: int = 0  # 0: no Prometheus endpoint
     clickhouse_retries: int = 8
+    ledger_checkpoint_every: int = 1000  # commit slots between ledger checkpoints (reads start from the latest)
+    ledger_retention_days: float = 30.0  # ledger history older than this expires; the head never does
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -183,6 +185,8 @@ def _validate(config: PipelineConfig) -> None:
         "participant.chunk_bytes": pa.chunk_bytes,
         "participant.poll_batch": pa.poll_batch,
         "coordinator.leader_lease_s": config.coordinator.leader_lease_s,
+        "coordinator.ledger_checkpoint_every": config.coordinator.ledger_checkpoint_every,
+        "coordinator.ledger_retention_days": config.coordinator.ledger_retention_days,
     }
     for key, value in positive.items():
         if value <= 0:

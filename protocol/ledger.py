@@ -12,13 +12,18 @@ database. Events:
 - ``GAP``: offsets between two commits were gone (retention) and skipped, per ``on_gap = skip``;
 - ``LOST``: a committed txn whose stage table was missing at publish (an alarm: ``chtxn verify`` fails);
 - ``INITIAL``: the offset a never-committed partition starts from, chosen once (token
-  ``<pipeline>/initial/<topic>/<partition>``, first write wins) so a new leader never moves it.
+  ``<pipeline>/initial/<topic>/<partition>``, first write wins) so a new leader never moves it;
+- ``CHECKPOINT``: the head at slot ``commit_seq`` (every partition's committed end offset), for a
+  prefix of the chain that is decided and settled (``protocol.ledger_checkpoint``). Readers start
+  from the latest one, so what they read does not grow with the chain.
 
 **Resolution rule for readers.** Deduplication makes a commit slot hold one row. Past the
 deduplication window a slot could hold two: the **first claim wins for ever** (the earliest
 ``event_time``, then the smallest ``claim_id``), whatever the epochs, so a late claim can never
 rewrite a slot whose owner went on to publish. Every query here applies it, so the chain of
-commits is always one line.
+commits is always one line. A slot a checkpoint covers was decided before that checkpoint was
+written: a claim stored after the first checkpoint covering its slot never owns the slot, even
+once the slot's rows have expired (``slot_winner_sql``'s ``fence_ms``).
 
 **Seals.** A new leader claims slot head+1 with an empty COMMITTED row of its own (txn
 ``e<epoch>_t0``, no stage table, no ranges) before it touches any stage table. A late commit of
@@ -57,6 +62,7 @@ class LedgerEvent(str, enum.Enum):
     GAP = "GAP"
     LOST = "LOST"  # committed, but its stage table was gone before publish: an alarm, never PUBLISHED
     INITIAL = "INITIAL"  # where a never-committed partition starts, fixed once chosen
+    CHECKPOINT = "CHECKPOINT"  # the head at slot commit_seq: readers start from the latest one
 
 
 #: A txn's state is the first of these it has an event for.
@@ -144,15 +150,38 @@ def dedup_engine(replicated: bool, window: int) -> tuple[str, str]:
     return "MergeTree", f"non_replicated_deduplication_window = {window}"
 
 
+#: Data-skipping indexes: the rows of one txn (``txn IN``) and of a recent time window
+#: (``event_time >=``) are found without reading the whole table. ``(name, definition)``.
+SKIP_INDEXES: tuple[tuple[str, str], ...] = (
+    ("chtxn_txn", "txn TYPE bloom_filter GRANULARITY 1"),
+    ("chtxn_time", "event_time TYPE minmax GRANULARITY 1"),
+)
+
+
 def create_table_sql(database: str, *, replicated: bool = False) -> str:
     """The ledger DDL (idempotent). No partition key: deduplication tokens are per partition."""
     engine, window = dedup_engine(replicated, DEDUP_WINDOW)
     columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
+    indexes = "".join(f",\n    INDEX {name} {definition}" for name, definition in SKIP_INDEXES)
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"
-        f"    {'event_time':<14}DateTime64(3, 'UTC') DEFAULT now64(3)\n)\n"
+        f"    {'event_time':<14}DateTime64(3, 'UTC') DEFAULT now64(3){indexes}\n)\n"
         f"ENGINE = {engine}\nORDER BY (pipeline, event, commit_seq, txn)\nSETTINGS {window}"
     )
+
+
+def existing_indexes_sql() -> str:
+    """Names of the skip indexes of table ``{table:String}`` in ``{database:String}``."""
+    return "SELECT name FROM system.data_skipping_indices WHERE database = {database:String} AND table = {table:String}"
+
+
+def add_index_sql(database: str, name: str) -> list[str]:
+    """Add skip index ``name`` to a ledger made before it existed, and build it for the rows already there."""
+    definition = dict(SKIP_INDEXES)[name]
+    return [
+        f"ALTER TABLE {qualified(database)} ADD INDEX IF NOT EXISTS {name} {definition}",
+        f"ALTER TABLE {qualified(database)} MATERIALIZE INDEX {name}",
+    ]
 
 
 def _dt(ts: float) -> datetime:
@@ -207,35 +236,61 @@ def state_of(events: Sequence[str]) -> str:
     return next((s for s in STATE_PRECEDENCE if s in events), STATE_PRECEDENCE[-1])
 
 
+#: ``after`` and ``through`` of every slot.
+ALL_SLOTS: dict[str, int] = {"after": 0, "through": 2**64 - 1}
+
+
 def resolved_commits_sql(database: str) -> str:
-    """Every COMMITTED row of ``{pipeline:String}``, one per slot by the resolution rule, in slot order."""
+    """The COMMITTED rows of ``{pipeline:String}`` in slots ``{after:UInt64}``+1..``{through:UInt64}``
+    (``ALL_SLOTS``: 0 and the largest slot), one per slot by the resolution rule, in slot order.
+    The primary key bounds the read to those slots."""
     return (
         f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
         "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' "
+        "AND commit_seq > {after:UInt64} AND commit_seq <= {through:UInt64} "
         "ORDER BY commit_seq ASC, event_time ASC, claim_id ASC LIMIT 1 BY commit_seq"
     )
 
 
 def slot_winner_sql(database: str, event: LedgerEvent) -> str:
-    """The surviving row of one COMMITTED slot (``{slot:UInt64}`` = commit_seq) or EPOCH (= epoch)."""
+    """The surviving row of one COMMITTED slot (``{slot:UInt64}`` = commit_seq) or EPOCH (= epoch).
+
+    For a COMMITTED slot one more column, ``fence_ms``: when the first checkpoint covering the
+    slot was written (unix ms; NULL if none covers it). A row stored after it is a late claim.
+    """
     key = "commit_seq" if event is LedgerEvent.COMMITTED else "epoch"
+    fence = ""
+    if event is LedgerEvent.COMMITTED:
+        fence = (
+            f", (SELECT toUnixTimestamp64Milli(minOrNull(event_time)) FROM {qualified(database)} "
+            "WHERE pipeline = {pipeline:String} AND event = 'CHECKPOINT' AND commit_seq >= {slot:UInt64}) AS fence_ms"
+        )
     return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        f"SELECT {SELECT_COLUMNS}{fence} FROM {qualified(database)} "
         f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' AND {key} = {{slot:UInt64}} "
         "ORDER BY event_time ASC, claim_id ASC LIMIT 1"
     )
 
 
 def max_epoch_sql(database: str) -> str:
-    return f"SELECT max(epoch) FROM {qualified(database)} WHERE pipeline = {{pipeline:String}}"
+    """The highest epoch of ``{pipeline:String}``: of its EPOCH claims, checkpoints and the commits
+    from the latest checkpoint on (epochs only rise along the chain). Reads no old commit."""
+    t = qualified(database)
+    return (
+        f"SELECT max(epoch) FROM {t} WHERE pipeline = {{pipeline:String}} AND (event = 'EPOCH' "
+        "OR (event IN ('COMMITTED', 'CHECKPOINT') AND commit_seq >= "
+        f"(SELECT max(commit_seq) FROM {t} WHERE pipeline = {{pipeline:String}} AND event = 'CHECKPOINT')))"
+    )
 
 
 def head_sql(database: str) -> str:
-    """Per partition, the end offset of its latest commit; every commit shows in some group.
+    """Per partition, the end offset of its latest commit in slots ``{after:UInt64}``+1..``{through:UInt64}``;
+    every such commit shows in some group.
 
     One statement reads the table once, so the last slot and the offsets come from one snapshot.
     Commits without partitions land in the group ``('', 0)``; callers take ``max(seq)`` over all
-    groups and ignore that one.
+    groups and ignore that one. With ``ALL_SLOTS`` this is the whole chain (how heads were read
+    before checkpoints).
     """
     return (
         "SELECT topic, partition, argMax(end_offset, commit_seq) AS end_offset, max(commit_seq) AS seq "
@@ -246,11 +301,22 @@ def head_sql(database: str) -> str:
 
 
 def committed_unpublished_sql(database: str) -> str:
-    """Committed txns with a stage table (seals have none) and neither PUBLISHED nor LOST, in slot order."""
+    """Committed txns in slots ``{after:UInt64}``+1..``{through:UInt64}`` with a stage table (seals have none) and neither
+    PUBLISHED nor LOST, in slot order. PUBLISHED and LOST rows carry their txn's slot, so both
+    sides are read by the primary key (a row without a slot, 0, is read too)."""
     return (
         f"SELECT * FROM ({resolved_commits_sql(database)}) WHERE stage_table != '' AND txn NOT IN "
-        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} AND event IN ('PUBLISHED', 'LOST')) "
+        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} "
+        "AND event IN ('PUBLISHED', 'LOST') AND (commit_seq > {after:UInt64} OR commit_seq = 0)) "
         "ORDER BY commit_seq"
+    )
+
+
+def latest_event_sql(database: str, event: LedgerEvent) -> str:
+    """The newest ``event`` row of ``{pipeline:String}`` (reads only that event's rows)."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' ORDER BY event_time DESC LIMIT 1"
     )
 
 
@@ -263,10 +329,17 @@ def event_rows_sql(database: str, event: LedgerEvent) -> str:
 
 
 def history_txns_sql(database: str) -> str:
-    """The latest ``{limit:UInt32}`` txns, newest first, in state ``{state:String}`` ('' for any)."""
+    """The latest ``{limit:UInt32}`` txns with a row stored at or after ``{since_ms:Int64}`` (unix
+    ms; 0: any), newest first by their first such row, in state ``{state:String}`` ('' for any),
+    judged by those rows; with the time of that first row (unix ms).
+
+    A txn whose rows all lie in the window is ranked and judged exactly; one with older rows too
+    ("straddling") may not be, and ``LedgerStore.history`` checks it against all its rows.
+    """
     return (
-        f"SELECT txn, {state_sql()} AS state FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND txn != '' "
+        f"SELECT txn, {state_sql()} AS state, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
+        f"FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND txn != '' AND event_time >= fromUnixTimestamp64Milli({since_ms:Int64}) "
         "GROUP BY txn HAVING {state:String} = '' OR state = {state:String} "
         "ORDER BY min(event_time) DESC, txn DESC LIMIT {limit:UInt32}"
     )

@@ -44,7 +44,7 @@ class TxnSummary(msgspec.Struct, frozen=True, kw_only=True):
 #: Order of events of one txn written within the same millisecond.
 _EVENT_ORDER = {e: i for i, e in enumerate((
     LedgerEvent.EPOCH, LedgerEvent.STARTED, LedgerEvent.GAP, LedgerEvent.ABORTED,
-    LedgerEvent.COMMITTED, LedgerEvent.LOST, LedgerEvent.PUBLISHED, LedgerEvent.INITIAL,
+    LedgerEvent.COMMITTED, LedgerEvent.LOST, LedgerEvent.PUBLISHED, LedgerEvent.INITIAL, LedgerEvent.CHECKPOINT,
 ))}
 
 
@@ -110,7 +110,14 @@ def _fmt(tp: TopicPartition) -> str:
     return f"{tp.topic}/{tp.partition}"
 
 
-def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Sequence[LedgerRow] = ()) -> list[str]:
+def _name(row: LedgerRow) -> str:
+    if row.event is LedgerEvent.CHECKPOINT:
+        return f"the checkpoint at slot {row.commit_seq}"
+    return f"commit {row.commit_seq} (txn {row.txn})"
+
+
+def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Sequence[LedgerRow] = (), *,
+          start: LedgerRow | None = None, checkpoints: Sequence[LedgerRow] = ()) -> list[str]:
     """Anomalies of the commit chain, one sentence each; empty when the chain is sound.
 
     ``commits`` are the resolved COMMITTED rows in slot order (one per slot). Checked: slots
@@ -119,15 +126,34 @@ def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Se
     never ends before it starts. A gap recorded by a GAP row (skipped, ``on_gap = skip``) is
     still reported, with the record of it. Every LOST txn (committed, but its stage table was
     gone at publish) is reported: its rows are not in the target.
+
+    ``start``: the checkpoint the chain is checked from when older slots have expired (None:
+    from slot 1); its offsets stand for the commits before it. Each of ``checkpoints`` must
+    agree with the chain at its slot.
     """
     recorded: dict[tuple[TopicPartition, int, int], LedgerRow] = {
         (g.tp, g.start, g.end): row for row in gaps for g in row.ranges
     }
     problems: list[str] = []
-    expected_seq = 1
-    last: dict[TopicPartition, tuple[int, LedgerRow]] = {}
+    expected_seq = start.commit_seq + 1 if start else 1
+    last: dict[TopicPartition, tuple[int, LedgerRow]] = {r.tp: (r.end, start) for r in start.ranges} if start else {}
+    pending = sorted((c for c in checkpoints if c.commit_seq >= expected_seq), key=lambda c: c.commit_seq)
+
+    def compare_checkpoints(upto: int) -> None:
+        while pending and pending[0].commit_seq <= upto:
+            checkpoint = pending.pop(0)
+            chain = {tp: end for tp, (end, _) in last.items()}
+            for tp in sorted(set(chain) | {r.tp for r in checkpoint.ranges}):
+                said = next((r.end for r in checkpoint.ranges if r.tp == tp), None)
+                if said != chain.get(tp):
+                    problems.append(
+                        f"{_fmt(tp)}: {_name(checkpoint)} says the committed end is {said}, "
+                        f"the chain says {chain.get(tp)}"
+                    )
+
     for commit in commits:
-        where = f"commit {commit.commit_seq} (txn {commit.txn})"
+        compare_checkpoints(commit.commit_seq - 1)
+        where = _name(commit)
         if commit.commit_seq != expected_seq:
             problems.append(
                 f"commit slots {expected_seq}..{commit.commit_seq - 1} are missing before {where}"
@@ -140,7 +166,7 @@ def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Se
                 problems.append(f"{_fmt(r.tp)}: {where} goes backward: end {r.end} < start {r.start}")
             if r.tp in last:
                 prev_end, prev = last[r.tp]
-                before = f"commit {prev.commit_seq} (txn {prev.txn})"
+                before = _name(prev)
                 if r.start < prev_end:
                     problems.append(
                         f"{_fmt(r.tp)}: offsets {r.start}..{prev_end - 1} are committed twice, "
@@ -156,6 +182,9 @@ def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Se
                         f"between {before} and {where}{skipped}"
                     )
             last[r.tp] = (r.end, commit)
+    compare_checkpoints(expected_seq - 1)
+    for checkpoint in pending:
+        problems.append(f"{_name(checkpoint)} is past the last commit, slot {expected_seq - 1}")
     for row in lost:
         problems.append(f"txn {row.txn} (commit {row.commit_seq}) was committed but never published: {row.reason}")
     return problems

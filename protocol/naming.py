@@ -68,6 +68,11 @@ def commit_token(pipeline: str, commit_seq: int) -> str:
     return f"{pipeline}/commit/{commit_seq}"
 
 
+def checkpoint_token(pipeline: str, commit_seq: int) -> str:
+    """Token of the CHECKPOINT ledger row at a slot: its writers derive the same head, one row stays."""
+    return f"{pipeline}/checkpoint/{commit_seq}"
+
+
 def epoch_token(pipeline: str, epoch: int) -> str:
     return f"{pipeline}/epoch/{epoch}"
 

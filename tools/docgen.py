@@ -163,6 +163,16 @@ FIELD_NOTES: dict[str, str] = {
     "coordinator.leader_lease_s": "The leader heartbeats every third of this, from a thread of its own.",
     "coordinator.metrics_port": "Port of the Prometheus endpoint (`--metrics-port` overrides it).",
     "coordinator.clickhouse_retries": "Tries of one coordinator ClickHouse operation on retryable errors.",
+    "coordinator.ledger_checkpoint_every": (
+        "The leader winning every this-many-th commit slot, and every new leader, writes a ledger "
+        "checkpoint: the head of the settled part of the commit chain. Take-over, `chtxn status` and "
+        "`chtxn txn list` read from the latest one, so their cost does not grow with the ledger."
+    ),
+    "coordinator.ledger_retention_days": (
+        "Ledger history older than this is deleted by the leader, but only below the newest "
+        "checkpoint older than this: the head, the commits after it, and every EPOCH, INITIAL, GAP "
+        "and LOST row stay, so a pipeline stopped for longer restarts exactly where it stopped."
+    ),
 }
 
 #: Values of the required fields in the complete example.

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+
+from coordinator.ledger_store import LedgerStore
 
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
@@ -49,3 +52,30 @@ def test_verify_deep_fails_on_a_duplicated_row(stack, tmp_path):
     result = chtxn("verify", "--config", str(pipeline.config_path), "--deep")
     assert result.returncode == 1
     assert "1 duplicates" in result.stdout and "FAILED" in result.stdout
+
+
+def test_verify_deep_after_the_first_commits_expired_checks_from_the_oldest_checkpoint(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("verifyexp"))
+    first = pipeline.produce(300)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline):
+        wait_until(lambda: pipeline.target_count() == first, 60, "the first rows published")
+    more = pipeline.produce(200, start_id=first)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline, "c2"):
+        # c2's seal checkpointed everything c1 committed
+        wait_until(lambda: pipeline.target_count() == first + more, 60, "the later rows published")
+    store = pipeline.ledger()
+    horizon = store.latest_checkpoint()
+    assert horizon is not None and horizon.commit_seq > 1
+    later = LedgerStore(pipeline.client(), pipeline.cfg.clickhouse.database, pipeline.cfg.name,
+                        retention_s=86400, wall_clock=lambda: time.time() + 2 * 86400)
+    assert later.expire() >= horizon.commit_seq
+    start, commits, _ = store.retained_chain()
+    assert start is not None and all(c.commit_seq > start.commit_seq for c in commits)
+    verified = chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert report["ok"] and report["anomalies"] == []
+    checked = sum(p["rows"] for p in report["deep"]["partitions"])
+    assert checked == sum(p["expected_rows"] for p in report["deep"]["partitions"]) < first + more
+    status = json.loads(chtxn("status", "--config", str(pipeline.config_path), "--json").stdout)
+    assert sum(p["committed"] for p in status["partitions"]) == first + more  # the head survived the expiry
