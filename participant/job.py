@@ -185,8 +185,7 @@ class ParticipantJob:
 
                     raise SetupError(
                         f"the participant job needs {len(groups)} task slots running at once but only {running} "
-                        f"started within {self.startup_timeout_s:g} s: give it {len(groups)} cores (e.g. --master "
-                        f"local[{len(groups)}], --total-executor-cores {len(groups)}) or set participant.task_slots"
+                        f"started within {self.startup_timeout_s:g} s: {slots_advice(sc.master, len(groups), running)}"
                     )
             if now >= next_poll:
                 next_poll = now + self.partition_poll_s
@@ -214,6 +213,18 @@ class ParticipantJob:
             signal.signal(sig, lambda *_: self.stop.set())
 
 
+def slots_advice(master: str, needed: int, running: int) -> str:
+    """What to do when only ``running`` of ``needed`` tasks could start on ``master``."""
+    fewer = (f"or set participant.task_slots to {max(running, 1)} or fewer (each task then holds more partitions)")
+    if master.startswith("local"):
+        return f"run with --master local[{needed},4] {fewer}"
+    if master.startswith("spark://"):
+        return (f"give the application {needed} cores on the cluster's workers: enough workers with free cores, "
+                f"--conf spark.cores.max={needed} (or unset it), other applications stopped, {fewer}")
+    return (f"give the application {needed} executor cores in all: --conf spark.executor.instances=E and "
+            f"--conf spark.executor.cores=C with E x C >= {needed}, and spark.dynamicAllocation.enabled=false, {fewer}")
+
+
 def _running_tasks(sc: Any, job_group: str) -> int:
     tracker = sc.statusTracker()
     running = 0
@@ -234,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="participant/job.py", description="The chtxn participant Spark job.")
     parser.add_argument("--config", required=True, help="the pipeline TOML file")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
+    parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S,
+                        help=f"seconds every task has to start after a submission (default: {STARTUP_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     from protocol.config import load_config
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, os.environ)
-        return ParticipantJob(cfg, log_level=args.log_level).run()
+        return ParticipantJob(cfg, log_level=args.log_level, startup_timeout_s=args.startup_timeout).run()
     except ConfigError as exc:
         print(f"chtxn participant: config error: {exc}", file=sys.stderr)
         return 2
