@@ -6,7 +6,7 @@ What the executors run, by master:
   with the project packages zipped for ``--py-files``.
 - any other master (``spark://``, ``yarn``, ``k8s://``, ``local-cluster``): executors on other
   machines have nothing of chtxn installed. The launcher ships a packed virtualenv with the project
-  and its runtime dependencies (:mod:`participant.packaging`, built once and cached by content) as
+  and its runtime dependencies (:mod:`cli.packaging`, built once and cached by content) as
   ``--archives <pack>.tar.gz#environment``, and the executors run ``./environment/bin/python``.
   The driver runs here (client mode) with this Python, unless ``spark.submit.deployMode=cluster``.
 
@@ -36,7 +36,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from participant.packaging import ARCHIVE_ALIAS, EXECUTOR_PYTHON, default_cache_dir, ensure_archive, project_sources
+from cli.packaging import ARCHIVE_ALIAS, EXECUTOR_PYTHON, default_cache_dir, ensure_archive, project_sources
 from procs import signal_group, start_watchdog
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import SetupError

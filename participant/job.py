@@ -183,10 +183,7 @@ class ParticipantJob:
                     self._cancel(sc, job_group, done, "no slots")
                     from protocol.errors import SetupError
 
-                    raise SetupError(
-                        f"the participant job needs {len(groups)} task slots running at once but only {running} "
-                        f"started within {self.startup_timeout_s:g} s: {slots_advice(sc.master, len(groups), running)}"
-                    )
+                    raise SetupError(too_few_slots(sc.master, len(groups), running, self.startup_timeout_s))
             if now >= next_poll:
                 next_poll = now + self.partition_poll_s
                 try:
@@ -213,16 +210,23 @@ class ParticipantJob:
             signal.signal(sig, lambda *_: self.stop.set())
 
 
-def slots_advice(master: str, needed: int, running: int) -> str:
-    """What to do when only ``running`` of ``needed`` tasks could start on ``master``."""
-    fewer = (f"or set participant.task_slots to {max(running, 1)} or fewer (each task then holds more partitions)")
+def too_few_slots(master: str, needed: int, running: int, timeout_s: float) -> str:
+    """Why the job gave up when only ``running`` of ``needed`` tasks started on ``master``, and what to do."""
+    fewer = max(running, 1)
     if master.startswith("local"):
-        return f"run with --master local[{needed},4] {fewer}"
+        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+                f"{timeout_s:g} s: run with --master local[{needed},4] or set participant.task_slots to {fewer} or "
+                "fewer (each task then holds more partitions)")
     if master.startswith("spark://"):
-        return (f"give the application {needed} cores on the cluster's workers: enough workers with free cores, "
-                f"--conf spark.cores.max={needed} (or unset it), other applications stopped, {fewer}")
-    return (f"give the application {needed} executor cores in all: --conf spark.executor.instances=E and "
-            f"--conf spark.executor.cores=C with E x C >= {needed}, and spark.dynamicAllocation.enabled=false, {fewer}")
+        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+                f"{timeout_s:g} s: give the application {needed} cores on the cluster's workers: enough workers with "
+                f"free cores, --conf spark.cores.max={needed} (or unset it), other applications stopped, or set "
+                f"participant.task_slots to {fewer} or fewer (each task then holds more partitions)")
+    return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+            f"{timeout_s:g} s: give the application {needed} executor cores in all: --conf "
+            f"spark.executor.instances=E and --conf spark.executor.cores=C with E x C >= {needed}, and "
+            f"spark.dynamicAllocation.enabled=false, or set participant.task_slots to {fewer} or fewer (each task "
+            "then holds more partitions)")
 
 
 def _running_tasks(sc: Any, job_group: str) -> int:

@@ -131,7 +131,7 @@ def ch_client(stack: TestStack, ch_database: str):  # noqa: ANN201 - clickhouse_
 @pytest.fixture(scope="session")
 def executor_archive_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache dir holding the packed executor environment, built once per session (``--cache-dir``)."""
-    from participant.packaging import ensure_archive
+    from cli.packaging import ensure_archive
 
     cache_dir = tmp_path_factory.mktemp("executor-archives")
     ensure_archive(cache_dir, progress=print)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from participant.packaging import ARCHIVE_ALIAS
+from cli.packaging import ARCHIVE_ALIAS
 from procs import start_token
 from tests.e2e.test_pipeline import Processes, assert_exactly_once, committed
 from tests.helpers import unique_name, wait_until

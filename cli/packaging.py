@@ -77,7 +77,7 @@ class EnvironmentSpec:
 
 def project_sources() -> tuple[tuple[str, Path], ...]:
     """The ``.py`` files of :data:`SHIPPED_PACKAGES`, as (path relative to the package root, file)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]  # the checkout or site-packages holding the packages
     found = []
     for package in SHIPPED_PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
