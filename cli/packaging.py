@@ -18,12 +18,15 @@ platform (its wheels hold compiled extensions): build it on the OS and architect
 
 The environment's ``bin/python`` is a symlink to an interpreter outside the archive, as in every
 venv: the launcher's base interpreter by default, or ``python`` given to :func:`ensure_archive`
-(``chtxn participant --executor-python``) when the nodes keep theirs elsewhere.
+(``chtxn participant --executor-python``) when the nodes keep theirs elsewhere. The link is set
+here, before packing, not by venv-pack's ``python_prefix``: venv-pack 0.2.0 rewrites a venv's
+``python3.11`` link into ``<prefix>/bin/python3.113.11``.
 
 Archives are cached by content: the name holds a hash of the shipped sources, the distribution
-set, the interpreter path and :data:`FORMAT`, so an unchanged project reuses its archive and a
-change of any of those builds a new one. Builds write to a temporary name and rename, so
-concurrent launchers never see half an archive.
+set (names, versions and the RECORD of their files), the interpreter path and :data:`FORMAT`, so
+an unchanged project reuses its archive and a change of any of those builds a new one. Builds
+write to a temporary name and rename, so concurrent launchers never see half an archive. Old
+archives are never deleted: they are about 15 MB each.
 """
 
 from __future__ import annotations
@@ -62,14 +65,14 @@ Progress = Callable[[str], None]
 class EnvironmentSpec:
     """Everything an archive is built from; :meth:`digest` names it in the cache."""
 
-    distributions: tuple[tuple[str, str], ...]  # (name, version), sorted
+    distributions: tuple[tuple[str, str, str], ...]  # (name, version, hash of its RECORD), sorted
     sources: tuple[tuple[str, Path], ...]  # (path inside site-packages, file), sorted
     python: str  # the interpreter bin/python links to on the executors
 
     def digest(self) -> str:
         h = hashlib.sha256(f"chtxn-executor-env {FORMAT}\n{self.python}\n{_python_tag()}\n".encode())
-        for name, version in self.distributions:
-            h.update(f"dist {name}=={version}\n".encode())
+        for name, version, record in self.distributions:
+            h.update(f"dist {name}=={version} {record}\n".encode())
         for name, path in self.sources:
             h.update(f"src {name}\n".encode() + path.read_bytes() + b"\0")
         return h.hexdigest()[:16]
@@ -115,7 +118,7 @@ def distribution_closure(requirements: Iterable[str] = EXECUTOR_REQUIREMENTS) ->
 
 def executor_spec(python: str | None = None) -> EnvironmentSpec:
     """The spec for this launcher; ``python`` is the executors' interpreter (default: ours, resolved)."""
-    dists = tuple((_normalize(d.metadata["Name"]), d.version) for d in distribution_closure())
+    dists = tuple((_normalize(d.metadata["Name"]), d.version, _record_hash(d)) for d in distribution_closure())
     return EnvironmentSpec(distributions=dists, sources=project_sources(), python=python or base_python())
 
 
@@ -159,7 +162,7 @@ def build(spec: EnvironmentSpec, target: Path, progress: Progress) -> None:
         venv.EnvBuilder(with_pip=False, symlinks=True).create(prefix)
         _link_python(prefix, spec.python)
         site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-        for i, (name, version) in enumerate(spec.distributions, 1):
+        for i, (name, version, _) in enumerate(spec.distributions, 1):
             copied = _copy_distribution(importlib.metadata.distribution(name), site)
             progress(f"  [{i}/{len(spec.distributions)}] {name} {version}: {copied / 1e6:.1f} MB")
         for name, path in spec.sources:
@@ -206,6 +209,12 @@ def _copy_distribution(dist: importlib.metadata.Distribution, site: Path) -> int
         shutil.copy2(source, destination)
         copied += destination.stat().st_size
     return copied
+
+
+def _record_hash(dist: importlib.metadata.Distribution) -> str:
+    """A hash of the distribution's RECORD (every installed file with its sha256): a reinstall that
+    changed a file of the same version changes it."""
+    return hashlib.sha256((dist.read_text("RECORD") or "").encode()).hexdigest()[:16]
 
 
 def _normalize(name: str) -> str:

@@ -82,8 +82,10 @@ def test_archives_are_cached_by_content(built: Path, tmp_path: Path) -> None:
     assert EnvironmentSpec(distributions=spec.distributions, sources=(*spec.sources, ("participant/x.py", changed)),
                            python=spec.python).digest() != spec.digest()
     assert executor_spec("/usr/bin/python3.11").digest() != spec.digest()
-    assert EnvironmentSpec(distributions=(("msgspec", "0.0.1"),), sources=spec.sources,
-                           python=spec.python).digest() != spec.digest()
+    name, version, record = spec.distributions[0]
+    for changed_dist in ((name, "0.0.1", record), (name, version, "another-record")):
+        assert EnvironmentSpec(distributions=(changed_dist, *spec.distributions[1:]), sources=spec.sources,
+                               python=spec.python).digest() != spec.digest()
 
 
 def test_another_executor_python(tmp_path: Path) -> None:
