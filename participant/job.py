@@ -7,8 +7,8 @@ The driver:
    else ``sc.defaultParallelism``), so every participant runs at once;
 3. runs ``sc.parallelize(groups, len(groups)).foreachPartition(run_task)`` in a job group, with
    speculative execution forced off; tasks run until cancelled;
-4. fails with a message saying how many slots it needs when not every task is running within
-   ``STARTUP_TIMEOUT_S`` (instead of waiting forever);
+4. fails with a message saying how many slots it needs, and how to get them on its master, when
+   not every task is running within ``STARTUP_TIMEOUT_S`` (instead of waiting forever);
 5. resubmits the job with exponential back-off when it fails, and cancels and regroups at once
    when partitions are added to a source topic;
 6. on SIGTERM or SIGINT cancels the job and stops the SparkContext.

@@ -138,9 +138,9 @@ def executor_archive_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache_dir
 
 
-@pytest.fixture(scope="session")
-def spark_cluster_session(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - SparkCluster
-    """A Spark standalone master and two workers of 2 cores on loopback, started on first use."""
+@pytest.fixture(scope="module")
+def spark_cluster_of_module(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - SparkCluster
+    """A Spark standalone master and two workers of 2 cores on loopback, for the tests of one module."""
     from tests.spark_cluster import SparkCluster
 
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=2, memory="1g")
@@ -151,7 +151,7 @@ def spark_cluster_session(tmp_path_factory: pytest.TempPathFactory):  # noqa: AN
 
 
 @pytest.fixture
-def spark_cluster(spark_cluster_session):  # noqa: ANN001, ANN201 - SparkCluster
-    """The session's Spark cluster with every worker running and registered (killed ones restarted)."""
-    spark_cluster_session.ensure_workers()
-    return spark_cluster_session
+def spark_cluster(spark_cluster_of_module):  # noqa: ANN001, ANN201 - SparkCluster
+    """The module's Spark cluster with every worker running and registered (killed ones restarted)."""
+    spark_cluster_of_module.ensure_workers()
+    return spark_cluster_of_module
