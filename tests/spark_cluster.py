@@ -103,7 +103,7 @@ class SparkCluster:
     def start(self, timeout_s: float = 180) -> SparkCluster:
         self.master = self._jvm("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                            "--port", str(self.port), "--webui-port", str(self.webui_port)])
-        wait_until(lambda: self._alive("master") and self.state(), timeout_s, f"the Spark master UI at {self.ui_url}",
+        wait_until(lambda: self._running(self.master) and self.state(), timeout_s, f"the Spark master UI at {self.ui_url}",
                    interval_s=0.5, ignore=(OSError,))
         for index in range(self.n_workers):
             self.workers.append(self._start_worker(index))
@@ -124,7 +124,8 @@ class SparkCluster:
     def _jvm(self, name: str, argv: list[str], local_dir: Path | None = None) -> ManagedProcess:
         home = spark_home()
         java = shutil.which("java")
-        path = ":".join(p for p in (str(Path(java).resolve().parent) if java else "", "/usr/local/bin", "/usr/bin", "/bin") if p)
+        java_bin = [str(Path(java).resolve().parent)] if java else []
+        path = ":".join([*java_bin, "/usr/local/bin", "/usr/bin", "/bin"])
         env = {"PATH": path, "HOME": os.environ.get("HOME", str(self.base_dir)), "LANG": "C.UTF-8",
                "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "512m",
                "SPARK_LOCAL_DIRS": str(local_dir or self.base_dir / "local")}
@@ -135,17 +136,19 @@ class SparkCluster:
         process.start()
         return process
 
-    def _alive(self, what: str) -> bool:
-        process = self.master if what == "master" else self.workers[int(what)].process
+    @staticmethod
+    def _running(process: ManagedProcess | None) -> bool:
+        """True while ``process`` runs; fails the test with its log when it has exited."""
         if process is None or not process.running():
-            raise AssertionError(f"Spark {what} exited:\n{process.log_tail(40) if process else ''}")
+            raise AssertionError(f"Spark {process.name if process else 'master'} exited:\n"
+                                 f"{process.log_tail(40) if process else ''}")
         return True
 
     def wait_for_workers(self, timeout_s: float = 180) -> None:
         """Until every live worker of ours is ALIVE in the master's JSON UI."""
         def registered() -> bool:
             for worker in self.workers:
-                self._alive(str(worker.index))
+                self._running(worker.process)
             return {w.port for w in self.workers} <= self.alive_worker_ports()
 
         wait_until(registered, timeout_s, f"{len(self.workers)} workers registered with {self.url}",

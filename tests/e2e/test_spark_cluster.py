@@ -52,7 +52,8 @@ def assert_runs_the_archive(cluster: SparkCluster, worker: Worker) -> None:
     pythons = cluster.python_processes(worker)
     assert pythons, f"no Python process under the executors of worker {worker.index}"
     ours = str(Path(sys.prefix).resolve())
-    environment = re.compile(rf"^{re.escape(str(worker.work_dir.resolve()))}/app-[^/]+/\d+/{ARCHIVE_ALIAS}/lib/python3\.\d+/site-packages/")
+    work_dir = re.escape(str(worker.work_dir.resolve()))
+    environment = re.compile(rf"^{work_dir}/app-[^/]+/\d+/{ARCHIVE_ALIAS}/lib/python3\.\d+/site-packages/")
     kafka_from_archive = False
     for pid in pythons:
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
