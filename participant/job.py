@@ -7,8 +7,8 @@ The driver:
    else ``sc.defaultParallelism``), so every participant runs at once;
 3. runs ``sc.parallelize(groups, len(groups)).foreachPartition(run_task)`` in a job group, with
    speculative execution forced off; tasks run until cancelled;
-4. fails with a message saying how many slots it needs when not every task is running within
-   ``STARTUP_TIMEOUT_S`` (instead of waiting forever);
+4. fails with a message saying how many slots it needs, and how to get them on its master, when
+   not every task is running within ``STARTUP_TIMEOUT_S`` (instead of waiting forever);
 5. resubmits the job with exponential back-off when it fails, and cancels and regroups at once
    when partitions are added to a source topic;
 6. on SIGTERM or SIGINT cancels the job and stops the SparkContext.
@@ -183,11 +183,7 @@ class ParticipantJob:
                     self._cancel(sc, job_group, done, "no slots")
                     from protocol.errors import SetupError
 
-                    raise SetupError(
-                        f"the participant job needs {len(groups)} task slots running at once but only {running} "
-                        f"started within {self.startup_timeout_s:g} s: give it {len(groups)} cores (e.g. --master "
-                        f"local[{len(groups)}], --total-executor-cores {len(groups)}) or set participant.task_slots"
-                    )
+                    raise SetupError(too_few_slots(sc.master, len(groups), running, self.startup_timeout_s))
             if now >= next_poll:
                 next_poll = now + self.partition_poll_s
                 try:
@@ -214,6 +210,25 @@ class ParticipantJob:
             signal.signal(sig, lambda *_: self.stop.set())
 
 
+def too_few_slots(master: str, needed: int, running: int, timeout_s: float) -> str:
+    """Why the job gave up when only ``running`` of ``needed`` tasks started on ``master``, and what to do."""
+    fewer = max(running, 1)
+    if master.startswith("local"):
+        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+                f"{timeout_s:g} s: run with --master local[{needed},4] or set participant.task_slots to {fewer} or "
+                "fewer (each task then holds more partitions)")
+    if master.startswith("spark://"):
+        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+                f"{timeout_s:g} s: give the application {needed} cores on the cluster's workers: enough workers with "
+                f"free cores, --conf spark.cores.max={needed} (or unset it), other applications stopped, or set "
+                f"participant.task_slots to {fewer} or fewer (each task then holds more partitions)")
+    return (f"the participant job needs {needed} task slots running at once but only {running} started within "
+            f"{timeout_s:g} s: give the application {needed} executor cores in all: --conf "
+            f"spark.executor.instances=E and --conf spark.executor.cores=C with E x C >= {needed}, and "
+            f"spark.dynamicAllocation.enabled=false, or set participant.task_slots to {fewer} or fewer (each task "
+            "then holds more partitions)")
+
+
 def _running_tasks(sc: Any, job_group: str) -> int:
     tracker = sc.statusTracker()
     running = 0
@@ -234,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="participant/job.py", description="The chtxn participant Spark job.")
     parser.add_argument("--config", required=True, help="the pipeline TOML file")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
+    parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S,
+                        help=f"seconds every task has to start after a submission (default: {STARTUP_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     from protocol.config import load_config
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, os.environ)
-        return ParticipantJob(cfg, log_level=args.log_level).run()
+        return ParticipantJob(cfg, log_level=args.log_level, startup_timeout_s=args.startup_timeout).run()
     except ConfigError as exc:
         print(f"chtxn participant: config error: {exc}", file=sys.stderr)
         return 2

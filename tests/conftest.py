@@ -126,3 +126,32 @@ def ch_client(stack: TestStack, ch_database: str):  # noqa: ANN201 - clickhouse_
     client = stack.clickhouse_client(ch_database)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def executor_archive_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache dir holding the packed executor environment, built once per session (``--cache-dir``)."""
+    from cli.packaging import ensure_archive
+
+    cache_dir = tmp_path_factory.mktemp("executor-archives")
+    ensure_archive(cache_dir, progress=print)
+    return cache_dir
+
+
+@pytest.fixture(scope="module")
+def spark_cluster_of_module(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - SparkCluster
+    """A Spark standalone master and two workers of 2 cores on loopback, for the tests of one module."""
+    from tests.spark_cluster import SparkCluster
+
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=2, memory="1g")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def spark_cluster(spark_cluster_of_module):  # noqa: ANN001, ANN201 - SparkCluster
+    """The module's Spark cluster with every worker running and registered (killed ones restarted)."""
+    spark_cluster_of_module.ensure_workers()
+    return spark_cluster_of_module
