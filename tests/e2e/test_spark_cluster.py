@@ -34,9 +34,10 @@ CLUSTER_CONF = (
 )
 
 
-def start_participants(procs: Processes, cluster: SparkCluster, cache_dir: Path, *extra: str) -> subprocess.Popen:
+def start_participants(procs: Processes, cluster: SparkCluster, cache_dir: Path, *extra: str,
+                       conf: tuple[str, ...] = CLUSTER_CONF) -> subprocess.Popen:
     argv = ["participant", "--master", cluster.url, "--cache-dir", str(cache_dir), *extra]
-    for item in CLUSTER_CONF:
+    for item in conf:
         argv += ["--conf", item]
     return procs.start("participant", *argv)
 
@@ -68,10 +69,17 @@ def assert_runs_the_archive(cluster: SparkCluster, worker: Worker) -> None:
     assert kafka_from_archive, f"no participant of worker {worker.index} has loaded confluent_kafka"
 
 
-def run_pipeline(pipeline: Pipeline, tmp_path: Path, cluster: SparkCluster, cache_dir: Path) -> Processes:
+#: One 1-core executor on each worker (the master spreads executors out), so the two tasks run on
+#: different workers; a lost executor is replaced on the survivor, which has a core to spare.
+ONE_TASK_PER_WORKER = (*[c for c in CLUSTER_CONF if not c.startswith("spark.cores.max=")],
+                       "spark.cores.max=2", "spark.executor.cores=1")
+
+
+def run_pipeline(pipeline: Pipeline, tmp_path: Path, cluster: SparkCluster, cache_dir: Path,
+                 conf: tuple[str, ...] = CLUSTER_CONF) -> Processes:
     procs = Processes(pipeline, tmp_path)
     procs.coordinator()
-    start_participants(procs, cluster, cache_dir)
+    start_participants(procs, cluster, cache_dir, conf=conf)
     return procs
 
 
@@ -98,7 +106,7 @@ def test_a_worker_and_its_executor_sigkilled_mid_txn(stack, tmp_path, spark_clus
     pipeline = make_pipeline(stack, tmp_path, unique_name("clukill"), partitions=2,
                              settings={"participant.task_slots": 2, "participant.chunk_rows": 2_000})
     produced = pipeline.produce(20_000)
-    procs = run_pipeline(pipeline, tmp_path, spark_cluster, executor_archive_dir)
+    procs = run_pipeline(pipeline, tmp_path, spark_cluster, executor_archive_dir, conf=ONE_TASK_PER_WORKER)
     try:
         wait_until(lambda: procs.alive() or pipeline.target_count() > 0, 180, "the first rows committed")
         wait_until(lambda: all(participants_by_worker(spark_cluster).values()), 60, "a participant on each worker")
