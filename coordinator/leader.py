@@ -41,7 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition as KafkaTP
+from confluent_kafka import KafkaException, Producer, TopicPartition as KafkaTP
+from confluent_kafka.admin import OffsetSpec
 
 from clients import failpoints
 from clients import kafka as kafka_clients
@@ -119,7 +120,6 @@ class Leader:
                           heartbeat_timeout_s=cfg.heartbeat_timeout_s),
         )
         self._admin: Any = None
-        self._offsets_reader: Any = None
         self._ack_at: dict[str, float] = {}
         self._dead_letters: Any = None
         self._progress_at = clock()
@@ -138,7 +138,6 @@ class Leader:
         beating.start()
         self._admin = kafka_clients.admin(self.cfg)
         self._dead_letters = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
-        self._offsets_reader = Consumer(kafka_clients.consumer_conf(self.cfg, **{"client.id": f"chtxn-coordinator-{self.coordinator}"}))
         self._lanes = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"chtxn-{lane}-e{self.epoch}")
                        for lane in sorted(set(LANES.values()))}
         outcome = "crashed"
@@ -155,7 +154,6 @@ class Leader:
                 lane.shutdown(wait=True, cancel_futures=outcome != "stopped")
             done.set()
             beating.join(10)
-            self._offsets_reader.close()
             self._dead_letters.close()
 
     def _run(self, stop: threading.Event) -> str:
@@ -428,15 +426,11 @@ class Leader:
         never moves it.
         """
         recorded = self.ledger.initial_offsets()
-        first_start = not head and not recorded
-        initial: dict[TopicPartition, int] = {}
-        for tp in partitions:
-            if tp not in head:
-                if tp not in recorded:
-                    low, high = self._watermarks(tp)
-                    choice = high if (first_start and self.cfg.pipeline.start_from == "latest") else low
-                    recorded[tp] = self.ledger.claim_initial(tp, choice, epoch=self.epoch, coordinator=self.coordinator)
-                initial[tp] = recorded[tp]
+        latest = not head and not recorded and self.cfg.pipeline.start_from == "latest"
+        marks = self._watermarks([tp for tp in partitions if tp not in head and tp not in recorded])
+        choices = {tp: high if latest else low for tp, (low, high) in marks.items()}
+        recorded.update(self.ledger.claim_initials(choices, epoch=self.epoch, coordinator=self.coordinator))
+        initial = {tp: recorded[tp] for tp in partitions if tp not in head}
         base = {tp: max(head.get(tp, 0), initial.get(tp, 0)) for tp in partitions}
         for tp, skip_to in self._gaps(base).items():
             initial[tp] = skip_to
@@ -446,8 +440,9 @@ class Leader:
         """Partitions whose next offset is gone (retention), each recorded once as a GAP; per
         ``on_gap``, raise (fail) or return where to go on from (skip)."""
         skips = {}
+        marks = self._watermarks(list(base))
         for tp, offset in sorted(base.items()):
-            low, _ = self._watermarks(tp)
+            low, _ = marks[tp]
             if offset < low:
                 self._gap(tp, offset, low)
                 skips[tp] = low
@@ -492,12 +487,22 @@ class Leader:
         log.warning("source partitions changed", extra={"partitions": len(partitions)})
         return self._feed(PartitionsChanged(tuple(partitions), initial))
 
-    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+    def _watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        """(low, high) of each of ``tps``: two ListOffsets rounds (one request per broker each),
+        however many partitions, instead of a blocking round trip per partition."""
+        if not tps:
+            return {}
+        low, high = self._list_offsets(tps, OffsetSpec.earliest()), self._list_offsets(tps, OffsetSpec.latest())
+        return {tp: (low[tp], high[tp]) for tp in tps}
+
+    def _list_offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
         try:
-            return self._offsets_reader.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10, cached=False)
+            futures = self._admin.list_offsets({KafkaTP(tp.topic, tp.partition): spec for tp in tps}, request_timeout=10)
+            return {TopicPartition(topic=k.topic, partition=k.partition): f.result().offset for k, f in futures.items()}
         except KafkaException as exc:
             raise BrokerUnreachable(
-                f"cannot read the offsets of {tp.topic}-{tp.partition} from {self.cfg.kafka.bootstrap_servers}: {exc}"
+                f"cannot read the offsets of {len(tps)} partitions of {', '.join(sorted({tp.topic for tp in tps}))} "
+                f"from {self.cfg.kafka.bootstrap_servers}: {exc}"
             ) from None
 
     def _gauges(self, now: float) -> None:

@@ -135,13 +135,19 @@ class LedgerStore:
 
     def claim_initial(self, tp: TopicPartition, offset: int, *, epoch: int, coordinator: str) -> int:
         """Fix where never-committed ``tp`` starts; returns the offset that won (the first claim)."""
-        row = LedgerRow(
-            pipeline=self._pipeline, txn="", event=LedgerEvent.INITIAL, epoch=epoch, coordinator=coordinator,
-            ranges=(ledger.PartitionRange(topic=tp.topic, partition=tp.partition, start=offset, end=offset),),
-        )
-        token = naming.initial_token(self._pipeline, tp.topic, tp.partition)
-        self._insert(row, token, f"record the initial offset of {tp.topic}-{tp.partition}")
-        return self.initial_offsets().get(tp, offset)
+        return self.claim_initials({tp: offset}, epoch=epoch, coordinator=coordinator)[tp]
+
+    def claim_initials(self, offsets: dict[TopicPartition, int], *, epoch: int, coordinator: str) -> dict[TopicPartition, int]:
+        """``claim_initial`` of many partitions: one INITIAL row each, then one read of what won."""
+        for tp, offset in offsets.items():
+            row = LedgerRow(
+                pipeline=self._pipeline, txn="", event=LedgerEvent.INITIAL, epoch=epoch, coordinator=coordinator,
+                ranges=(ledger.PartitionRange(topic=tp.topic, partition=tp.partition, start=offset, end=offset),),
+            )
+            token = naming.initial_token(self._pipeline, tp.topic, tp.partition)
+            self._insert(row, token, f"record the initial offset of {tp.topic}-{tp.partition}")
+        won = self.initial_offsets() if offsets else {}
+        return {tp: won.get(tp, offset) for tp, offset in offsets.items()}
 
     def claim_commit(self, row: LedgerRow) -> bool:
         """The commit point: claim slot ``row.commit_seq`` for ``row``; True if it is ours.

@@ -42,6 +42,13 @@ class Txn:
     commit_seq: int = 0
     publish_not_before: float = 0.0
     publish_in_flight: bool = False
+    buffered: dict[TopicPartition, int] = field(default_factory=dict)  # rows read, as each holder last said
+    buffered_rows: int = 0  # their sum: the size trigger's figure
+
+    @property
+    def complete(self) -> bool:
+        """Every partition of START has reported (``statuses`` holds partitions of ``start`` only)."""
+        return len(self.statuses) == len(self.start)
 
     @property
     def end(self) -> Offsets:

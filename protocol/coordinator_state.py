@@ -196,9 +196,14 @@ class CoordinatorState:
             return []
         if isinstance(msg, Heartbeat):
             forget = now - 10 * self.timing.heartbeat_timeout_s
+            collecting = next((t for t in self.txns if t.phase is Phase.COLLECTING), None)
             for pos in msg.partitions:
                 copies = self.alive.setdefault(pos.tp, {})
                 copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues)
+                if collecting is not None and collecting.holders.get(pos.tp) == msg.sender:
+                    rows = pos.buffered_rows if msg.txn == collecting.id else 0  # rows of another txn do not count
+                    collecting.buffered_rows += rows - collecting.buffered.get(pos.tp, 0)
+                    collecting.buffered[pos.tp] = rows
                 for sender in [s for s, c in copies.items() if c.seen_at < forget]:
                     del copies[sender]
             return []
@@ -232,7 +237,7 @@ class CoordinatorState:
         for later in self.txns:  # the txn chained to this one continues from where this one ended
             if later.chained and later.after == txn.id and later.start.get(ws.tp) == CONTINUE:
                 later.start[ws.tp] = ws.end_offset
-        if txn.phase is Phase.ENDING and not txn.missing:
+        if txn.phase is Phase.ENDING and txn.complete:
             txn.phase = Phase.COMPLETE
             txn.complete_at = now
         return []
@@ -338,11 +343,7 @@ class CoordinatorState:
             return True
         if any(t.phase in _UNCOMMITTED for t in self.txns[:self.txns.index(txn)]):
             return False
-        staged = sum(
-            live.buffered_rows for tp, holder in txn.holders.items()
-            if (live := self.alive.get(tp, {}).get(holder)) is not None and live.txn == txn.id
-        )
-        return now - txn.started_at >= self.timing.interval_s or staged >= self.timing.size_trigger_rows
+        return now - txn.started_at >= self.timing.interval_s or txn.buffered_rows >= self.timing.size_trigger_rows
 
     def _end(self, txn: Txn, now: float) -> list[Action]:
         txn.phase = Phase.ENDING
@@ -353,7 +354,7 @@ class CoordinatorState:
             actions.append(Broadcast(EndCommit(**self._envelope(txn.id))))
         else:
             actions += [Broadcast(EndCommit(**self._envelope(txn.id), next=self._start_message(nxt))), RecordStarted(nxt)]
-        if not txn.missing:
+        if txn.complete:
             txn.phase, txn.complete_at = Phase.COMPLETE, now
         return actions
 
@@ -452,8 +453,13 @@ class CoordinatorState:
         not, do not count: only the holder named in START stages the partition."""
         if not judge_silence:
             return ""
-        gone = [tp for tp in txn.missing if txn.holders.get(tp) not in self._live_copies(tp, now)]
-        return ", ".join(f"{tp.topic}-{tp.partition}" for tp in gone)
+        limit = self.timing.heartbeat_timeout_s
+        gone = [
+            tp for tp in txn.start
+            if tp not in txn.statuses and ((c := self.alive.get(tp, {}).get(txn.holders.get(tp, ""))) is None
+                                           or now - c.seen_at > limit)
+        ]
+        return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(gone))
 
     def _partition_mismatch(self, txn: Txn, stats: dict[TopicPartition, PartitionStats] | None) -> str:
         """How the stage table's rows of each partition differ from its WRITE-STATUS ("" if they agree)."""

@@ -32,9 +32,8 @@ class Retention(Leader):
 
     low: dict[TopicPartition, int] = {}
 
-    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        low, high = super()._watermarks(tp)
-        return max(low, self.low.get(tp, 0)), high
+    def _watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        return {tp: (max(low, self.low.get(tp, 0)), high) for tp, (low, high) in super()._watermarks(tps).items()}
 
 
 def committed_starts(pipeline: Pipeline, tp: TopicPartition) -> list[int]:
