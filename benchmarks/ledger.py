@@ -1,6 +1,6 @@
 """Ledger reads against a long ledger: take-over, ``chtxn status`` and ``chtxn txn list``, old and new.
 
-    python -m benchmarks.ledger [--commits 1000000] [--partitions 64] [--runs 3] [--main /work/main]
+    python -m benchmarks.ledger [--commits 1000000] [--partitions 64] [--runs 3] [--main OLD_CHECKOUT]
 
 Starts its own embedded stack (ClickHouse endpoint and Kafka broker) in a temporary directory,
 fills one ledger table server-side (``INSERT ... SELECT FROM numbers()``) with two pipelines:
@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ledger", description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--main", type=Path, default=Path("/work/main"), help="checkout of the old code")
+    parser.add_argument("--main", type=Path, default=None,
+                        help="a checkout of the code before checkpoints (e.g. `git worktree add /tmp/old 1ba253c`), "
+                             "to time its CLI processes too; without it only this checkout's are timed")
     args = parser.parse_args(argv)
     from confluent_kafka.admin import AdminClient
 
@@ -250,7 +252,7 @@ def measure(args: argparse.Namespace, client: Any, tmp: Path, bootstrap: str, ur
                                                                         for _ in range(runs)])
         config = config_file(tmp, pipeline, bootstrap, url)
         python = sys.executable
-        for name, checkout in (("old", args.main), ("new", REPO)):
+        for name, checkout in ((("old", args.main),) if args.main else ()) + (("new", REPO),):
             row[f"chtxn status --json {name} (process)"] = median([cli(checkout, python, config, "status")
                                                                   for _ in range(runs)])
             row[f"chtxn txn list --json {name} (process)"] = median([cli(checkout, python, config, "txn", "list")
