@@ -174,10 +174,11 @@ class Leader:
             if now >= next_gauges:
                 next_gauges = now + self.cfg.coordinator.leader_lease_s / 3
                 self._gauges(now)
-            if now >= next_partition_check or self._gap_check_due:
-                if now >= next_partition_check:
-                    outcome = outcome or self._check_partitions()
+            if now >= next_partition_check:
                 next_partition_check = now + PARTITION_CHECK_S
+                outcome = outcome or self._check_partitions()
+                self._gap_check_due = True
+            if self._gap_check_due:  # every PARTITION_CHECK_S, and after a participant-error abort
                 self._gap_check_due = False
                 outcome = outcome or self._check_gaps()
             if stop.is_set() and not shutting:
