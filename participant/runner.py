@@ -50,8 +50,9 @@ from protocol.participant_state import ParticipantState
 
 log = logging.getLogger(__name__)
 
-#: Longest wait in one Kafka poll: bounds how late a control message or a heartbeat can be.
-POLL_S = 0.05
+#: Longest wait in one Kafka poll: bounds how late a control message, an insert outcome or a
+#: heartbeat is acted on (an END waits for it twice: to be seen, and for its last insert).
+POLL_S = 0.01
 
 
 class TaskRunner:
@@ -96,7 +97,10 @@ class _Loop:
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         self.producer = Producer(producer_conf(cfg, **{"linger.ms": 2}))
-        self.control = Consumer(consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-participant", "enable.partition.eof": False}))
+        self.control = Consumer(consumer_conf(cfg, **{
+            "group.id": f"{cfg.name}.chtxn-participant", "enable.partition.eof": False,
+            "fetch.wait.max.ms": cfg.kafka.control_fetch_wait_ms,
+        }))
         self.data = Consumer(consumer_conf(cfg, **{
             "isolation.level": "read_committed", "auto.offset.reset": "error", "enable.partition.eof": False,
         }))

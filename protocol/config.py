@@ -35,6 +35,7 @@ class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     bootstrap_servers: str = "localhost:9092"
     properties: dict[str, str] = {}
+    control_fetch_wait_ms: int = 25  # fetch.wait.max.ms of every control-topic consumer
 
     def __repr__(self) -> str:  # sasl.password, ssl.key.password, ...secret never reach a log
         shown = {k: "***" if any(w in k for w in ("password", "secret")) else v for k, v in self.properties.items()}
@@ -181,6 +182,7 @@ def _validate(config: PipelineConfig) -> None:
         "transaction.write_status_timeout_s": tx.write_status_timeout_s,
         "transaction.heartbeat_interval_s": tx.heartbeat_interval_s,
         "transaction.heartbeat_misses": tx.heartbeat_misses,
+        "kafka.control_fetch_wait_ms": config.kafka.control_fetch_wait_ms,
         "participant.chunk_rows": pa.chunk_rows,
         "participant.chunk_bytes": pa.chunk_bytes,
         "participant.poll_batch": pa.poll_batch,
