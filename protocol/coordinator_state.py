@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import naming
+from protocol.chunk_sizing import ChunkSizer
 from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
     AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, DropStage, Event,
@@ -73,6 +74,7 @@ class _Liveness:
     buffered_rows: int = 0
     log_end: int = -1  # the partition's end as the participant last saw it (-1: unknown)
     continues: bool = False  # understands a START chained to an END
+    position: int = -1  # next offset the participant reads (-1: unknown)
 
 
 @dataclass
@@ -105,6 +107,7 @@ class CoordinatorState:
         self.holders: dict[TopicPartition, str] = {}  # who staged each partition in the latest START
         self.ignored = 0  # stale-epoch and foreign messages skipped
         self.spare: _Spare | None = None
+        self.sizer = ChunkSizer(interval_s=timing.interval_s, size_trigger_rows=timing.size_trigger_rows)
         self._spare_not_before = 0.0
         self._next_seq = 1
 
@@ -199,7 +202,8 @@ class CoordinatorState:
             collecting = next((t for t in self.txns if t.phase is Phase.COLLECTING), None)
             for pos in msg.partitions:
                 copies = self.alive.setdefault(pos.tp, {})
-                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues)
+                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues,
+                                            pos.position)
                 if collecting is not None and collecting.holders.get(pos.tp) == msg.sender:
                     rows = pos.buffered_rows if msg.txn == collecting.id else 0  # rows of another txn do not count
                     collecting.buffered_rows += rows - collecting.buffered.get(pos.tp, 0)
@@ -238,8 +242,7 @@ class CoordinatorState:
             if later.chained and later.after == txn.id and later.start.get(ws.tp) == CONTINUE:
                 later.start[ws.tp] = ws.end_offset
         if txn.phase is Phase.ENDING and txn.complete:
-            txn.phase = Phase.COMPLETE
-            txn.complete_at = now
+            self._completed(txn, now)
         return []
 
     def _on_StageCreated(self, event: StageCreated, now: float) -> list[Action]:
@@ -355,8 +358,13 @@ class CoordinatorState:
         else:
             actions += [Broadcast(EndCommit(**self._envelope(txn.id), next=self._start_message(nxt))), RecordStarted(nxt)]
         if txn.complete:
-            txn.phase, txn.complete_at = Phase.COMPLETE, now
+            self._completed(txn, now)
         return actions
+
+    def _completed(self, txn: Txn, now: float) -> None:
+        """Every WRITE-STATUS of an ended txn is in: step 5 may begin."""
+        txn.phase, txn.complete_at = Phase.COMPLETE, now
+        self.sizer.learn({tp: ws.rows for tp, ws in txn.statuses.items()}, txn.ended_at - txn.started_at)
 
     def _chain(self, txn: Txn, now: float) -> Txn | None:
         """The txn that starts with ``txn``'s END, or None when END must go alone."""
@@ -410,7 +418,10 @@ class CoordinatorState:
     def _start_message(self, txn: Txn) -> StartCommit:
         offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
         holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))
-        return StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders)
+        behind = {tp: c.log_end - c.position for tp, copies in self.alive.items() if tp in txn.start
+                  for c in copies.values() if c.sender == txn.holders.get(tp) and c.log_end >= 0 and c.position >= 0}
+        return StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders,
+                           chunk_rows=self.sizer.chunk_rows(behind))
 
     def _prepare_spare(self, now: float) -> list[Action]:
         """Step 2, one txn ahead: the next txn's stage table."""

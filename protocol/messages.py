@@ -84,11 +84,16 @@ class StartCommit(_Control, tag="start-commit"):
 
     ``holders`` fences participants: when it names a partition, only that sender stages it in
     this txn; any other live copy of the participant stands down (empty: no fencing, old leaders).
+
+    ``chunk_rows`` caps this txn's chunks below the participant's own ``chunk_rows`` (0: no cap;
+    older leaders never set it). It is fixed for the whole txn, so chunks still depend only on
+    the records from the START offset.
     """
 
     stage_table: str
     offsets: tuple[PartitionOffset, ...]
     holders: tuple[PartitionHolder, ...] = ()
+    chunk_rows: int = 0
 
 
 class EndCommit(_Control, tag="end-commit"):

@@ -230,7 +230,8 @@ class ParticipantState:
     def _join(self, p: Partition, m: StartCommit, offset: int, share: int) -> None:
         builder = ChunkBuilder(
             pipeline=self.pipeline, txn=m.txn, topic=p.tp.topic, partition=p.tp.partition,
-            start_offset=offset, chunk_rows=self.chunk_rows, chunk_bytes=self.chunk_bytes,
+            start_offset=offset, chunk_rows=min(self.chunk_rows, m.chunk_rows or self.chunk_rows),
+            chunk_bytes=self.chunk_bytes,
         )
         p.open = Stint(txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share)
 

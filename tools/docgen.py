@@ -114,6 +114,13 @@ FIELD_NOTES: dict[str, str] = {
     ),
     "kafka.bootstrap_servers": "Comma-separated `host:port` list.",
     "kafka.properties": "librdkafka properties for every client, passed through untouched.",
+    "kafka.control_fetch_wait_ms": (
+        "Each protocol hop (START, END, WRITE-STATUS, ACK) is a control-topic message, so this bounds "
+        "how late one is seen when the broker holds a fetch for its whole wait (the embedded broker "
+        "does; Kafka answers as soon as a message arrives, so there it only spaces out idle fetches: "
+        "raise it to cut idle requests from many participant tasks). `[kafka.properties]` does not "
+        "override it for the control topic."
+    ),
     "clickhouse.url": "`http://` or `https://` URL of the HTTP interface (port 8123 or 8443 when not given).",
     "clickhouse.database": "Database of the target, the ledger and the stage tables.",
     "clickhouse.user": "ClickHouse user.",
@@ -147,15 +154,15 @@ FIELD_NOTES: dict[str, str] = {
         "deduplicated `INSERT ... SELECT` (fires views; the target must deduplicate)."
     ),
     "participant.chunk_rows": (
-        "A chunk is cut after this many records... Pick it so that a txn holds several chunks per "
-        "partition: about a fifth of the rows one partition brings in `interval_s` (the default suits "
-        "~100k rows/s per partition at 1 s)."
+        "A chunk is cut after this many records at most... Each START lowers it for its txn to about a "
+        "quarter of what the busiest partition reads in one (never below 1,000), so that END leaves "
+        "little to insert at any rate; this is the upper bound, for partitions catching up."
     ),
     "participant.chunk_bytes": "...or before the record that would take it past this many bytes of values.",
     "participant.poll_batch": "Most records taken from Kafka in one poll.",
     "participant.insert_backlog_rows": (
         "Rows cut into chunks but not yet staged, at most, per task; reading waits above it. It bounds "
-        "what is left to insert at END. 0: `chunk_rows` per partition the task holds."
+        "what is left to insert at END."
     ),
     "participant.insert_retries": "Tries of one chunk insert on retryable ClickHouse errors (same token each time).",
     "participant.task_slots": "How many Spark tasks the partitions are grouped into (every task runs at once).",

@@ -27,6 +27,7 @@ SAMPLES: dict[str, ControlMessage] = {
         **_BASE, txn="e3_t17", sender="coord-a", stage_table="events__chtxn_e3_t17",
         offsets=(PartitionOffset(topic="src", partition=0, offset=100), PartitionOffset(topic="src", partition=1, offset=7)),
         holders=(PartitionHolder(topic="src", partition=0, sender="part-a"), PartitionHolder(topic="src", partition=1, sender="part-b")),
+        chunk_rows=5000,
     ),
     "end-commit": EndCommit(
         **_BASE, txn="e3_t17", sender="coord-a",
@@ -34,6 +35,7 @@ SAMPLES: dict[str, ControlMessage] = {
             **_BASE, txn="e3_t18", sender="coord-a", stage_table="events__chtxn_e3_t18",
             offsets=(PartitionOffset(topic="src", partition=0, offset=-1), PartitionOffset(topic="src", partition=2, offset=0)),
             holders=(PartitionHolder(topic="src", partition=0, sender="part-a"), PartitionHolder(topic="src", partition=2, sender="part-c")),
+            chunk_rows=5000,
         ),
     ),
     "write-status": WriteStatus(

@@ -7,6 +7,7 @@ order and returns every action they produced, so a test reads as a timeline.
 from __future__ import annotations
 
 from protocol import naming
+from protocol.chunk_sizing import MIN_CHUNK_ROWS
 from protocol.coordinator_events import (
     AbortTxn, Action, Broadcast, CreateStage, DropStage, Event, Offsets, Ready, Received, RecordStarted,
     StageCreated, Txn,
@@ -36,6 +37,8 @@ TIMING = Timing(
     publish_retry_s=2.0,
 )
 T0 = 100.0
+#: The chunk_rows of a START once a txn has completed: the driver's txns carry a few rows.
+LEARNT = MIN_CHUNK_ROWS
 
 
 def txn_id(n: int) -> str:
@@ -89,25 +92,29 @@ def drop(n: int) -> DropStage:
     return DropStage(txn_id(n), naming.stage_table(TARGET, PIPE, txn_id(n)))
 
 
-def start_message(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> StartCommit:
-    """START of txn ``n``; each partition held by ``participant(tp)`` unless ``holders`` says otherwise."""
+def start_message(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *,
+                  chunk_rows: int = 0) -> StartCommit:
+    """START of txn ``n``; each partition held by ``participant(tp)`` unless ``holders`` says otherwise.
+    ``chunk_rows``: 0 before any txn completed, then ``LEARNT`` (the driver's txns carry a few rows)."""
     table = naming.stage_table(TARGET, PIPE, txn_id(n))
     named = {tp: participant(tp) for tp in offsets} | (holders or {})
     held = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(named.items()))
-    return StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held)
+    return StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held,
+                       chunk_rows=chunk_rows)
 
 
-def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
-    return Broadcast(start_message(n, offsets, holders))
+def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *, chunk_rows: int = 0) -> Broadcast:
+    return Broadcast(start_message(n, offsets, holders, chunk_rows=chunk_rows))
 
 
 def end(n: int) -> Broadcast:
     return Broadcast(EndCommit(**_coordinator(txn_id(n))))
 
 
-def chained_end(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None) -> Broadcast:
+def chained_end(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *,
+                chunk_rows: int = 0) -> Broadcast:
     """END of txn ``n`` carrying the START of txn ``n + 1`` from ``offsets`` (``CONTINUE`` or explicit)."""
-    return Broadcast(EndCommit(**_coordinator(txn_id(n)), next=start_message(n + 1, offsets, holders)))
+    return Broadcast(EndCommit(**_coordinator(txn_id(n)), next=start_message(n + 1, offsets, holders, chunk_rows=chunk_rows)))
 
 
 def continuing(*tps: TopicPartition) -> Offsets:

@@ -19,7 +19,7 @@ from protocol.coordinator_events import (
 from protocol.messages import Abort, AckCommit, EndCommit, LeaderHeartbeat, StartCommit
 
 from tests.pure.coordinator_driver import (
-    EPOCH, HEAD, HEAD_SEQ, INITIAL, ME, P0, P1, PIPE, START_1, T0, TIMING, Driver, abort, ack, beats, create, drop,
+    EPOCH, HEAD, HEAD_SEQ, INITIAL, LEARNT, ME, P0, P1, PIPE, START_1, T0, TIMING, Driver, abort, ack, beats, create, drop,
     hb, start, txn_id, ws,
 )
 
@@ -61,7 +61,7 @@ def test_a_failed_spare_for_the_next_txn_is_retried_while_the_current_one_goes_o
     assert d.at(T0 + 2.4, Tick()) == []
     assert d.at(T0 + 2.5, Tick()) == [create(3)]
     actions = d.at(T0 + 2.6, StageCreated(txn_id(3)))
-    assert actions == [start(3, {P0: 50, P1: 5}), RecordStarted(d.txn(3)), create(4)]
+    assert actions == [start(3, {P0: 50, P1: 5}, chunk_rows=LEARNT), RecordStarted(d.txn(3)), create(4)]
 
 
 def test_a_missing_write_status_aborts_at_the_timeout_and_the_next_txn_restarts_from_the_head() -> None:
@@ -124,7 +124,7 @@ def test_a_second_live_copy_of_a_participant_is_fenced_and_aborts_nothing() -> N
         CountStage(t1.id, t1.stage_table),
     ]
     actions = d.at(T0 + 2.3, StageCreated(txn_id(2)))
-    assert actions == [start(2, {P0: 50, P1: 5}), RecordStarted(d.txn(2)), create(3)]  # the holder stays
+    assert actions == [start(2, {P0: 50, P1: 5}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]  # the holder stays
 
 
 def test_when_the_holder_dies_its_txn_aborts_and_the_next_start_names_the_live_copy() -> None:

@@ -16,7 +16,7 @@ from protocol.coordinator_events import (
 from protocol.messages import TopicPartition
 
 from tests.pure.coordinator_driver import (
-    HEAD, HEAD_SEQ, INITIAL, P0, P1, P2, START_1, T0, Driver, abort, ack, beats, create, drop, end, hb, start,
+    HEAD, HEAD_SEQ, INITIAL, LEARNT, P0, P1, P2, START_1, T0, Driver, abort, ack, beats, create, drop, end, hb, start,
     txn_id, ws,
 )
 
@@ -107,7 +107,7 @@ def test_a_full_transaction_commits_then_publishes() -> None:
     # The set is complete: verify it, and pipeline txn 2 at once on the spare (and make the next spare).
     actions = d.at(T0 + 1.3, ws("e3_t1", P1, 0, 5, 5))
     t2 = d.txn(2)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [CountStage(t1.id, t1.stage_table), start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert d.at(T0 + 1.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
     assert t1.phase is Phase.COMMITTING and d.state.head == HEAD
     assert d.at(T0 + 1.5, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
@@ -155,7 +155,7 @@ def test_next_start_goes_out_from_the_reported_ends_and_commits_only_after_the_p
     assert complete_1(d, T0 + 1.1) == [CountStage(t1.id, t1.stage_table)]  # txn 2's spare is not ready yet
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert (t2.start, t2.after, t2.chained) == (END_1, t1.id, False)
     d.spare_ready(3, T0 + 1.3)
     # Txn 2's interval is up while txn 1 is still being verified, then committed: its END waits
@@ -167,7 +167,7 @@ def test_next_start_goes_out_from_the_reported_ends_and_commits_only_after_the_p
     assert d.at(T0 + 2.4, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1), end(2)]
     actions = d.at(T0 + 2.5, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4))
     t3 = d.txn(3)
-    assert actions == [CountStage(t2.id, t2.stage_table), start(3, END_2), RecordStarted(t3), create(4)]
+    assert actions == [CountStage(t2.id, t2.stage_table), start(3, END_2, chunk_rows=LEARNT), RecordStarted(t3), create(4)]
     assert d.at(T0 + 2.6, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
     # Publishes go in commit order: txn 2's waits until txn 1's is done.
     assert d.at(T0 + 2.7, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2)]
@@ -181,7 +181,7 @@ def test_an_abort_at_verify_cascades_to_the_pipelined_txn_and_restarts_from_the_
     complete_1(d, T0 + 1.1)
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     why = "row-count mismatch: stage table holds 14, participants reported 15"
     assert d.at(T0 + 1.3, Counted(t1.id, 14)) == [
         *abort(t1, why, "row-count-mismatch"),
@@ -189,7 +189,7 @@ def test_an_abort_at_verify_cascades_to_the_pipelined_txn_and_restarts_from_the_
     ]
     actions = d.at(T0 + 1.4, StageCreated(txn_id(3)))
     t3 = d.txn(3)
-    assert actions == [start(3, START_1), RecordStarted(t3), create(4)]
+    assert actions == [start(3, START_1, chunk_rows=LEARNT), RecordStarted(t3), create(4)]
     assert (t3.start, t3.after) == (START_1, None)
 
 
@@ -205,7 +205,7 @@ def test_an_abort_while_the_spare_is_being_created_keeps_the_spare_for_the_resta
     assert d.state.txns == []
     actions = d.at(T0 + 1.3, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, START_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, START_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert t2.after is None
 
 
@@ -217,11 +217,11 @@ def test_an_abort_of_the_pipelined_txn_leaves_the_previous_one_committing() -> N
     complete_1(d, T0 + 1.1)
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert d.at(T0 + 1.3, ws(t2.id, P1, 5, 9, 4, errors=("boom",))) == abort(t2, "events-1 failed: boom", "participant-error")
     actions = d.at(T0 + 1.35, StageCreated(txn_id(3)))
     t3 = d.txn(3)
-    assert actions == [start(3, END_1), RecordStarted(t3), create(4)]
+    assert actions == [start(3, END_1, chunk_rows=LEARNT), RecordStarted(t3), create(4)]
     assert (t3.start, t3.after) == (END_1, t1.id)  # still pipelined after txn 1
     assert d.at(T0 + 1.4, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
         Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
@@ -237,7 +237,7 @@ def test_shutdown_aborts_the_open_txn_and_stops_once_the_committed_one_is_publis
     complete_1(d, T0 + 1.1)
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     # The open txn aborts and the spare being created is dropped.
     assert d.at(T0 + 1.3, Shutdown()) == [*abort(t2, "coordinator shutting down", "shutdown"), drop(3)]
     assert d.at(T0 + 1.35, StageCreated(txn_id(3))) == []  # a late answer for the dropped spare
@@ -261,7 +261,7 @@ def test_shutdown_aborts_a_txn_whose_end_waits_behind_a_commit() -> None:
     complete_1(d, T0 + 1.1)
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     d.spare_ready(3, T0 + 1.3)
     assert d.at(T0 + 2.2, *beats(P0, P1)) == []  # txn 2's END waits for txn 1's commit
     assert d.at(T0 + 2.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
@@ -284,7 +284,7 @@ def test_a_new_partition_joins_the_next_txn_once_it_is_held() -> None:
     assert complete_1(d, T0 + 1.1) == [CountStage(t1.id, t1.stage_table)]  # P2 not held yet
     actions = d.at(T0 + 1.2, hb(P2))
     t2 = d.txn(2)
-    assert actions == [start(2, {**END_1, P2: 7}), RecordStarted(t2), create(3)]
+    assert actions == [start(2, {**END_1, P2: 7}, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert d.at(T0 + 1.5, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
         Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
     ]
@@ -308,7 +308,7 @@ def test_partitions_changed_never_moves_the_start_of_a_known_never_committed_par
     d.spare_ready(2, T0 + 0.6)
     d.ended(1, T0 + 1)
     actions = complete_1(d, T0 + 1.1)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, {**END_1, P2: 7}), RecordStarted(d.txn(2)), create(3)]
+    assert actions == [CountStage(t1.id, t1.stage_table), start(2, {**END_1, P2: 7}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]
     assert d.at(T0 + 1.2, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]  # not an offset mismatch
 
 
@@ -350,7 +350,7 @@ def test_a_failed_publish_holds_back_the_publish_of_the_next_commit() -> None:
     assert d.at(T0 + 1.8, PublishResult(t1.id, ok=False, error="Code: 999. Keeper down")) == []
     actions = d.at(T0 + 1.8, StageCreated(txn_id(2)))
     t2 = d.txn(2)
-    assert actions == [start(2, END_1), RecordStarted(t2), create(3)]
+    assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     d.ended(2, T0 + 2.8)  # txn 1 is committed (publishing): txn 2 may end
     assert d.at(T0 + 2.9, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4)) == [CountStage(t2.id, t2.stage_table)]
     assert d.at(T0 + 3.0, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
@@ -401,7 +401,7 @@ def test_a_target_altered_after_staging_aborts_before_the_commit_point() -> None
         drop(2), create(3)]  # the spare was made like the old target too: a new one, like the new target
     assert d.at(T0 + 1.7, StageCreated(txn_id(2))) == []  # a late answer for the dropped spare
     actions = d.at(T0 + 1.8, StageCreated(txn_id(3)))
-    assert actions == [start(3, START_1), RecordStarted(d.txn(3)), create(4)]
+    assert actions == [start(3, START_1, chunk_rows=LEARNT), RecordStarted(d.txn(3)), create(4)]
 
 
 def test_a_skipped_gap_moves_the_start_past_the_head() -> None:
@@ -420,4 +420,4 @@ def test_a_gap_found_while_leading_aborts_the_txn_below_it_at_verify_and_restart
     complete_1(d, T0 + 1.5)
     assert d.at(T0 + 1.6, Counted(t1.id, 15)) == abort(t1, "events-0 started at 40, ledger head is 45", "offset-mismatch")
     actions = d.at(T0 + 1.7, StageCreated(txn_id(2)))
-    assert actions == [start(2, {P0: 45, P1: 0}), RecordStarted(d.txn(2)), create(3)]
+    assert actions == [start(2, {P0: 45, P1: 0}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]
