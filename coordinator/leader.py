@@ -271,12 +271,10 @@ class Leader:
         failpoints.hit("leader.before-count", self.coordinator)
         table = action.stage_table
         try:
-            altered = self.retry(f"compare {table} with the target")(self.stages.structure_difference, table)
-            count = self.retry(f"count {table}")(self.stages.count, table)
-            partitions = self.retry(f"count {table} per partition")(self.stages.partition_stats, table)
+            check = self.retry(f"check {table} against the target")(self.stages.check, table)
         except ChtxnError as exc:
             return Counted(action.txn, None, error=str(exc))
-        return Counted(action.txn, count, partitions=partitions, altered=altered)
+        return Counted(action.txn, check.count, partitions=check.partitions, altered=check.altered)
 
     def _do_Commit(self, action: Commit) -> Event:
         # Step 6, the commit point.

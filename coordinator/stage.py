@@ -12,7 +12,7 @@ Guarantees:
 - ``publish`` never reports rows it did not put in the target: a missing stage table raises
   ``StageTableMissing``. It leaves the (emptied) stage table for the caller to drop *after* the
   PUBLISHED row is written, so "stage table gone, no PUBLISHED row" always means lost rows.
-- A target ALTERed after a stage table was made (``structure_difference``) is published by a
+- A target ALTERed after a stage table was made (``check``'s ``altered``) is published by a
   deduplicated insert-select into a restage table of the new structure, then moved: idempotent.
 - Every name and every clean-up is scoped by the pipeline (``protocol.naming``).
 """
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from protocol import naming
+from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
@@ -75,6 +77,49 @@ def _engine_clause_as(engine_full: str, engine: str) -> str:
                     break
         rest = rest[i + 1:]
     return "MergeTree" + rest
+
+
+@dataclass(frozen=True)
+class StageCheck:
+    """What step 5 reads of a stage table."""
+
+    altered: str  # how the target's structure now differs from the stage table's, "" if it does not
+    count: int
+    partitions: dict[TopicPartition, PartitionStats] | None  # None without the metadata columns
+
+
+@dataclass
+class _Shape:
+    """A table's engine, keys and columns (name, type) in order."""
+
+    engine: str
+    partition: str
+    sorting: str
+    primary: str
+    columns: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _difference(stage: _Shape | None, target: _Shape | None) -> str:
+    """How ``target`` differs from ``stage``, "" when a move would work.
+
+    Columns and keys are compared; for targets whose engine merges rows, only the partition
+    key: their engines extend the sorting key implicitly (VersionedCollapsing adds its version
+    column), which the plain MergeTree stage table does not, and a move between them works.
+    """
+    if stage is None or target is None:
+        return "the stage table or the target is gone"
+    keys = (stage.partition,) if target.engine in MERGING_ENGINES else (stage.partition, stage.sorting, stage.primary)
+    theirs = (target.partition,) if target.engine in MERGING_ENGINES else (target.partition, target.sorting, target.primary)
+    if stage.columns == target.columns and keys == theirs:
+        return ""
+    if stage.columns != target.columns:
+        mine, other = dict(stage.columns), dict(target.columns)
+        added = [n for n, _ in target.columns if n not in mine]
+        gone = [n for n, _ in stage.columns if n not in other]
+        parts = ([f"columns added: {', '.join(added)}"] if added else []) + (
+            [f"columns dropped: {', '.join(gone)}"] if gone else [])
+        return "; ".join(parts) or "column types or order changed"
+    return "partition, sorting or primary key changed"
 
 
 def _ident(name: str) -> str:
@@ -189,59 +234,43 @@ class StageTables:
 
     # ---- step 5 -----------------------------------------------------------------------------
 
-    def count(self, stage: str) -> int:
-        return int(self.client.command(f"SELECT count() FROM {self._q(stage)}"))
-
-    def partition_stats(self, stage: str) -> dict[TopicPartition, PartitionStats] | None:
-        """Per source partition: rows and offset bounds, when the table has the metadata columns."""
-        if not {"_topic", "_partition", "_offset"} <= {name for name, _ in self._columns(stage)}:
-            return None
+    def check(self, stage: str) -> StageCheck:
+        """Step 5's reads, two queries whatever the tables: how the target's structure now differs
+        from ``stage``'s, then the rows staged (per source partition, with the metadata columns)."""
+        shapes = self._shapes(stage, self.target)
+        if stage not in shapes:
+            raise StageTableMissing(f"stage table {self.database}.{stage} does not exist")
+        altered = _difference(shapes[stage], shapes.get(self.target))
+        if not set(METADATA_COLUMNS) <= {name for name, _ in shapes[stage].columns}:
+            return StageCheck(altered, self.count(stage), None)
         rows = self.client.query(
             f"SELECT _topic, _partition, count(), min(_offset), max(_offset) FROM {self._q(stage)} "
             "GROUP BY _topic, _partition"
         ).result_rows
-        return {
+        partitions = {
             TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
             for t, p, n, lo, hi in rows
         }
+        return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
 
-    def structure_difference(self, stage: str) -> str:
-        """How the target's structure now differs from ``stage``'s, "" when a move would work.
+    def count(self, stage: str) -> int:
+        return int(self.client.command(f"SELECT count() FROM {self._q(stage)}"))
 
-        Columns and keys are compared; for targets whose engine merges rows, only the partition
-        key: their engines extend the sorting key implicitly (VersionedCollapsing adds its version
-        column), which the plain MergeTree stage table does not, and a move between them works.
-        Two queries, whatever the tables (this runs at step 5 of every txn).
-        """
-        keys = {name: rest for name, *rest in self.client.query(
-            "SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
-            "WHERE database = {db:String} AND name IN ({s:String}, {t:String})",
-            parameters={"db": self.database, "s": stage, "t": self.target},
-        ).result_rows}
-        columns: dict[str, list[tuple[str, str]]] = {stage: [], self.target: []}
-        for table, name, kind in self.client.query(
-            "SELECT table, name, type FROM system.columns WHERE database = {db:String} "
-            "AND table IN ({s:String}, {t:String}) ORDER BY table, position",
-            parameters={"db": self.database, "s": stage, "t": self.target},
+    def _shapes(self, *tables: str) -> dict[str, _Shape]:
+        """Columns and keys of those of ``tables`` that exist, in one query."""
+        shapes: dict[str, _Shape] = {}
+        for table, name, kind, engine, partition, sorting, primary in self.client.query(
+            "SELECT c.table, c.name, c.type, t.engine, t.partition_key, t.sorting_key, t.primary_key "
+            "FROM (SELECT table, name, type, position FROM system.columns "
+            "      WHERE database = {db:String} AND table IN {names:Array(String)}) AS c "
+            "INNER JOIN (SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
+            "      WHERE database = {db:String} AND name IN {names:Array(String)}) AS t ON c.table = t.name "
+            "ORDER BY c.table, c.position",
+            parameters={"db": self.database, "names": list(tables)},
         ).result_rows:
-            columns[table].append((name, kind))
-        merging = keys.get(self.target, ("",))[0] in MERGING_ENGINES
-
-        def shape(table: str) -> tuple:
-            _engine, partition, sorting, primary = keys.get(table, ("", "", "", ""))
-            return (columns[table], partition) if merging else (columns[table], partition, sorting, primary)
-
-        mine, theirs = shape(stage), shape(self.target)
-        if mine == theirs:
-            return ""
-        my_cols, their_cols = mine[0], theirs[0]
-        if my_cols != their_cols:
-            added = [n for n, _ in their_cols if n not in dict(my_cols)]
-            gone = [n for n, _ in my_cols if n not in dict(their_cols)]
-            parts = ([f"columns added: {', '.join(added)}"] if added else []) + (
-                [f"columns dropped: {', '.join(gone)}"] if gone else [])
-            return "; ".join(parts) or "column types or order changed"
-        return "partition, sorting or primary key changed"
+            shape = shapes.setdefault(table, _Shape(engine, partition, sorting, primary))
+            shape.columns.append((name, kind))
+        return shapes
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
         kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
@@ -261,11 +290,13 @@ class StageTables:
         ``drop_all(stage)`` once the PUBLISHED row is written. Raises ``StageTableMissing`` when
         the stage table does not exist. ``on_move`` is called between partition moves (failpoints).
         """
-        if not self.exists(stage):
+        restage = naming.restage_table(stage)
+        shapes = self._shapes(stage, self.target, restage)
+        if stage not in shapes:
             raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
         rows = self.count(stage)
-        restage = naming.restage_table(stage)
-        if self.publish_mode == "move" and (self.structure_difference(stage) or self.exists(restage)):
+        altered = _difference(shapes[stage], shapes.get(self.target))
+        if self.publish_mode == "move" and (altered or restage in shapes):
             log.warning("the target changed after txn %s was staged: publishing it by insert-select", txn)
             self._create_like_target(restage)
             self._insert_select(restage, stage, naming.publish_token(self.pipeline, txn) + "/restage")
