@@ -80,6 +80,8 @@ def precheck(
     ``remembered`` maps offsets of this chunk's partition to letters found before
     (``Remembered.recall``). Fast path, nothing suspect: ``records`` itself, no letters.
     """
+    if json_objects and not remembered and _all_objects([r.value() for r in records]):
+        return records, []
     suspects = [
         i for i, r in enumerate(records)
         if not (v := r.value())
@@ -101,6 +103,19 @@ def precheck(
     if not letters:
         return records, []
     return [r for i, r in enumerate(records) if i not in letters], [letters[i] for i in sorted(letters)]
+
+
+def _all_objects(values: list[bytes | None]) -> bool:
+    """Whether every value starts with ``{`` and ends with ``}`` (so none is empty), checked over
+    the joined values in C: no value holds a newline, so each ``}\n{`` is a boundary, and every
+    boundary is one. False says nothing: the per-record check then decides."""
+    try:
+        joined = b"\n".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a tombstone (None)
+        return False
+    boundaries = len(values) - 1
+    return (joined[:1] == b"{" and joined[-1:] == b"}" and joined.count(b"\n") == boundaries
+            and joined.count(b"}\n{") == boundaries)
 
 
 def _one_row_problem(value: bytes | None, json_objects: bool) -> str | None:

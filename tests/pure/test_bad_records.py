@@ -150,3 +150,11 @@ def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
     assert len(memory) == 3
     assert sorted(memory.recall("src", 0, 0, 100)) == [2, 3, 4]
     assert memory.recall("src", 0, 0, 2) == {}
+
+
+def test_values_whose_newlines_line_up_like_record_boundaries_are_still_checked_one_by_one() -> None:
+    # Joined, these read "{a}\n{b\n}": starts with "{", ends with "}", one "}\n{" for two records.
+    records = [Rec("src", 0, 0, b'{"a":1}\n{"b":2'), Rec("src", 0, 1, b"}"), good(2)]
+    kept, letters = precheck(records, json_objects=True)
+    assert [r.offset() for r in kept] == [2]
+    assert [letter.record.offset() for letter in letters] == [0, 1]
