@@ -8,6 +8,8 @@ failpoints hold the leader at a chosen step, so the interleaving is the same on 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition as KafkaTP
 
 from clients import failpoints
 from protocol import codec, naming
-from protocol.messages import EndCommit
+from protocol.messages import EndCommit, StartCommit, WriteStatus
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.pipelines import Pipeline, make_pipeline
@@ -93,3 +95,64 @@ def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
     assert states[k].state == "ABORTED" and "row-count mismatch" in states[k].reason, states[k]
     assert states[k_next].state == "ABORTED" and states[k_next].reason.startswith(f"cascade: {k} aborted"), states[k_next]
     assert_exactly_once(pipeline, produced)
+
+
+def control_messages(pipeline: Pipeline) -> list:
+    """Every control message of the pipeline so far, in order."""
+    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "control-read",
+                         "enable.auto.commit": False})
+    try:
+        _, high = consumer.get_watermark_offsets(KafkaTP(pipeline.cfg.control_topic, 0), timeout=10)
+        consumer.assign([KafkaTP(pipeline.cfg.control_topic, 0, 0)])
+        messages, seen = [], 0
+        while seen < high:
+            batch = consumer.consume(1000, 5)
+            assert batch, "the control topic ended early"
+            for record in batch:
+                seen = record.offset() + 1
+                if (message := codec.decode(record.value())) is not None:
+                    messages.append(message)
+        return messages
+    finally:
+        consumer.close()
+
+
+def capped_starts(pipeline: Pipeline) -> list[StartCommit]:
+    starts = [m.next if isinstance(m, EndCommit) else m for m in control_messages(pipeline)
+              if isinstance(m, StartCommit) or (isinstance(m, EndCommit) and m.next is not None)]
+    return [s for s in starts if s.chunk_rows > 0]
+
+
+def test_an_abort_while_chunks_are_capped_by_start_re_reads_them_exactly_once(stack, tmp_path):
+    """Events trickle in at ~8,000/s, so each START caps the txn's chunks well below
+    participant.chunk_rows (20,000). Once capped chunks are being staged, one insert that landed is
+    reported as failed: its txn aborts, and its records, read again in txns that may be capped
+    differently, are committed exactly once."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("capabort"), settings={"transaction.interval_s": 1.0})
+    stop = threading.Event()
+    sent = [0]
+
+    def trickle() -> None:  # load over time, not a wait: 800 events per 0.1 s until stopped
+        started = time.monotonic()
+        while not stop.is_set() and sent[0] < 400_000:
+            sent[0] += pipeline.produce(800, start_id=sent[0])
+            stop.wait(max(0.0, started + sent[0] / 8_000 - time.monotonic()))
+
+    producer = threading.Thread(target=trickle, name="trickle")
+    with coordinator(pipeline), participants(pipeline, tasks=2):
+        producer.start()
+        try:
+            wait_until(lambda: capped_starts(pipeline), 60, "a START capping its chunks")
+            failed = failpoints.arm("stage.after-insert", "raise*1", who="task-0")
+            assert failed.reached.wait(60), "no capped chunk was staged"
+            fired_at = sent[0]
+            wait_until(lambda: sent[0] >= fired_at + 16_000, 60, "two more seconds of events after the failure")
+        finally:
+            stop.set()
+            producer.join(60)
+        wait_until(lambda: pipeline.target_count() == sent[0], 120, "every record committed after the abort")
+    history = pipeline.ledger().history(limit=1000)
+    assert any(t.state == "ABORTED" and "staging crashed" in t.reason for t in history), [t.reason for t in history]
+    statuses = [m for m in control_messages(pipeline) if isinstance(m, WriteStatus)]
+    assert any(ws.chunks > 1 and ws.rows < 20_000 for ws in statuses), "no txn was cut into capped chunks"
+    assert_exactly_once(pipeline, sent[0])
