@@ -131,3 +131,14 @@ def _toml_section(name: str, fields: dict) -> str:
 
 def all_offsets(counts: Iterable[tuple[TopicPartition, int]]) -> dict[TopicPartition, set[int]]:
     return {tp: set(range(n)) for tp, n in counts}
+
+
+def assert_exactly_once(pipeline: Pipeline, rows: int, dead_letters: dict[TopicPartition, set[int]] | None = None, *,
+                        nothing_lost: bool = False) -> None:
+    """The oracle holds and the target has ``rows`` rows of the pipeline; with ``nothing_lost``,
+    no committed txn was recorded LOST either."""
+    report = pipeline.oracle(dead_letters)
+    assert report.ok, report.anomalies
+    assert report.rows_in_target == rows
+    if nothing_lost:
+        assert pipeline.ledger().lost() == []

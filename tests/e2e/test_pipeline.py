@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import Pipeline, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -83,12 +83,6 @@ def committed(pipeline: Pipeline, expected: int, procs: Processes, timeout_s: fl
         return pipeline.target_count() >= expected
 
     wait_until(done, timeout_s, f"{expected} rows in the target")
-
-
-def assert_exactly_once(pipeline: Pipeline, rows: int, dead_letters=None) -> None:
-    report = pipeline.oracle(dead_letters)
-    assert report.ok, report.anomalies
-    assert report.rows_in_target == rows
 
 
 def python_workers() -> list[int]:

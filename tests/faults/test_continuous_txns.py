@@ -20,7 +20,7 @@ from protocol import codec, naming
 from protocol.messages import EndCommit, StartCommit, WriteStatus
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
-from tests.pipelines import Pipeline, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 SETTINGS = {"participant.chunk_rows": 500, "transaction.interval_s": 0.3}
 
@@ -31,26 +31,29 @@ def _disarm() -> Iterator[None]:
     failpoints.disarm()
 
 
-def chained_ends(pipeline: Pipeline) -> dict[str, str]:
-    """``{txn k: txn k+1}`` for every END on the control topic that carried the next START."""
-    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "chained-ends",
+def control_messages(pipeline: Pipeline) -> list:
+    """Every control message of the pipeline so far, in order."""
+    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "control-read",
                          "enable.auto.commit": False})
     try:
         _, high = consumer.get_watermark_offsets(KafkaTP(pipeline.cfg.control_topic, 0), timeout=10)
         consumer.assign([KafkaTP(pipeline.cfg.control_topic, 0, 0)])
-        chained: dict[str, str] = {}
-        seen = 0
+        messages, seen = [], 0
         while seen < high:
             batch = consumer.consume(1000, 5)
             assert batch, "the control topic ended early"
             for record in batch:
                 seen = record.offset() + 1
-                message = codec.decode(record.value())
-                if isinstance(message, EndCommit) and message.next is not None:
-                    chained[message.txn] = message.next.txn
-        return chained
+                if (message := codec.decode(record.value())) is not None:
+                    messages.append(message)
+        return messages
     finally:
         consumer.close()
+
+
+def chained_ends(pipeline: Pipeline) -> dict[str, str]:
+    """``{txn k: txn k+1}`` for every END on the control topic that carried the next START."""
+    return {m.txn: m.next.txn for m in control_messages(pipeline) if isinstance(m, EndCommit) and m.next is not None}
 
 
 def being_counted(pipeline: Pipeline) -> tuple[str, str] | None:
@@ -65,13 +68,6 @@ def staged_rows(pipeline: Pipeline, txn: str) -> int:
     if table not in pipeline.stage_tables():
         return 0
     return pipeline.client().query(f"SELECT count() FROM `{pipeline.cfg.clickhouse.database}`.`{table}`").result_rows[0][0]
-
-
-def assert_exactly_once(pipeline: Pipeline, produced: int) -> None:
-    report = pipeline.oracle()
-    assert report.ok, report.anomalies
-    assert report.rows_in_target == produced
-    assert pipeline.ledger().lost() == []
 
 
 def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
@@ -94,27 +90,7 @@ def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
     states = {t.txn: t for t in pipeline.ledger().history(limit=1000)}
     assert states[k].state == "ABORTED" and "row-count mismatch" in states[k].reason, states[k]
     assert states[k_next].state == "ABORTED" and states[k_next].reason.startswith(f"cascade: {k} aborted"), states[k_next]
-    assert_exactly_once(pipeline, produced)
-
-
-def control_messages(pipeline: Pipeline) -> list:
-    """Every control message of the pipeline so far, in order."""
-    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "control-read",
-                         "enable.auto.commit": False})
-    try:
-        _, high = consumer.get_watermark_offsets(KafkaTP(pipeline.cfg.control_topic, 0), timeout=10)
-        consumer.assign([KafkaTP(pipeline.cfg.control_topic, 0, 0)])
-        messages, seen = [], 0
-        while seen < high:
-            batch = consumer.consume(1000, 5)
-            assert batch, "the control topic ended early"
-            for record in batch:
-                seen = record.offset() + 1
-                if (message := codec.decode(record.value())) is not None:
-                    messages.append(message)
-        return messages
-    finally:
-        consumer.close()
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
 
 
 def capped_starts(pipeline: Pipeline) -> list[StartCommit]:
@@ -155,4 +131,4 @@ def test_an_abort_while_chunks_are_capped_by_start_re_reads_them_exactly_once(st
     assert any(t.state == "ABORTED" and "staging crashed" in t.reason for t in history), [t.reason for t in history]
     statuses = [m for m in control_messages(pipeline) if isinstance(m, WriteStatus)]
     assert any(ws.chunks > 1 and ws.rows < 20_000 for ws in statuses), "no txn was cut into capped chunks"
-    assert_exactly_once(pipeline, sent[0])
+    assert_exactly_once(pipeline, sent[0], nothing_lost=True)

@@ -20,7 +20,7 @@ import pytest
 from coordinator.service import CoordinatorService
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.pipelines import Pipeline, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,12 +63,6 @@ def spawn_coordinator(pipeline: Pipeline, coordinator_id: str, *module_args: str
 
 def states(pipeline: Pipeline) -> dict[str, str]:
     return {t.txn: t.state for t in pipeline.ledger().history(limit=1000)}
-
-
-def assert_exactly_once(pipeline: Pipeline, produced: int) -> None:
-    report = pipeline.oracle()
-    assert report.ok, report.anomalies
-    assert report.rows_in_target == produced
 
 
 def test_committed_txn_lands_once_and_is_listed(stack, tmp_path):

@@ -29,7 +29,7 @@ from protocol.config import PipelineConfig
 from protocol.errors import SetupError
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.pipelines import TARGET_DDL, Pipeline, make_pipeline
+from tests.pipelines import Pipeline, TARGET_DDL, assert_exactly_once, make_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 CHTXN = Path(sys.executable).with_name("chtxn")  # the console script of the installed distribution
@@ -83,12 +83,6 @@ def stop_process(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
         proc.wait(30)
-
-
-def assert_exactly_once(pipeline: Pipeline, produced: int) -> None:
-    report = pipeline.oracle()
-    assert report.ok, report.anomalies
-    assert report.rows_in_target == produced
 
 
 def add_view(pipeline: Pipeline, *, dedup: bool = True) -> None:
