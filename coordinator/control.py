@@ -36,7 +36,8 @@ class ControlChannel:
         kafka_clients.check_control_topic(admin, self.topic)
         self._consumer = Consumer(kafka_clients.consumer_conf(
             self.cfg, **{"group.id": f"{self.cfg.name}.chtxn-control-reader", "enable.auto.commit": False,
-                         "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms, "auto.offset.reset": "latest"}))
+                         "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
+                         "auto.offset.reset": "latest"}))
         self._consumer.assign([KafkaTP(self.topic, 0, OFFSET_END)])
         self._producer = Producer(kafka_clients.producer_conf(
             self.cfg, **{"client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True}))
