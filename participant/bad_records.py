@@ -80,7 +80,7 @@ def precheck(
     ``remembered`` maps offsets of this chunk's partition to letters found before
     (``Remembered.recall``). Fast path, nothing suspect: ``records`` itself, no letters.
     """
-    if json_objects and not remembered and _all_objects([r.value() for r in records]):
+    if json_objects and not remembered and _all_objects(records):
         return records, []
     suspects = [
         i for i, r in enumerate(records)
@@ -105,17 +105,17 @@ def precheck(
     return [r for i, r in enumerate(records) if i not in letters], [letters[i] for i in sorted(letters)]
 
 
-def _all_objects(values: list[bytes | None]) -> bool:
-    """Whether every value starts with ``{`` and ends with ``}`` (so none is empty), checked over
-    the joined values in C: no value holds a newline, so each ``}\n{`` is a boundary, and every
-    boundary is one. False says nothing: the per-record check then decides."""
+def _all_objects(records: Sequence[RecordLike]) -> bool:
+    """Whether every value starts with ``{`` and ends with ``}`` (so none is null or empty).
+    False says nothing: the per-record check then decides."""
     try:
-        joined = b"\n".join(values)  # type: ignore[arg-type]
-    except TypeError:  # a tombstone (None)
+        for r in records:
+            v: bytes = r.value()  # type: ignore[assignment]
+            if v[0] != _OPEN or v[-1] != _CLOSE:
+                return False
+    except (TypeError, IndexError):  # a null or empty value
         return False
-    boundaries = len(values) - 1
-    return (joined[:1] == b"{" and joined[-1:] == b"}" and joined.count(b"\n") == boundaries
-            and joined.count(b"}\n{") == boundaries)
+    return True
 
 
 def _one_row_problem(value: bytes | None, json_objects: bool) -> str | None:

@@ -21,8 +21,10 @@ Records are anything with confluent-kafka's ``Message`` accessors (``offset()``,
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import msgspec
@@ -96,10 +98,44 @@ class ChunkBuilder:
         self._open_first = start_offset
 
     def add(self, records: Sequence[RecordLike], lo: int = 0, hi: int | None = None) -> list[Chunk]:
-        """Take ``records[lo:hi]`` (all of this builder's partition); return the chunks they close."""
+        """Take ``records[lo:hi]`` (all of this builder's partition, in offset order as Kafka
+        delivers them); return the chunks they close."""
+        hi = len(records) if hi is None else hi
+        if lo >= hi:
+            return []
+        if records[lo].offset() < self.next_offset:  # a stale delivery: sort it out record by record
+            return self._add_each(records, lo, hi)
+        taken = records[lo:hi]
+        try:  # ends[k]: payload bytes of taken[:k]
+            ends = list(accumulate(map(len, [r.value() for r in taken]), initial=0))
+        except TypeError:  # a null value (tombstone)
+            return self._add_each(records, lo, hi)
+        closed: list[Chunk] = []
+        i, n = 0, len(taken)
+        while i < n:
+            stop = min(n, i + self.chunk_rows - len(self._open))
+            budget = self.chunk_bytes - self._open_bytes
+            fit = max(i, bisect_right(ends, ends[i] + budget, i, stop + 1) - 1)
+            if fit == i and not self._open:
+                fit = i + 1  # a record larger than chunk_bytes forms a chunk of its own
+            if fit > i:
+                if not self._open:
+                    self._open_first = taken[i].offset()
+                self._open.extend(taken[i:fit])
+                self._open_bytes += ends[fit] - ends[i]
+                self.next_offset = taken[fit - 1].offset() + 1
+                i = fit
+            if i < n or len(self._open) >= self.chunk_rows:  # the next record does not fit, or full
+                closed.append(self._cut())
+        self.rows_read += n
+        self.bytes_read += ends[n]
+        return closed
+
+    def _add_each(self, records: Sequence[RecordLike], lo: int, hi: int) -> list[Chunk]:
+        """``add`` one record at a time: skips records below ``next_offset``, takes null values."""
         closed: list[Chunk] = []
         open_, rows_cap, bytes_cap = self._open, self.chunk_rows, self.chunk_bytes
-        for i in range(lo, len(records) if hi is None else hi):
+        for i in range(lo, hi):
             record = records[i]
             offset = record.offset()
             if offset < self.next_offset:

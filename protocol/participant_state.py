@@ -307,9 +307,12 @@ class ParticipantState:
     def _on_records(self, records: Sequence[RecordLike]) -> list[Action]:
         actions: list[Action] = []
         n, i = len(records), 0
+        only = next(iter(self.parts)) if len(self.parts) == 1 else None
         while i < n:  # runs of consecutive records of one partition
             topic, partition = records[i].topic(), records[i].partition()
             j = i + 1
+            if (topic, partition) == only and (records[-1].topic(), records[-1].partition()) == only:
+                j = n  # a task of one partition reads only that partition
             while j < n and records[j].partition() == partition and records[j].topic() == topic:
                 j += 1
             p = self.parts.get((topic, partition))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -81,6 +82,42 @@ def test_exactly_full_chunk_is_cut_at_the_boundary():
 def test_poll_batch_boundaries_never_change_chunks(batch):
     recs = [Rec("src", 0, o, b"y" * (1 + (o * 7) % 23)) for o in range(5, 60)]
     assert cut(recs, batch=batch, start=5, rows=4, nbytes=40) == cut(recs, batch=1000, start=5, rows=4, nbytes=40)
+
+
+def rule_2(recs: list[Rec], rows: int, nbytes: int) -> list[tuple[int, ...]]:
+    """Rule 2 written out record by record: the reference the builder is held to."""
+    chunks: list[list[int]] = []
+    open_: list[int] = []
+    size = 0
+    for r in recs:
+        n = len(r.v or b"")
+        if open_ and size + n > nbytes:
+            chunks.append(open_)
+            open_, size = [], 0
+        open_.append(r.o)
+        size += n
+        if len(open_) >= rows:
+            chunks.append(open_)
+            open_, size = [], 0
+    return [tuple(c) for c in chunks + ([open_] if open_ else [])]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_chunks_follow_rule_2_whatever_the_batches_sizes_and_null_values(seed):
+    rng = random.Random(seed)
+    rows, nbytes = rng.randint(1, 9), rng.randint(1, 150)
+    recs = [Rec("src", 0, o, None if rng.random() < 0.03 else b"z" * rng.choice([0, 1, 7, 30, 64, 200]))
+            for o in range(400)]
+    b, got, i = builder(rows=rows, nbytes=nbytes), [], 0
+    while i < len(recs):
+        step = rng.randint(1, 50)
+        got += b.add(recs, i, min(i + step, len(recs)))
+        i += step
+    last = b.flush()
+    got += [last] if last else []
+    assert [tuple(r.o for r in c.records) for c in got] == rule_2(recs, rows, nbytes)
+    assert [c.bytes for c in got] == [sum(len(r.v or b"") for r in c.records) for c in got]
+    assert (b.rows_read, b.bytes_read, b.next_offset) == (400, sum(len(r.v or b"") for r in recs), 400)
 
 
 def test_offset_gaps_are_kept_and_stale_records_skipped():
