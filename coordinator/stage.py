@@ -34,11 +34,6 @@ log = logging.getLogger(__name__)
 
 #: Blocks a stage table remembers for deduplication: more than the chunks of any one txn.
 STAGE_DEDUP_WINDOW = 100_000
-#: Parts a stage table lets pile up in one partition before it merges them (``min_parts_to_merge_at_once``).
-#: Its parts are merged in the target after the move anyway, as rows inserted there directly would
-#: be; merging them in the stage table first would do that work twice. A txn writes one part per
-#: chunk and ClickHouse partition, far fewer than this; past it, merges bound the parts as usual.
-STAGE_MIN_PARTS_TO_MERGE = 100
 
 
 #: Engines that merge rows away; their stage tables are plain MergeTree (see the module docstring).
@@ -52,7 +47,7 @@ class StageTableMissing(ChtxnError):
     """A committed txn's stage table is gone before its rows reached the target."""
 
 
-def _setting(engine_full: str, setting: str) -> int | None:
+def _window(engine_full: str, setting: str) -> int | None:
     match = re.search(rf"\b{setting}\s*=\s*(\d+)", engine_full)
     return int(match.group(1)) if match else None
 
@@ -60,8 +55,8 @@ def _setting(engine_full: str, setting: str) -> int | None:
 def _deduplicates(engine: str, engine_full: str) -> bool:
     """Whether a MergeTree table drops a block it has seen (a deduplication window above 0)."""
     if "Replicated" in engine or "Shared" in engine:
-        return _setting(engine_full, "replicated_deduplication_window") != 0  # the default window is > 0
-    return (_setting(engine_full, "non_replicated_deduplication_window") or 0) > 0
+        return _window(engine_full, "replicated_deduplication_window") != 0  # the default window is > 0
+    return (_window(engine_full, "non_replicated_deduplication_window") or 0) > 0
 
 
 def _engine_clause_as(engine_full: str, engine: str) -> str:
@@ -221,30 +216,21 @@ class StageTables:
         self._create_like_target(stage)
 
     def _create_like_target(self, table: str) -> None:
-        engine, engine_full, merge_parts = self._engine(self.target)
+        engine, engine_full = self._engine(self.target)
         clause = f" ENGINE = {_engine_clause_as(engine_full, engine)}" if engine in MERGING_ENGINES else ""
         self.client.command(f"CREATE TABLE IF NOT EXISTS {self._q(table)} AS {self._q(self.target)}{clause}")
-        settings = f"non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
-        if merge_parts:
-            settings += f", min_parts_to_merge_at_once = {merge_parts}"
-        self.client.command(f"ALTER TABLE {self._q(table)} MODIFY SETTING {settings}")
+        self.client.command(
+            f"ALTER TABLE {self._q(table)} MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+        )
 
-    def _engine(self, table: str) -> tuple[str, str, int]:
-        """``table``'s engine, its full clause, and the ``min_parts_to_merge_at_once`` for its stage
-        tables: 0 on servers without that setting (older than 24.x), else ``STAGE_MIN_PARTS_TO_MERGE``
-        lowered to the table's ``max_parts_to_merge_at_once``, so merges stay possible."""
+    def _engine(self, table: str) -> tuple[str, str]:
         rows = self.client.query(
-            "SELECT engine, engine_full, "
-            "(SELECT count() FROM system.merge_tree_settings WHERE name = 'min_parts_to_merge_at_once'), "
-            "(SELECT toUInt64OrZero(any(value)) FROM system.merge_tree_settings WHERE name = 'max_parts_to_merge_at_once') "
-            "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": self.database, "t": table},
         ).result_rows
         if not rows:
             raise SetupError(f"table {self.database}.{table} does not exist")
-        engine, engine_full, known, server_max = rows[0]
-        most = _setting(engine_full, "max_parts_to_merge_at_once") or int(server_max) or STAGE_MIN_PARTS_TO_MERGE
-        return engine, engine_full, min(STAGE_MIN_PARTS_TO_MERGE, most) if known else 0
+        return rows[0][0], rows[0][1]
 
     # ---- step 5 -----------------------------------------------------------------------------
 

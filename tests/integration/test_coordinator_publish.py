@@ -160,34 +160,6 @@ def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(s
     assert_exactly_once(pipeline, produced)
 
 
-@pytest.mark.parametrize("target_settings, merge_at", [
-    ("", 100),  # STAGE_MIN_PARTS_TO_MERGE
-    ("SETTINGS max_parts_to_merge_at_once = 10", 10),  # never above what the table may merge at once
-])
-def test_a_stage_table_keeps_its_parts_for_the_target_to_merge(stack, tmp_path, target_settings, merge_at):
-    """A stage table merges nothing below ``merge_at`` parts in a partition; publish moves every part."""
-    pipeline = make_pipeline(stack, tmp_path, unique_name("stageparts"), target_ddl=TARGET_DDL.rstrip() + "\n" + target_settings)
-    cfg, client = pipeline.cfg, pipeline.client()
-    stages = StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name)
-    txn = "e1_t1"
-    stage = naming.stage_table(cfg.clickhouse.target_table, cfg.name, txn)
-    stages.create(stage)
-    settings = client.command(f"SELECT engine_full FROM system.tables WHERE database = '{cfg.clickhouse.database}' "
-                              f"AND name = '{stage}'")
-    assert f"min_parts_to_merge_at_once = {merge_at}" in settings, settings
-    chunks = 8
-    for n in range(chunks):
-        body = "\n".join(f'{{"id":{i},"user":"u","amount":1,"_topic":"{pipeline.topic}","_partition":0,"_offset":{i}}}'
-                         for i in range(n * 10, n * 10 + 10))
-        client.raw_insert(f"{cfg.clickhouse.database}.{stage}", insert_block=body.encode(), fmt="JSONEachRow",
-                          settings={"insert_deduplication_token": f"chunk/{n}"})
-    parts = f"SELECT count() FROM system.parts WHERE active AND database = '{cfg.clickhouse.database}' AND table = '{{}}'"
-    assert client.command(parts.format(stage)) == chunks
-    assert stages.check(stage).count == chunks * 10
-    assert stages.publish(stage, txn) == chunks * 10
-    assert pipeline.target_count() == chunks * 10
-
-
 # ---- 2. refusals at start -------------------------------------------------------------------
 
 
