@@ -1,0 +1,82 @@
+"""Python per record in a participant, against the plain loop's: ``python -m benchmarks.records``.
+
+Times, on demo events as real ``confluent_kafka.Message`` objects of one partition (no broker, no
+ClickHouse), each step a participant takes per record, in µs per record (best of 3):
+``ChunkBuilder.add`` over poll batches, the bad-record ``precheck``, ``has_joins`` on the body,
+and ``BodyBuilder.body`` (which the plain loop shares), next to the plain loop's own per-record
+bookkeeping. It measures; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import confluent_kafka
+
+from cli.demo import events
+from participant.bad_records import has_joins, precheck
+from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, ChunkBuilder
+
+
+def best_us_per_record(step: Callable[[], object], records: int, reps: int = 3) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return min(times) / records * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="example: python -m benchmarks.records --records 250000 --chunk-rows 15000")
+    ap.add_argument("--records", type=int, default=250_000)
+    ap.add_argument("--poll-batch", type=int, default=5_000)
+    ap.add_argument("--chunk-rows", type=int, default=15_000)
+    args = ap.parse_args(argv)
+    n = args.records
+    msgs = [confluent_kafka.Message(topic="events", partition=0, offset=i, value=v) for i, v in events(n)]
+    batches = [msgs[i:i + args.poll_batch] for i in range(0, n, args.poll_batch)]
+    chunks: list[Chunk] = []
+    bodies: list[bytes] = []
+    builder = BodyBuilder(topic="events", partition=0, input_format="JSONEachRow", columns=METADATA_COLUMNS)
+
+    def cut() -> None:
+        chunks.clear()
+        b = ChunkBuilder(pipeline="bench", txn="e1_t1", topic="events", partition=0, start_offset=0,
+                         chunk_rows=args.chunk_rows, chunk_bytes=64 << 20)
+        for batch in batches:
+            chunks.extend(b.add(batch))
+        last = b.flush()
+        chunks.extend([last] if last else [])
+
+    def check() -> None:
+        for c in chunks:
+            precheck(c.records, json_objects=True)
+
+    def body() -> None:
+        bodies[:] = [builder.body(c.records) for c in chunks]
+
+    def joins() -> None:
+        for c, b in zip(chunks, bodies):
+            has_joins(b, c.rows)
+
+    def plain_loop() -> None:  # benchmarks/plain.py: error check, then per partition lists
+        pending: dict[int, list] = {0: []}
+        for batch in batches:
+            for m in batch:
+                if m.error() is not None:
+                    raise RuntimeError(m.error())
+                pending[m.partition()].append(m)
+
+    steps = [("chunk builder (participant)", cut), ("precheck (participant)", check),
+             ("body (both)", body), ("has_joins (participant)", joins), ("per-record bookkeeping (plain loop)", plain_loop)]
+    print(f"{n:,} records, poll batches of {args.poll_batch:,}, chunks of {args.chunk_rows:,} rows")
+    for name, step in steps:
+        print(f"{name:40s} {best_us_per_record(step, n):6.3f} µs/record")
+
+
+if __name__ == "__main__":
+    main()
