@@ -27,6 +27,9 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("benchmark driver", ("benchmarks.pipeline", "benchmarks.bench", "cli participant", "-m procs")),
 )
 
+#: The component of a process that has exited and is not yet reaped: its command line is gone.
+EXITED = "(exited)"
+
 
 def snapshot(root: int | None = None) -> dict[int, tuple[str, float]]:
     """pid -> (component, CPU seconds so far) for every process readable now.
@@ -47,7 +50,7 @@ def snapshot(root: int | None = None) -> dict[int, tuple[str, float]]:
         seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
         pid = int(entry.name)
         parents[pid] = int(fields[1])
-        found[pid] = (_component(cmdline), seconds)
+        found[pid] = (EXITED if fields[0] == "Z" or not cmdline else _component(cmdline), seconds)
     ours = _tree(parents, os.getpid() if root is None else root)
     return {pid: (component if pid in ours else "other", seconds) for pid, (component, seconds) in found.items()}
 
@@ -67,10 +70,16 @@ def _tree(parents: dict[int, int], root: int) -> set[int]:
 
 
 def used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
-    """CPU seconds per component between two snapshots (processes alive at ``after``)."""
+    """CPU seconds per component between two snapshots (processes alive at ``after``).
+
+    A process that has exited but is not yet reaped (a zombie, with no command line left) is still
+    the process of ``before``: it keeps that component and counts only its CPU since then.
+    """
     totals: dict[str, float] = {}
     for pid, (component, seconds) in after.items():
         start = before.get(pid)
+        if component == EXITED:
+            component = start[0] if start else "other"
         delta = seconds - (start[1] if start and start[0] == component else 0.0)
         if delta > 0:
             totals[component] = totals.get(component, 0.0) + delta

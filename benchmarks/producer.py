@@ -23,6 +23,7 @@ from benchmarks.workload import PRODUCED_AT
 from cli.demo import events
 
 TICK_S = 0.005
+LINGER_MS = 20
 POOL = 10_000
 KEYS = 50_000  # as ``workload.produce``: keys spread the events over the partitions
 
@@ -34,8 +35,11 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
     def delivered(error: object, _message: object) -> None:  # called for failures only
         failed.append(str(error))
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "none",
-                         "delivery.report.only.error": True, "on_delivery": delivered})
+    # Batches of up to LINGER_MS: the broker shares the machine with the pipeline, and its CPU per
+    # produced event falls by almost half from 5 ms batches to 20 ms ones (embedded broker, 150k
+    # events/s). The wait counts against freshness: an event is stamped before it is batched.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": LINGER_MS, "batch.size": 1_000_000,
+                         "compression.type": "none", "delivery.report.only.error": True, "on_delivery": delivered})
     pool = [body[1:] for _, body in events(POOL)]  # each '{' ... '}' without its '{'
     keys = [str(i).encode() for i in range(KEYS)]
     head = b'{"' + PRODUCED_AT.encode() + b'":'

@@ -130,15 +130,6 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
     return ends
 
 
-def count_rows(cfg: PipelineConfig, table: str) -> int:
-    """Rows in ``bench.<table>``."""
-    client = make_client(cfg.clickhouse)
-    try:
-        return int(client.command(f"SELECT count() FROM {DATABASE}.{table}"))
-    finally:
-        client.close()
-
-
 def settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:
     """Wait until ClickHouse runs no background merge, so one step's merges do not slow the next."""
     client = make_client(cfg.clickhouse)

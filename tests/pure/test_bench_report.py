@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks import summary
+from benchmarks import cpu, summary
 from benchmarks.bench import repetition_figures
 from benchmarks.chtxn_run import PipelineFigures
 from benchmarks.paced import PacedFigures, PacedRun
@@ -133,3 +133,12 @@ def test_a_repetition_with_a_paced_phase() -> None:
     assert got["paced_cpu_s_per_100k_rows_chtxn"] == pytest.approx(0.5)  # producer and "other" left out
     assert got["paced_read_share"] is None  # no control-topic phases given
     assert (got["aborts"], got["paced_aborts"], got["abort_reasons"]) == (1, 1, {"participant lost": 1})
+
+
+def test_a_worker_that_exits_before_the_second_snapshot_keeps_its_component_and_counts_from_the_first() -> None:
+    # A plain-loop worker that has exited but is not reaped yet has no command line left: its
+    # CPU is still the loop's, and only what it used between the two snapshots counts.
+    before = {10: ("plain loop", 0.5), 11: ("plain loop", 0.4), 12: ("other", 3.0)}
+    after = {10: ("plain loop", 1.5), 11: (cpu.EXITED, 1.2), 12: ("other", 3.5), 13: (cpu.EXITED, 2.0)}
+    used = cpu.used(before, after)
+    assert used == pytest.approx({"plain loop": 1.0 + 0.8, "other": 0.5 + 2.0})
