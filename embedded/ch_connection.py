@@ -3,8 +3,9 @@
 Each connection has its own settings, current database and temporary tables; statements on
 different connections run in parallel (chDB's connections are thread-safe and share one engine
 and one data directory). A connection runs one statement at a time: the HTTP layer gives each
-request without ``session_id`` a fresh connection, closed after the request, and each session its
-own connection for the session's lifetime.
+request without ``session_id`` a connection of its own for the request (an idle one kept clean
+from an earlier request, see ``ch_sessions``), and each session its own connection for the
+session's lifetime.
 
 SQL reaches the engine as bytes, exactly as the client sent them. Inside the endpoint SQL text is
 held as ``latin-1`` strings (one character per byte, see ``ch_sql``) and encoded back to the
@@ -196,6 +197,11 @@ class ResultStream:
             self.read_rows += res.storage_rows_read()
             self.read_bytes += res.storage_bytes_read()
             yield self.transform(res.bytes())
+
+    @property
+    def done(self) -> bool:
+        """True once the output was read to its end (or failed)."""
+        return self._done
 
     def close(self) -> None:
         if not self._done:

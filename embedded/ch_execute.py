@@ -72,6 +72,7 @@ def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
         yield Outcome()
         return
     settings[QUERY_ID_SETTING] = quote(request.query_id)
+    session.ran(stmt.kind, stmt.sql, external_tables=bool(request.external_tables))
     created: list[ExternalTable] = []
     try:
         for table in request.external_tables:
@@ -82,6 +83,8 @@ def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
             yield outcome
         finally:
             if outcome.stream is not None:
+                if not outcome.stream.done:  # cancelled half-read: do not hand the connection on
+                    session.reusable = False
                 outcome.stream.close()
     finally:
         _drop_external(conn, created)

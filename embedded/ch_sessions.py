@@ -4,8 +4,12 @@ connection that holds its temporary tables.
 As on a ClickHouse server, a session runs one statement at a time (a second concurrent request
 fails with SESSION_IS_LOCKED), and it is forgotten, its connection closed and so its temporary
 tables dropped, ``session_timeout`` seconds (60 by default) after its last request or at
-``close_session=1``. A request without a session gets a state and a connection of its own, both
-gone when the request ends.
+``close_session=1``. A request without a session gets a state of its own, gone when the request
+ends, and an engine connection that no other request uses meanwhile: an idle one kept from an
+earlier request when there is one (opening a connection, then USE, cost more than a small
+statement itself), else a new one. A connection is kept only after a statement that succeeded and
+cannot have left anything in it but settings and a current database, which the next request's
+statement resets (``EngineConnection.apply``); anything else closes it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from embedded.ch_connection import EngineConnection
 from embedded.ch_errors import SESSION_IS_LOCKED, EngineError
 
 DEFAULT_TIMEOUT_S = 60.0
+#: Idle connections kept for requests without a session (more concurrent requests open more).
+POOL_SIZE = 8
+#: Statements after which a connection holds nothing a later request could see: no temporary
+#: table, role or transaction (a statement naming TEMPORARY is excluded whatever its kind).
+_CLEAN_KINDS = frozenset({
+    "SELECT", "WITH", "INSERT", "ALTER", "CREATE", "DROP", "EXISTS", "SHOW", "DESCRIBE", "DESC", "EXPLAIN",
+    "CHECK", "OPTIMIZE", "TRUNCATE", "RENAME", "KILL",
+})
 
 
 @dataclass
@@ -31,7 +43,13 @@ class SessionState:
     database: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     last_used: float = 0.0
+    reusable: bool = False  # set by ``ran``: the connection may serve another request
     _conn: EngineConnection | None = None
+
+    def ran(self, kind: str, sql: str, *, external_tables: bool = False) -> None:
+        """Note the statement this state's connection runs (``kind`` as ``ch_sql.statement_kind``);
+        a request with external tables creates temporary tables, so its connection is not kept."""
+        self.reusable = kind in _CLEAN_KINDS and not external_tables and "TEMPORARY" not in sql.upper()
 
     @property
     def connection(self) -> EngineConnection:
@@ -56,17 +74,20 @@ class SessionStore:
         self._mutex = threading.Lock()
         self._states: dict[str, SessionState] = {}
         self._busy: set[str] = set()
+        self._idle: list[EngineConnection] = []  # for requests without a session
 
     @contextmanager
     def hold(self, session_id: str | None, timeout_s: float | None = None) -> Iterator[SessionState]:
         """The session's state, locked against concurrent requests of the same session for the
         duration of the ``with`` block. Without an id, a state for this request alone."""
         if not session_id:
-            state = SessionState(self._open)
+            state = SessionState(self._checkout)
             try:
                 yield state
-            finally:
+            except BaseException:
                 state.release()
+                raise
+            self._checkin(state)
             return
         with self._mutex:
             now = self._clock()
@@ -92,12 +113,33 @@ class SessionStore:
             state.release()
 
     def close_all(self) -> None:
-        """Forget every session that is not in use (at shutdown)."""
+        """Forget every session that is not in use, and close the idle connections (at shutdown)."""
         with self._mutex:
             idle = [sid for sid in self._states if sid not in self._busy]
             states = [self._states.pop(sid) for sid in idle]
+            conns, self._idle = self._idle, []
         for state in states:
             state.release()
+        for conn in conns:
+            conn.close()
+
+    def _checkout(self) -> EngineConnection:
+        with self._mutex:
+            if self._idle:
+                return self._idle.pop()
+        return self._open()
+
+    def _checkin(self, state: SessionState) -> None:
+        """Keep the connection of a sessionless request that ended well, if it is clean."""
+        conn, state._conn = state._conn, None
+        if conn is None:
+            return
+        if state.reusable:
+            with self._mutex:
+                if len(self._idle) < POOL_SIZE:
+                    self._idle.append(conn)
+                    return
+        conn.close()
 
     def _expire(self, now: float) -> None:
         for sid in [sid for sid, st in self._states.items() if now - st.last_used > st.timeout_s and sid not in self._busy]:

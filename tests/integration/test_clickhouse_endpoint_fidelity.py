@@ -164,6 +164,19 @@ def test_temporary_tables_belong_to_their_session(port: int) -> None:
     assert (status, headers["X-ClickHouse-Exception-Code"]) == (404, "60")
 
 
+def test_requests_without_a_session_carry_nothing_over_to_the_next(port: int) -> None:
+    # Such requests share idle engine connections one after another: none may see an earlier
+    # one's database, settings, temporary table or failure.
+    assert post(port, b"SELECT currentDatabase()", "database=system")[2] == b"system\n"
+    assert post(port, b"SELECT getSetting('max_threads') = 3", "max_threads=3")[2] == b"1\n"
+    assert post(port, b"SELECT no_such_function_xyz()")[0] != 200
+    assert post(port, b"CREATE TEMPORARY TABLE tmp_leak (x UInt8)")[0] == 200
+    for _ in range(3):
+        assert post(port, b"SELECT currentDatabase(), getSetting('max_threads') = 3")[2] == b"default\t0\n"
+        status, headers, _ = post(port, b"SELECT x FROM tmp_leak")
+        assert (status, headers["X-ClickHouse-Exception-Code"]) == (404, "60")
+
+
 # -- 5. parameters in INSERT VALUES, summary --------------------------------------------------------
 
 
