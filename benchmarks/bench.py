@@ -91,7 +91,7 @@ def repetition(args: argparse.Namespace, work: Path, console: Console) -> dict[s
         workload.settle(setup.cfg)
         run = None
         with console.status("running the chtxn pipeline on the backlog"), \
-                chtxn_run.Pipeline(setup.config_path, logs, slots=setup.slots) as pipe:
+                chtxn_run.Pipeline(setup.config_path, logs) as pipe:
             snapshots = pipe.wait_for_rows(setup.cfg, args.events, time.monotonic() + args.timeout)
             if not args.no_paced:
                 console.print(f"chtxn: backlog published; paced phase at {rate:,.0f} events/s "

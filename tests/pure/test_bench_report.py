@@ -13,10 +13,11 @@ import pytest
 
 from benchmarks import cpu, summary
 from benchmarks.bench import repetition_figures
-from benchmarks.chtxn_run import PipelineFigures
+from benchmarks.chtxn_run import PipelineFigures, figures_from_ledger
 from benchmarks.paced import PacedFigures, PacedRun
 from benchmarks.plain import Outcome
 from benchmarks.timeline import Phases
+from protocol.ledger_view import TxnSummary
 
 
 def test_percentile_is_nearest_rank_whatever_the_order() -> None:
@@ -142,3 +143,19 @@ def test_a_worker_that_exits_before_the_second_snapshot_keeps_its_component_and_
     after = {10: ("plain loop", 1.5), 11: (cpu.EXITED, 1.2), 12: ("other", 3.5), 13: (cpu.EXITED, 2.0)}
     used = cpu.used(before, after)
     assert used == pytest.approx({"plain loop": 1.0 + 0.8, "other": 0.5 + 2.0})
+
+
+def test_steady_state_leaves_out_the_last_data_txn_which_waits_out_its_interval() -> None:
+    # Four txns of one second read 240k rows each; the fifth reads the last 40k, then idles until
+    # its END. START to START over the first four is the rate the pipeline held.
+    def txn(i: int, rows: int, state: str = "PUBLISHED") -> TxnSummary:
+        return TxnSummary(txn=f"t{i}", state=state, epoch=1, total_rows=rows, started_at=100.0 + i,
+                          committed_at=100.0 + i + 1.4)
+
+    txns = [txn(0, 0), *(txn(i, 240_000) for i in range(1, 5)), txn(5, 40_000), txn(6, 0), txn(7, 0, "ABORTED")]
+    got = figures_from_ledger(None, txns=txns)  # type: ignore[arg-type] - the config is read only without txns
+    assert (got.rows, got.steady_rows) == (1_000_000, 960_000)
+    assert got.rows_per_s == pytest.approx(240_000)
+    assert got.drain_rows_per_s == pytest.approx(1_000_000 / 5.4)
+    single = figures_from_ledger(None, txns=[txn(1, 240_000)])  # type: ignore[arg-type]
+    assert single.rows_per_s == pytest.approx(240_000 / 1.4)
