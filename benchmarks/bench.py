@@ -102,7 +102,7 @@ def repetition(args: argparse.Namespace, work: Path, console: Console) -> dict[s
         control = timeline.read(setup.cfg, dump=logs / "control.jsonl")
         figures = chtxn_run.figures(setup.cfg, pipe, snapshots, logs, txns=txns, control=control)
         paced_figures = paced.figures(setup.cfg, run, txns, control) if run else None
-    title = (f"{args.events:,} events, {args.partitions} partitions, {len(setup.groups)} processes, "
+    title = (f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
              f"batch/chunk {args.chunk_rows:,} rows")
     for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
                   report.cpu_table(outcomes, figures)):
@@ -125,6 +125,7 @@ def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
         "consume_ceiling_rows_per_s": rate.get("consume"),
         "insert_ceiling_rows_per_s": rate.get("insert"),
         "chtxn_wall_rows_per_s": figures.rows / figures.wall_s if figures.wall_s else None,
+        "chtxn_drain_rows_per_s": figures.drain_rows_per_s,
         "spark_ready_s": figures.spark_ready_s,
         "data_txns": figures.data_txns,
         "rows_per_txn": figures.rows / figures.data_txns,

@@ -10,8 +10,10 @@ Steps, all on one fresh ``EmbeddedStack`` (stopped at the end, with every proces
 3. (a) the plain loop: consume, ``raw_insert`` batches of ``--chunk-rows``, commit offsets;
 4. (b) the chtxn pipeline (coordinator + ``chtxn participant``), figures from the ledger.
 
-Every mode uses the same parallelism: the partitions grouped into as many processes as the
-participant job gets task slots by default (one per partition, at most two per core). Between
+The plain loop runs one process per partition, at most two per core: a serial loop needs the
+second process per core to read while the other waits for an insert (on 2 cores, 4 partitions in 4
+processes: 276k-309k rows/s; in 2: 194k). The ceilings use the same processes. The chtxn pipeline
+runs with its own defaults (``chtxn participant`` without ``--master``: one task per core). Between
 steps the benchmark waits for ClickHouse's background merges to finish. It measures and
 reports; it asserts nothing about speed. ``benchmarks.bench`` (``make bench``) repeats these
 steps and adds a paced phase.
@@ -44,8 +46,7 @@ class Setup:
     cfg: PipelineConfig
     config_path: Path
     ends: dict[int, int]
-    groups: list[list[int]]
-    slots: int
+    groups: list[list[int]]  # the plain loop's processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         workload.settle(setup.cfg)
         with console.status("running the chtxn pipeline (coordinator + Spark participant job)"):
             figures = chtxn_run.run(setup.cfg, setup.config_path, args.events, work / "logs",
-                                    timeout_s=args.timeout, slots=setup.slots)
-    title = (f"{args.events:,} events, {args.partitions} partitions, {len(setup.groups)} processes, "
+                                    timeout_s=args.timeout)
+    title = (f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
              f"batch/chunk {args.chunk_rows:,} rows")
     for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
                   report.loop_phases_table(outcomes), report.cpu_table(outcomes, figures)):
@@ -115,10 +116,10 @@ def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console:
         produced = workload.produce(cfg, args.events)
         console.print(f"produced {args.events:,} events into {args.partitions} partitions "
                       f"in {time.monotonic() - t0:.1f} s")
-    slots = max(1, min(args.partitions, 2 * (os.cpu_count() or 1)))
+    processes = max(1, min(args.partitions, 2 * (os.cpu_count() or 1)))
     groups = [[p for _, p in g] for g in group_partitions(
-        [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], slots)]
-    return Setup(cfg, config_path, {p: produced.get(p, 0) for p in range(args.partitions)}, groups, slots)
+        [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], processes)]
+    return Setup(cfg, config_path, {p: produced.get(p, 0) for p in range(args.partitions)}, groups)
 
 
 def reference_runs(args: argparse.Namespace, setup: Setup, console: Console) -> list[Outcome]:
