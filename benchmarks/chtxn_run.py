@@ -80,10 +80,9 @@ class PipelineFigures:
         return self.rows / self.window_s if self.window_s > 0 else 0.0
 
 
-def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, timeout_s: float = 900.0,
-        slots: int | None = None) -> PipelineFigures:
+def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, timeout_s: float = 900.0) -> PipelineFigures:
     """Run the pipeline until ``events`` rows are published; both processes are gone on return."""
-    with Pipeline(config_path, logs, slots=slots) as pipeline:
+    with Pipeline(config_path, logs) as pipeline:
         snapshots = pipeline.wait_for_rows(cfg, events, time.monotonic() + timeout_s)
     return figures(cfg, pipeline, snapshots, logs)
 
@@ -91,22 +90,21 @@ def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, time
 class Pipeline:
     """The coordinator and the participant job as subprocesses, for the span of a ``with`` block.
 
-    Entering starts both (each in its own process group); leaving stops both, SIGTERM then SIGKILL.
-    ``started`` is the unix time they were started.
+    Entering starts both (each in its own process group, the job on ``chtxn participant``'s default
+    master); leaving stops both, SIGTERM then SIGKILL. ``started`` is the unix time they were started.
     """
 
-    def __init__(self, config_path: Path, logs: Path, *, slots: int | None = None) -> None:
-        self.config_path, self.logs, self.slots = config_path, logs, slots
+    def __init__(self, config_path: Path, logs: Path) -> None:
+        self.config_path, self.logs = config_path, logs
         self.procs: dict[str, subprocess.Popen] = {}
         self._outputs: list = []
         self.started = 0.0
 
     def __enter__(self) -> Pipeline:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-        master = ["--master", f"local[{self.slots},4]"] if self.slots else []
         self.started = time.time()
         try:
-            for name, argv in (("coordinator", ["coordinator"]), ("participant", ["participant", *master])):
+            for name, argv in (("coordinator", ["coordinator"]), ("participant", ["participant"])):
                 log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 - closed once the process is stopped
                 self._outputs.append(log)
                 self.procs[name] = subprocess.Popen(
