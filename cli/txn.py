@@ -17,11 +17,10 @@ from rich.table import Table
 from clients.clickhouse import make_client
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger
+from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger_view import TxnSummary
-
-_UNKNOWN_TABLE = 60
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,7 +69,7 @@ def open_ledger(cfg: PipelineConfig, retries: int = 3) -> LedgerStore:
 
 
 def _missing_ledger(exc: ClickHouseError, cfg: PipelineConfig, config_path: str) -> SetupError | ClickHouseError:
-    if exc.code == _UNKNOWN_TABLE:
+    if exc.code == UNKNOWN_TABLE:
         return SetupError(
             f"the ledger table {cfg.clickhouse.database}.{ledger.TABLE} does not exist: "
             f"run chtxn init --config {config_path}"

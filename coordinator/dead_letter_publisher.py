@@ -34,6 +34,7 @@ from clients import kafka as kafka_clients
 from clients.clickhouse import retrying
 from coordinator.ledger_store import LedgerStore
 from protocol import dead_letters
+from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig
 from protocol.dead_letters import DeadLetter
 from protocol.errors import ChtxnError, ClickHouseError
@@ -41,8 +42,6 @@ from protocol.ledger import LedgerRow
 
 log = logging.getLogger(__name__)
 
-#: ClickHouse's UNKNOWN_TABLE.
-_UNKNOWN_TABLE = 60
 _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -150,7 +149,7 @@ class DeadLetterPublisher:
                                dead_letters.committed_with_letters_sql(self.cfg.clickhouse.database),
                                after=after, upto=upto)
         except ClickHouseError as exc:
-            if exc.code == _UNKNOWN_TABLE:  # no letter was ever stored
+            if exc.code == UNKNOWN_TABLE:  # no letter was ever stored
                 return []
             raise DeadLetterPublishError(f"cannot read the ledger and dead letters: {exc}") from None
         listed: dict[int, set[str]] = {}

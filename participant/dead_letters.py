@@ -15,13 +15,11 @@ from typing import Any
 from clients.clickhouse import retrying
 from participant.bad_records import Letter
 from protocol import dead_letters
+from protocol.chcodes import UNKNOWN_TABLE
 from protocol.chunking import Chunk
 from protocol.errors import ChtxnError, ClickHouseError
 
 log = logging.getLogger(__name__)
-
-#: ClickHouse's UNKNOWN_TABLE.
-_UNKNOWN_TABLE = 60
 
 
 class DeadLetterError(ChtxnError):
@@ -53,7 +51,7 @@ class DeadLetterSink:
             try:
                 self._insert(rows, token)
             except ClickHouseError as exc:
-                if exc.code != _UNKNOWN_TABLE:
+                if exc.code != UNKNOWN_TABLE:
                     raise
                 log.warning("creating %s", dead_letters.qualified(self.database))
                 retrying(self.attempts, f"create {dead_letters.qualified(self.database)}", sleep=self._sleep)(

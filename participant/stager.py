@@ -48,16 +48,13 @@ from clients.clickhouse import retrying
 from participant.bad_records import Letter, Refused, Remembered, has_joins, isolate, precheck, split_joined
 from participant.dead_letters import DeadLetterSink
 from protocol import insert_settings
-from protocol.chcodes import ErrorClass, classify
+from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format, json_problem
 from protocol.config import ClickHouseSection
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol.participant_events import ChunkStaged
 
 log = logging.getLogger(__name__)
-
-#: ClickHouse's UNKNOWN_TABLE.
-UNKNOWN_TABLE = 60
 
 
 class NotOneRow(ChtxnError):
