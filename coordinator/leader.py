@@ -55,6 +55,7 @@ from coordinator import ledger_rows
 from coordinator.ledger_rows import ledger_row
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.stage import StageTableMissing, StageTables
+from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
     AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, DropStage, Event, GapFound,
@@ -70,8 +71,6 @@ from protocol.messages import LeaderHeartbeat, TopicPartition
 log = logging.getLogger(__name__)
 
 PARTITION_CHECK_S = 5.0
-#: ClickHouse's UNKNOWN_TABLE.
-UNKNOWN_TABLE = 60
 #: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
 LOOP_STALL_LIMIT_S = 120.0
 #: Longest wait in one control-topic poll; shorter while lane outcomes are due.

@@ -24,7 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from clients.clickhouse import error_code
 from protocol import naming
+from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
@@ -122,6 +124,38 @@ def _difference(stage: _Shape | None, target: _Shape | None) -> str:
     return "partition, sorting or primary key changed"
 
 
+#: Columns and keys of the tables ``{names:Array(String)}`` of ``{db:String}`` that exist, as one
+#: value: an array of (table, position, column, type, engine, partition key, sorting key, primary key).
+_SHAPES_SCALAR = (
+    "(SELECT groupArray((c.table, c.position, c.name, c.type, t.engine, t.partition_key, t.sorting_key, t.primary_key)) "
+    "FROM (SELECT table, name, type, position FROM system.columns "
+    "      WHERE database = {db:String} AND table IN {names:Array(String)}) AS c "
+    "INNER JOIN (SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
+    "      WHERE database = {db:String} AND name IN {names:Array(String)}) AS t ON c.table = t.name)"
+)
+
+
+def _shapes_of(rows: list[tuple]) -> dict[str, _Shape]:
+    """``_SHAPES_SCALAR``'s value by table, columns in their order."""
+    shapes: dict[str, _Shape] = {}
+    for table, _, name, kind, engine, partition, sorting, primary in sorted(rows, key=lambda r: (r[0], r[1])):
+        shape = shapes.setdefault(table, _Shape(engine, partition, sorting, primary))
+        shape.columns.append((name, kind))
+    return shapes
+
+
+def _has_metadata(shape: _Shape) -> bool:
+    return set(METADATA_COLUMNS) <= {name for name, _ in shape.columns}
+
+
+def _partition_stats(rows: list[tuple]) -> dict[TopicPartition, PartitionStats]:
+    """(topic, partition, rows, min offset, max offset) rows by source partition."""
+    return {
+        TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
+        for t, p, n, lo, hi in rows
+    }
+
+
 def _ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -136,6 +170,7 @@ class StageTables:
         self.target = target
         self.pipeline = pipeline
         self.publish_mode = publish_mode
+        self._metadata: bool | None = None  # whether the last stage table checked had the metadata columns
 
     def _q(self, table: str) -> str:
         return f"{_ident(self.database)}.{_ident(table)}"
@@ -235,22 +270,46 @@ class StageTables:
     # ---- step 5 -----------------------------------------------------------------------------
 
     def check(self, stage: str) -> StageCheck:
-        """Step 5's reads, two queries whatever the tables: how the target's structure now differs
-        from ``stage``'s, then the rows staged (per source partition, with the metadata columns)."""
+        """Step 5's reads in one query: how the target's structure now differs from ``stage``'s,
+        and the rows staged (per source partition when the stage table has the metadata columns).
+        A stage table that is gone, or whose metadata columns are not what the last one had, is
+        read again by ``_check_slowly``, which says what is missing."""
+        per_partition = self._metadata is not False
+        staged = (
+            "(SELECT groupArray((_topic, _partition, n, lo, hi)) FROM (SELECT _topic, _partition, count() AS n, "
+            f"min(_offset) AS lo, max(_offset) AS hi FROM {self._q(stage)} GROUP BY _topic, _partition))"
+            if per_partition else f"(SELECT count() FROM {self._q(stage)})"
+        )
+        try:
+            [(shape_rows, found)] = self.client.query(
+                f"SELECT {_SHAPES_SCALAR}, {staged}", parameters={"db": self.database, "names": [stage, self.target]},
+            ).result_rows
+        except Exception as exc:
+            if error_code(exc) not in (UNKNOWN_TABLE, UNKNOWN_IDENTIFIER):
+                raise
+            return self._check_slowly(stage)
+        shapes = _shapes_of(shape_rows)
+        if stage not in shapes or _has_metadata(shapes[stage]) != per_partition:
+            return self._check_slowly(stage)
+        altered = _difference(shapes[stage], shapes.get(self.target))
+        if not per_partition:
+            return StageCheck(altered, int(found), None)
+        partitions = _partition_stats(found)
+        return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
+
+    def _check_slowly(self, stage: str) -> StageCheck:
+        """``check`` in two queries, whatever the stage table holds."""
         shapes = self._shapes(stage, self.target)
         if stage not in shapes:
             raise StageTableMissing(f"stage table {self.database}.{stage} does not exist")
         altered = _difference(shapes[stage], shapes.get(self.target))
-        if not set(METADATA_COLUMNS) <= {name for name, _ in shapes[stage].columns}:
+        self._metadata = _has_metadata(shapes[stage])
+        if not self._metadata:
             return StageCheck(altered, self.count(stage), None)
-        rows = self.client.query(
+        partitions = _partition_stats(self.client.query(
             f"SELECT _topic, _partition, count(), min(_offset), max(_offset) FROM {self._q(stage)} "
             "GROUP BY _topic, _partition"
-        ).result_rows
-        partitions = {
-            TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
-            for t, p, n, lo, hi in rows
-        }
+        ).result_rows)
         return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
 
     def count(self, stage: str) -> int:
@@ -258,19 +317,10 @@ class StageTables:
 
     def _shapes(self, *tables: str) -> dict[str, _Shape]:
         """Columns and keys of those of ``tables`` that exist, in one query."""
-        shapes: dict[str, _Shape] = {}
-        for table, name, kind, engine, partition, sorting, primary in self.client.query(
-            "SELECT c.table, c.name, c.type, t.engine, t.partition_key, t.sorting_key, t.primary_key "
-            "FROM (SELECT table, name, type, position FROM system.columns "
-            "      WHERE database = {db:String} AND table IN {names:Array(String)}) AS c "
-            "INNER JOIN (SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
-            "      WHERE database = {db:String} AND name IN {names:Array(String)}) AS t ON c.table = t.name "
-            "ORDER BY c.table, c.position",
-            parameters={"db": self.database, "names": list(tables)},
-        ).result_rows:
-            shape = shapes.setdefault(table, _Shape(engine, partition, sorting, primary))
-            shape.columns.append((name, kind))
-        return shapes
+        [(rows,)] = self.client.query(
+            f"SELECT {_SHAPES_SCALAR}", parameters={"db": self.database, "names": list(tables)},
+        ).result_rows
+        return _shapes_of(rows)
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
         kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
@@ -291,10 +341,7 @@ class StageTables:
         the stage table does not exist. ``on_move`` is called between partition moves (failpoints).
         """
         restage = naming.restage_table(stage)
-        shapes = self._shapes(stage, self.target, restage)
-        if stage not in shapes:
-            raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
-        rows = self.count(stage)
+        shapes, rows, partition_ids = self._publish_reads(stage, restage, txn)
         altered = _difference(shapes[stage], shapes.get(self.target))
         if self.publish_mode == "move" and (altered or restage in shapes):
             log.warning("the target changed after txn %s was staged: publishing it by insert-select", txn)
@@ -302,13 +349,36 @@ class StageTables:
             self._insert_select(restage, stage, naming.publish_token(self.pipeline, txn) + "/restage")
             self._move_all(restage, on_move)
         elif self.publish_mode == "move":
-            self._move_all(stage, on_move)
+            self._move_all(stage, on_move, partition_ids)
         else:
             self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
         return rows
 
-    def _move_all(self, source: str, on_move: Any = None) -> None:
-        for i, partition_id in enumerate(self._partition_ids(source)):
+    def _publish_reads(self, stage: str, restage: str, txn: str) -> tuple[dict[str, _Shape], int, list[str] | None]:
+        """Before publishing, in one query: the shapes of ``stage``, the target and ``restage``,
+        the rows ``stage`` holds and its partition ids (None when read the long way)."""
+        try:
+            [(shape_rows, rows, partition_ids)] = self.client.query(
+                f"SELECT {_SHAPES_SCALAR}, (SELECT count() FROM {self._q(stage)}), "
+                "(SELECT groupUniqArray(partition_id) FROM system.parts "
+                " WHERE database = {db:String} AND table = {stage:String} AND active)",
+                parameters={"db": self.database, "names": [stage, self.target, restage], "stage": stage},
+            ).result_rows
+        except Exception as exc:
+            if error_code(exc) != UNKNOWN_TABLE:
+                raise
+            shapes = self._shapes(stage, self.target, restage)
+            rows, partition_ids = None, None
+        else:
+            shapes = _shapes_of(shape_rows)
+            partition_ids = sorted(partition_ids)
+        if stage not in shapes:
+            raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
+        return shapes, self.count(stage) if rows is None else int(rows), partition_ids
+
+    def _move_all(self, source: str, on_move: Any = None, partition_ids: list[str] | None = None) -> None:
+        ids = self._partition_ids(source) if partition_ids is None else partition_ids
+        for i, partition_id in enumerate(ids):
             if i and on_move is not None:
                 on_move()
             self.client.command(

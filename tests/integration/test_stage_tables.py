@@ -1,0 +1,115 @@
+"""``StageTables`` on the embedded ClickHouse: step 5's check and publish's reads, one query
+each in the steady state, and the long way when a stage table is gone or its metadata columns
+are not what the last one had."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from coordinator.stage import StageTableMissing, StageTables
+from protocol import naming
+from protocol.coordinator_events import PartitionStats
+from protocol.messages import TopicPartition
+from tests.helpers import unique_name
+from tests.pipelines import make_pipeline
+
+PLAIN_TARGET_DDL = "CREATE TABLE {db}.{table} (id UInt64, s String) ENGINE = MergeTree ORDER BY id"
+
+
+class Counting:
+    """A clickhouse-connect client that counts the statements sent through it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.calls = client, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if name not in ("query", "command"):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return attr(*args, **kwargs)
+        return counted
+
+
+def stages_of(pipeline) -> tuple[StageTables, Counting]:  # noqa: ANN001 - tests.pipelines.Pipeline
+    cfg = pipeline.cfg
+    client = Counting(pipeline.client())
+    return StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
+                       pipeline=cfg.name), client
+
+
+def stage_table(pipeline, txn: str) -> str:  # noqa: ANN001
+    return naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, txn)
+
+
+def q(pipeline, table: str) -> str:  # noqa: ANN001
+    return f"`{pipeline.cfg.clickhouse.database}`.`{table}`"
+
+
+def test_check_reads_shapes_and_rows_per_partition_in_one_query(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stagecheck"))
+    stages, client = stages_of(pipeline)
+    topic, table = pipeline.topic, stage_table(pipeline, "e1_t1")
+    stages.create(table)
+    client.command(f"INSERT INTO {q(pipeline, table)} (id, _topic, _partition, _offset) VALUES "
+                   f"(1, '{topic}', 0, 10), (2, '{topic}', 0, 11), (3, '{topic}', 1, 4)")
+    client.calls = 0
+
+    check = stages.check(table)
+
+    assert (check.altered, check.count) == ("", 3)
+    assert check.partitions == {TopicPartition(topic=topic, partition=0): PartitionStats(2, 10, 11),
+                                TopicPartition(topic=topic, partition=1): PartitionStats(1, 4, 4)}
+    assert client.calls == 1, "step 5 reads the structures and the staged rows in one query"
+
+    pipeline.client().command(f"ALTER TABLE {q(pipeline, pipeline.cfg.clickhouse.target_table)} ADD COLUMN note String")
+    assert stages.check(table).altered == "columns added: note"
+    with pytest.raises(StageTableMissing, match="does not exist"):
+        stages.check(stage_table(pipeline, "e1_t2"))
+
+
+def test_check_of_a_target_without_metadata_columns_counts_and_learns_to_ask_for_a_count(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stageplain"), target_ddl=PLAIN_TARGET_DDL)
+    stages, client = stages_of(pipeline)
+    for txn in ("e1_t1", "e1_t2"):
+        table = stage_table(pipeline, txn)
+        stages.create(table)
+        client.command(f"INSERT INTO {q(pipeline, table)} VALUES (1, 'a'), (2, 'b')")
+        client.calls = 0
+
+        check = stages.check(table)
+
+        assert (check.altered, check.count, check.partitions) == ("", 2, None)
+    assert client.calls == 1, "once a stage table had no metadata columns, the next check asks for a count"
+
+    target = q(pipeline, pipeline.cfg.clickhouse.target_table)
+    pipeline.client().command(f"ALTER TABLE {target} ADD COLUMN _topic String, ADD COLUMN _partition Int32, "
+                              "ADD COLUMN _offset Int64")
+    table = stage_table(pipeline, "e1_t3")
+    stages.create(table)
+    client.command(f"INSERT INTO {q(pipeline, table)} VALUES (1, 'a', 't', 0, 7)")
+    check = stages.check(table)
+    assert check.partitions == {TopicPartition(topic="t", partition=0): PartitionStats(1, 7, 7)}, \
+        "metadata columns added to the target are counted per partition from the next stage table on"
+
+
+def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_table(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stagepub"))
+    stages, client = stages_of(pipeline)
+    topic, table = pipeline.topic, stage_table(pipeline, "e1_t1")
+    stages.create(table)
+    client.command(f"INSERT INTO {q(pipeline, table)} (id, _topic, _partition, _offset) VALUES "
+                   f"(1, '{topic}', 0, 0), (2, '{topic}', 1, 0), (3, '{topic}', 1, 1)")
+    client.calls = 0
+
+    assert stages.publish(table, "e1_t1") == 3
+
+    # one read, one move per ClickHouse partition (PARTITION BY _partition), the check that it is empty
+    assert client.calls == 1 + 2 + 1
+    assert pipeline.target_count() == 3
+    assert stages.count(table) == 0
+    with pytest.raises(StageTableMissing, match="of committed txn e1_t2 does not exist"):
+        stages.publish(stage_table(pipeline, "e1_t2"), "e1_t2")
