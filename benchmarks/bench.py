@@ -39,8 +39,9 @@ from benchmarks.plain import Outcome
 from embedded.stack import EmbeddedStack
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: Components whose CPU is not the system under test: the rest of the machine, the paced producer.
-NOT_MEASURED = ("other", "paced producer")
+#: Components that are not the pipeline's: the machine's other load, the paced producer, and the
+#: benchmark's own process (its progress polls and CPU snapshots).
+NOT_MEASURED = ("other", "paced producer", "benchmark driver")
 
 
 def main(argv: list[str] | None = None) -> int:

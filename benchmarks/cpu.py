@@ -24,7 +24,8 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spark jvm", ("org.apache.spark.deploy.SparkSubmit",)),
     ("participant python", ("pyspark.daemon", "pyspark.worker", "participant/job.py --config")),
     ("plain loop", ("multiprocessing.spawn",)),
-    ("benchmark driver", ("benchmarks.pipeline", "benchmarks.bench", "cli participant", "-m procs")),
+    ("participant supervisor", ("cli participant", "-m procs")),  # chtxn participant and its watchdog
+    ("benchmark driver", ("benchmarks.",)),
 )
 
 #: The component of a process that has exited and is not yet reaped: its command line is gone.
