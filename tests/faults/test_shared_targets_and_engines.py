@@ -106,6 +106,27 @@ def test_a_target_altered_mid_txn_aborts_before_the_commit_point_and_restages(st
     assert_exactly_once(pipeline, produced, nothing_lost=True)
 
 
+def test_a_stage_table_dropped_before_step_5_aborts_its_txn_and_the_records_are_read_again(stack, tmp_path):
+    """Someone drops the stage table of a txn whose WRITE-STATUS set is complete: step 5 finds it
+    gone, the txn aborts before the commit point, and the next txn stages the records again."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stagegone"))
+    produced = pipeline.produce(500)
+    db = pipeline.cfg.clickhouse.database
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, \
+            leaders(e1 := LeaderThread(pipeline, 1, "E1")):
+        counting = failpoints.arm("leader.before-count", "pause*1", who="E1")
+        e1.start()
+        assert counting.reached.wait(60)
+        k = next(s.txn for s in reversed(participants.statuses) if s.rows)
+        stage = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, k)
+        pipeline.client().command(f"DROP TABLE `{db}`.`{stage}`")
+        failpoints.release("leader.before-count")
+        wait_until(lambda: pipeline.target_count() == produced, 60, "every record committed after the drop")
+    aborted = {t.txn: t.reason for t in pipeline.ledger().history(limit=100, state="ABORTED")}
+    assert "does not exist" in aborted.get(k, ""), aborted
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
+
+
 def test_a_target_altered_after_the_commit_point_is_published_by_insert_select(stack, tmp_path):
     """Defect 6, after the commit point: MOVE PARTITION would fail for ever (code 122); the txn
     is published through a restage table in the new structure, and a new leader can finish it."""
