@@ -124,23 +124,26 @@ def _difference(stage: _Shape | None, target: _Shape | None) -> str:
     return "partition, sorting or primary key changed"
 
 
-#: Columns and keys of the tables ``{names:Array(String)}`` of ``{db:String}`` that exist, as one
-#: value: an array of (table, position, column, type, engine, partition key, sorting key, primary key).
-_SHAPES_SCALAR = (
-    "(SELECT groupArray((c.table, c.position, c.name, c.type, t.engine, t.partition_key, t.sorting_key, t.primary_key)) "
-    "FROM (SELECT table, name, type, position FROM system.columns "
-    "      WHERE database = {db:String} AND table IN {names:Array(String)}) AS c "
-    "INNER JOIN (SELECT name, engine, partition_key, sorting_key, primary_key FROM system.tables "
-    "      WHERE database = {db:String} AND name IN {names:Array(String)}) AS t ON c.table = t.name)"
+#: Columns and keys of the tables ``{names:Array(String)}`` of ``{db:String}``, as tagged rows of six
+#: strings: ('c', table, position, column, type, '') and ('t', table, engine, partition key,
+#: sorting key, primary key). Other reads are appended to it with UNION ALL under tags of their
+#: own: one round trip, and cheaper in ClickHouse than a JOIN or scalar subqueries.
+_SHAPES_SQL = (
+    "SELECT 'c', table, toString(position), name, type, '' FROM system.columns "
+    "WHERE database = {db:String} AND table IN {names:Array(String)} "
+    "UNION ALL SELECT 't', name, engine, partition_key, sorting_key, primary_key FROM system.tables "
+    "WHERE database = {db:String} AND name IN {names:Array(String)}"
 )
 
 
 def _shapes_of(rows: list[tuple]) -> dict[str, _Shape]:
-    """``_SHAPES_SCALAR``'s value by table, columns in their order."""
+    """The shapes in ``_SHAPES_SQL``'s rows, by table, columns in their order (other tags ignored)."""
+    tables = {r[1]: r for r in rows if r[0] == "t"}
     shapes: dict[str, _Shape] = {}
-    for table, _, name, kind, engine, partition, sorting, primary in sorted(rows, key=lambda r: (r[0], r[1])):
-        shape = shapes.setdefault(table, _Shape(engine, partition, sorting, primary))
-        shape.columns.append((name, kind))
+    for _, table, position, name, kind, _ in sorted((r for r in rows if r[0] == "c"), key=lambda r: (r[1], int(r[2]))):
+        if table in tables:
+            _, _, engine, partition, sorting, primary = tables[table]
+            shapes.setdefault(table, _Shape(engine, partition, sorting, primary)).columns.append((name, kind))
     return shapes
 
 
@@ -276,25 +279,25 @@ class StageTables:
         read again by ``_check_slowly``, which says what is missing."""
         per_partition = self._metadata is not False
         staged = (
-            "(SELECT groupArray((_topic, _partition, n, lo, hi)) FROM (SELECT _topic, _partition, count() AS n, "
-            f"min(_offset) AS lo, max(_offset) AS hi FROM {self._q(stage)} GROUP BY _topic, _partition))"
-            if per_partition else f"(SELECT count() FROM {self._q(stage)})"
+            "SELECT 's', _topic, toString(_partition), toString(count()), toString(min(_offset)), "
+            f"toString(max(_offset)) FROM {self._q(stage)} GROUP BY _topic, _partition"
+            if per_partition else f"SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)}"
         )
         try:
-            [(shape_rows, found)] = self.client.query(
-                f"SELECT {_SHAPES_SCALAR}, {staged}", parameters={"db": self.database, "names": [stage, self.target]},
+            rows = self.client.query(
+                f"{_SHAPES_SQL} UNION ALL {staged}", parameters={"db": self.database, "names": [stage, self.target]},
             ).result_rows
         except Exception as exc:
             if error_code(exc) not in (UNKNOWN_TABLE, UNKNOWN_IDENTIFIER):
                 raise
             return self._check_slowly(stage)
-        shapes = _shapes_of(shape_rows)
+        shapes = _shapes_of(rows)
         if stage not in shapes or _has_metadata(shapes[stage]) != per_partition:
             return self._check_slowly(stage)
         altered = _difference(shapes[stage], shapes.get(self.target))
         if not per_partition:
-            return StageCheck(altered, int(found), None)
-        partitions = _partition_stats(found)
+            return StageCheck(altered, sum(int(r[2]) for r in rows if r[0] == "n"), None)
+        partitions = _partition_stats([r[1:] for r in rows if r[0] == "s"])
         return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
 
     def _check_slowly(self, stage: str) -> StageCheck:
@@ -317,10 +320,9 @@ class StageTables:
 
     def _shapes(self, *tables: str) -> dict[str, _Shape]:
         """Columns and keys of those of ``tables`` that exist, in one query."""
-        [(rows,)] = self.client.query(
-            f"SELECT {_SHAPES_SCALAR}", parameters={"db": self.database, "names": list(tables)},
-        ).result_rows
-        return _shapes_of(rows)
+        return _shapes_of(self.client.query(
+            _SHAPES_SQL, parameters={"db": self.database, "names": list(tables)},
+        ).result_rows)
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
         kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
@@ -358,23 +360,23 @@ class StageTables:
         """Before publishing, in one query: the shapes of ``stage``, the target and ``restage``,
         the rows ``stage`` holds and its partition ids (None when read the long way)."""
         try:
-            [(shape_rows, rows, partition_ids)] = self.client.query(
-                f"SELECT {_SHAPES_SCALAR}, (SELECT count() FROM {self._q(stage)}), "
-                "(SELECT groupUniqArray(partition_id) FROM system.parts "
-                " WHERE database = {db:String} AND table = {stage:String} AND active)",
+            rows = self.client.query(
+                f"{_SHAPES_SQL} UNION ALL SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)} "
+                "UNION ALL SELECT DISTINCT 'p', partition_id, '', '', '', '' FROM system.parts "
+                "WHERE database = {db:String} AND table = {stage:String} AND active",
                 parameters={"db": self.database, "names": [stage, self.target, restage], "stage": stage},
             ).result_rows
         except Exception as exc:
             if error_code(exc) != UNKNOWN_TABLE:
                 raise
-            shapes = self._shapes(stage, self.target, restage)
-            rows, partition_ids = None, None
+            shapes, count, partition_ids = self._shapes(stage, self.target, restage), None, None
         else:
-            shapes = _shapes_of(shape_rows)
-            partition_ids = sorted(partition_ids)
+            shapes = _shapes_of(rows)
+            count = sum(int(r[2]) for r in rows if r[0] == "n")
+            partition_ids = sorted(r[1] for r in rows if r[0] == "p")
         if stage not in shapes:
             raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
-        return shapes, self.count(stage) if rows is None else int(rows), partition_ids
+        return shapes, self.count(stage) if count is None else count, partition_ids
 
     def _move_all(self, source: str, on_move: Any = None, partition_ids: list[str] | None = None) -> None:
         ids = self._partition_ids(source) if partition_ids is None else partition_ids
