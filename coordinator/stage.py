@@ -279,7 +279,7 @@ class StageTables:
         read again by ``_check_slowly``, which says what is missing."""
         per_partition = self._metadata is not False
         staged = (
-            "SELECT 's', _topic, toString(_partition), toString(count()), toString(min(_offset)), "
+            "SELECT 's', toString(_topic), toString(_partition), toString(count()), toString(min(_offset)), "
             f"toString(max(_offset)) FROM {self._q(stage)} GROUP BY _topic, _partition"
             if per_partition else f"SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)}"
         )
