@@ -11,10 +11,10 @@ import signal
 
 import pytest
 
-from tests.e2e.test_pipeline import Processes, assert_exactly_once, committed, python_workers
+from tests.e2e.processes import Processes, committed, python_workers
 from tests.faults.test_continuous_txns import chained_ends
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import make_pipeline
+from tests.pipelines import assert_exactly_once, make_pipeline
 
 pytestmark = pytest.mark.e2e
 

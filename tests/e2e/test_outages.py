@@ -19,10 +19,10 @@ import pytest
 
 from embedded.broker import EmbeddedBroker
 from procs import free_port
-from tests.e2e.test_pipeline import Processes, assert_exactly_once, committed, running
+from tests.e2e.processes import Processes, committed, running
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import Pipeline, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 pytestmark = pytest.mark.e2e
 

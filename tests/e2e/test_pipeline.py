@@ -6,96 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.processes import committed, python_workers, running
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
+from tests.pipelines import assert_exactly_once, make_pipeline
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
-
-
-class Processes:
-    """The pipeline's processes, each in its own process group, stopped at the end."""
-
-    def __init__(self, pipeline: Pipeline, logs: Path) -> None:
-        self.pipeline = pipeline
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
-        env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def coordinator(self, name: str = "coordinator") -> subprocess.Popen:
-        return self.start(name, "coordinator")
-
-    def participants(self, slots: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return self.start("participant", "participant", "--master", f"local[{slots},4]", env=env)
-
-    def kill(self, name: str) -> None:
-        os.killpg(self.procs[name].pid, signal.SIGKILL)
-        self.procs[name].wait(30)
-
-    def alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None and proc.returncode not in (-signal.SIGKILL,):
-                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
-
-    def tail(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text()[-4000:]
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-
-@contextmanager
-def running(pipeline: Pipeline, tmp_path: Path, slots: int):
-    procs = Processes(pipeline, tmp_path)
-    try:
-        procs.coordinator()
-        procs.participants(slots)
-        yield procs
-    finally:
-        procs.stop_all()
-
-
-def committed(pipeline: Pipeline, expected: int, procs: Processes, timeout_s: float = 300) -> None:
-    def done() -> bool:
-        procs.alive()
-        return pipeline.target_count() >= expected
-
-    wait_until(done, timeout_s, f"{expected} rows in the target")
-
-
-def python_workers() -> list[int]:
-    """PySpark's Python workers: processes forked by a ``pyspark.daemon`` (same command line)."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
-    daemons = {}
-    for line in out.splitlines()[1:]:
-        pid, ppid, args = line.strip().split(None, 2)
-        if "pyspark.daemon" in args:
-            daemons[int(pid)] = int(ppid)
-    return sorted(pid for pid, ppid in daemons.items() if ppid in daemons)
-
-
 def test_four_partitions_100k_events_exactly_once(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("e2e100k"), partitions=4,
                              settings={"transaction.interval_s": 1.0, "participant.chunk_rows": 10_000})

@@ -17,9 +17,9 @@ import pytest
 
 from cli.packaging import ARCHIVE_ALIAS
 from procs import start_token
-from tests.e2e.test_pipeline import Processes, assert_exactly_once, committed
+from tests.e2e.processes import Processes, committed
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import Pipeline, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 from tests.spark_cluster import SparkCluster, Worker, process_table
 
 pytestmark = pytest.mark.e2e
