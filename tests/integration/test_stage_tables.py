@@ -49,14 +49,25 @@ def q(pipeline, table: str) -> str:  # noqa: ANN001
     return f"`{pipeline.cfg.clickhouse.database}`.`{table}`"
 
 
+#: The metadata columns, to insert rows into a stage table of ``TARGET_DDL``'s shape.
+METADATA = "(id, _topic, _partition, _offset)"
+
+
+def staged(pipeline, stages: StageTables, client: Counting, txn: str, values: str, columns: str = "") -> str:  # noqa: ANN001
+    """A stage table of ``txn`` holding ``values``; the statements counted from here on."""
+    table = stage_table(pipeline, txn)
+    stages.create(table)
+    client.command(f"INSERT INTO {q(pipeline, table)} {columns} VALUES {values}")
+    client.calls = 0
+    return table
+
+
 def test_check_reads_shapes_and_rows_per_partition_in_one_query(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("stagecheck"))
     stages, client = stages_of(pipeline)
-    topic, table = pipeline.topic, stage_table(pipeline, "e1_t1")
-    stages.create(table)
-    client.command(f"INSERT INTO {q(pipeline, table)} (id, _topic, _partition, _offset) VALUES "
-                   f"(1, '{topic}', 0, 10), (2, '{topic}', 0, 11), (3, '{topic}', 1, 4)")
-    client.calls = 0
+    topic = pipeline.topic
+    table = staged(pipeline, stages, client, "e1_t1", f"(1, '{topic}', 0, 10), (2, '{topic}', 0, 11), (3, '{topic}', 1, 4)",
+                   METADATA)
 
     check = stages.check(table)
 
@@ -75,10 +86,7 @@ def test_check_of_a_target_without_metadata_columns_counts_and_learns_to_ask_for
     pipeline = make_pipeline(stack, tmp_path, unique_name("stageplain"), target_ddl=PLAIN_TARGET_DDL)
     stages, client = stages_of(pipeline)
     for txn in ("e1_t1", "e1_t2"):
-        table = stage_table(pipeline, txn)
-        stages.create(table)
-        client.command(f"INSERT INTO {q(pipeline, table)} VALUES (1, 'a'), (2, 'b')")
-        client.calls = 0
+        table = staged(pipeline, stages, client, txn, "(1, 'a'), (2, 'b')")
 
         check = stages.check(table)
 
@@ -88,10 +96,7 @@ def test_check_of_a_target_without_metadata_columns_counts_and_learns_to_ask_for
     target = q(pipeline, pipeline.cfg.clickhouse.target_table)
     pipeline.client().command(f"ALTER TABLE {target} ADD COLUMN _topic String, ADD COLUMN _partition Int32, "
                               "ADD COLUMN _offset Int64")
-    table = stage_table(pipeline, "e1_t3")
-    stages.create(table)
-    client.command(f"INSERT INTO {q(pipeline, table)} VALUES (1, 'a', 't', 0, 7)")
-    check = stages.check(table)
+    check = stages.check(staged(pipeline, stages, client, "e1_t3", "(1, 'a', 't', 0, 7)"))
     assert check.partitions == {TopicPartition(topic="t", partition=0): PartitionStats(1, 7, 7)}, \
         "metadata columns added to the target are counted per partition from the next stage table on"
 
@@ -99,11 +104,9 @@ def test_check_of_a_target_without_metadata_columns_counts_and_learns_to_ask_for
 def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_table(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("stagepub"))
     stages, client = stages_of(pipeline)
-    topic, table = pipeline.topic, stage_table(pipeline, "e1_t1")
-    stages.create(table)
-    client.command(f"INSERT INTO {q(pipeline, table)} (id, _topic, _partition, _offset) VALUES "
-                   f"(1, '{topic}', 0, 0), (2, '{topic}', 1, 0), (3, '{topic}', 1, 1)")
-    client.calls = 0
+    topic = pipeline.topic
+    table = staged(pipeline, stages, client, "e1_t1", f"(1, '{topic}', 0, 0), (2, '{topic}', 1, 0), (3, '{topic}', 1, 1)",
+                   METADATA)
 
     assert stages.publish(table, "e1_t1") == 3
 
