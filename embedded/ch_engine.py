@@ -8,6 +8,10 @@ Guarantees:
   QUERY_WAS_CANCELLED.
 - Data is ClickHouse's own on-disk format under ``data_dir``: closing and opening the engine on
   the same directory gives back every committed part.
+- Background merges run at nice ``MERGE_NICE`` (ClickHouse's ``os_threads_nice_value_merge_mutate``):
+  the engine shares its machine with the pipeline, and a merge can wait where an insert or a
+  commit-path query should not. ClickHouse applies it only with ``CAP_SYS_NICE``; without it
+  merges run at the process's own priority, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from embedded.ch_sql import quote
 __all__ = ["CANNOT_OPEN_DATA_DIR", "Engine", "Outcome"]
 
 CANNOT_OPEN_DATA_DIR = 76  # ClickHouse's CANNOT_OPEN_FILE
+#: Nice value of the engine's merge and mutation threads (0 = the process's priority, 19 lowest).
+MERGE_NICE = 10
 
 
 class Engine:
@@ -30,7 +36,8 @@ class Engine:
     def __init__(self, data_dir: str | Path):
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
-        self._path = str(path)
+        # chDB passes the parameters of its connection string to the engine as server settings.
+        self._path = f"{path}?os_threads_nice_value_merge_mutate={MERGE_NICE}"
         try:
             # The engine lives while any connection is open: this one is kept until close().
             self._keeper = EngineConnection(self._path, {})

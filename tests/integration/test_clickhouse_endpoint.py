@@ -28,6 +28,7 @@ import pytest
 import zstandard
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from embedded.ch_engine import MERGE_NICE
 from embedded.clickhouse_server import wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +83,13 @@ def test_client_start_up_learns_version_timezone_and_settings(client) -> None:
     assert client.server_version.startswith("26.")
     assert client.server_tz is not None
     assert client.server_settings["max_execution_time"].readonly == 0
+
+
+def test_merges_are_asked_to_yield_to_statements(client) -> None:
+    # The engine shares the machine with the pipeline: its merge threads get a higher nice value.
+    rows = client.query(
+        "SELECT value FROM system.server_settings WHERE name = 'os_threads_nice_value_merge_mutate'").result_rows
+    assert rows == [(str(MERGE_NICE),)]
 
 
 def test_create_database_and_system_tables(client) -> None:
