@@ -80,6 +80,9 @@ def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
     with coordinator(pipeline), participants(pipeline, tasks=2):
         assert counting.reached.wait(120), "no txn reached its count"
         k, k_next = wait_until(lambda: being_counted(pipeline), 30, "the txn being counted, and the one its END started")
+        # k may have read every record before its END: these can only go to k+1, which cannot end
+        # before k is decided.
+        produced += pipeline.produce(2_000, start_id=produced)
         wait_until(lambda: staged_rows(pipeline, k_next) > 0, 60, f"{k_next} staging while {k} is counted")
         stage_k = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, k)
         pipeline.client().command(
