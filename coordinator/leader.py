@@ -81,6 +81,11 @@ LANES: dict[type, str] = {
     CreateStage: "stage", DropStage: "stage",
     RecordStarted: "background", Publish: "background", AbortTxn: "background",
 }
+#: Each lane action's name in the ``chtxn_leader_step_seconds`` metric.
+STEPS: dict[type, str] = {
+    CountStage: "check", Commit: "commit", Publish: "publish", CreateStage: "create-stage", DropStage: "drop-stage",
+    RecordStarted: "record-started", AbortTxn: "abort",
+}
 
 
 def _snapshot(action: Action) -> Action:
@@ -213,7 +218,10 @@ class Leader:
         key = id(action)
         self._in_flight[key] = self.clock()
 
+        step = self.metrics.step_seconds.labels(self.cfg.name, STEPS[type(action)])
+
         def run() -> None:
+            started = self.clock()
             try:
                 outcome = handler(action)
                 if outcome is not None:
@@ -221,6 +229,7 @@ class Leader:
             except BaseException as exc:  # a bug or an armed failpoint: raised again on the loop
                 self._outcomes.put(exc)
             finally:
+                step.observe(self.clock() - started)
                 self._in_flight.pop(key, None)
 
         self._lanes[lane].submit(run)

@@ -7,6 +7,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from protocol.coordinator_events import ABORT_KINDS
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The leader's ClickHouse steps, as its lanes run them (``coordinator.leader.LANES``): step 5's
+#: check, step 6's commit point, step 7's publish, and the work around them.
+LEADER_STEPS = ("check", "commit", "publish", "create-stage", "drop-stage", "record-started", "abort")
 
 
 class CoordinatorMetrics:
@@ -21,6 +24,9 @@ class CoordinatorMetrics:
             "chtxn_commit_latency_seconds", "END-COMMIT to ACK-COMMIT", buckets=_LATENCY_BUCKETS, **labels)
         self.publish_latency = Histogram(
             "chtxn_publish_latency_seconds", "ACK-COMMIT to PUBLISHED", buckets=_LATENCY_BUCKETS, **labels)
+        self.step_seconds = Histogram(
+            "chtxn_leader_step_seconds", "One ClickHouse step of the leader, retries included",
+            ["pipeline", "step"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.rows = Counter("chtxn_rows_committed", "Rows committed", **labels)
         self.bytes = Counter("chtxn_bytes_committed", "Bytes of records committed", **labels)
         self.lost = Counter("chtxn_lost_transactions", "Committed txns whose stage table was gone at publish (alarm)",
@@ -36,6 +42,8 @@ class CoordinatorMetrics:
             self.aborts.labels(pipeline, kind)
         for outcome in ("committed", "aborted"):
             self.transactions.labels(pipeline, outcome)
+        for step in LEADER_STEPS:
+            self.step_seconds.labels(pipeline, step)
         self.lost.labels(pipeline)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:

@@ -21,7 +21,8 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.leader import Leader
+from coordinator.leader import LANES, STEPS, Leader
+from coordinator.metrics import LEADER_STEPS
 from coordinator.service import CoordinatorService
 from coordinator.stage import StageTables
 from protocol import naming
@@ -238,6 +239,11 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def test_every_lane_action_is_a_named_leader_step():
+    assert set(STEPS) == set(LANES)
+    assert sorted(STEPS.values()) == sorted(LEADER_STEPS)
+
+
 def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("metrics"),
                              settings={"transaction.write_status_timeout_s": 3.0, "transaction.heartbeat_misses": 5})
@@ -257,6 +263,10 @@ def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
             assert value("chtxn_rows_committed_total") == produced
             assert value("chtxn_leader") == 1
             assert value("chtxn_commit_latency_seconds_count") > 0
+            for step in ("create-stage", "check", "commit", "publish"):  # steps 2, 5, 6 and 7 of a txn
+                # A step is timed once it returns; publish returns after the rows are visible.
+                wait_until(lambda: value("chtxn_leader_step_seconds_count", step=step) > 0, 30,  # noqa: B023
+                           f"the leader's {step} step timed")
 
             participants.knobs.withhold_status = {pipeline.partitions[1]}
             more = pipeline.produce(300, start_id=produced)
