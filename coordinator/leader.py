@@ -53,7 +53,7 @@ from coordinator.dead_letter_publisher import DeadLetterPublisher
 from coordinator.ledger_store import LedgerStore
 from coordinator import ledger_rows
 from coordinator.ledger_rows import ledger_row
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
 from coordinator.stage import StageTableMissing, StageTables
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig
@@ -80,11 +80,6 @@ LANES: dict[type, str] = {
     CountStage: "commit", Commit: "commit",
     CreateStage: "stage", DropStage: "stage",
     RecordStarted: "background", Publish: "background", AbortTxn: "background",
-}
-#: Each lane action's name in the ``chtxn_leader_step_seconds`` metric.
-STEPS: dict[type, str] = {
-    CountStage: "check", Commit: "commit", Publish: "publish", CreateStage: "create-stage", DropStage: "drop-stage",
-    RecordStarted: "record-started", AbortTxn: "abort",
 }
 
 
@@ -218,7 +213,7 @@ class Leader:
         key = id(action)
         self._in_flight[key] = self.clock()
 
-        step = self.metrics.step_seconds.labels(self.cfg.name, STEPS[type(action)])
+        step = self.metrics.step_seconds.labels(self.cfg.name, LEADER_STEPS[type(action)])
 
         def run() -> None:
             started = self.clock()

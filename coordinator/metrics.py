@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from protocol.coordinator_events import ABORT_KINDS
+from protocol.coordinator_events import (
+    ABORT_KINDS, AbortTxn, Commit, CountStage, CreateStage, DropStage, Publish, RecordStarted,
+)
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-#: The leader's ClickHouse steps, as its lanes run them (``coordinator.leader.LANES``): step 5's
-#: check, step 6's commit point, step 7's publish, and the work around them.
-LEADER_STEPS = ("check", "commit", "publish", "create-stage", "drop-stage", "record-started", "abort")
+#: The leader's ClickHouse steps, as its lanes run them (``coordinator.leader.LANES``), by action:
+#: step 5's check, step 6's commit point, step 7's publish, and the work around them.
+LEADER_STEPS: dict[type, str] = {
+    CountStage: "check", Commit: "commit", Publish: "publish", CreateStage: "create-stage", DropStage: "drop-stage",
+    RecordStarted: "record-started", AbortTxn: "abort",
+}
 
 
 class CoordinatorMetrics:
@@ -42,7 +47,7 @@ class CoordinatorMetrics:
             self.aborts.labels(pipeline, kind)
         for outcome in ("committed", "aborted"):
             self.transactions.labels(pipeline, outcome)
-        for step in LEADER_STEPS:
+        for step in LEADER_STEPS.values():
             self.step_seconds.labels(pipeline, step)
         self.lost.labels(pipeline)
 
