@@ -64,13 +64,7 @@ class CoordinatorService:
         stop.wait(delay)
 
     def _run_once(self, stop: threading.Event) -> None:
-        ch = self.cfg.clickhouse
-        client = make_client(ch)
-        co = self.cfg.coordinator
-        ledger = LedgerStore(client, ch.database, self.cfg.name, checkpoint_every=co.ledger_checkpoint_every,
-                             retention_s=co.ledger_retention_days * 86400)
-        stages = StageTables(client, database=ch.database, target=ch.target_table, pipeline=self.cfg.name,
-                             publish_mode=self.cfg.transaction.publish_mode)
+        ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
         control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}")
         control.open()
@@ -106,3 +100,19 @@ class CoordinatorService:
             self.epoch = 0
             self.metrics.leader.labels(self.cfg.name).set(0)
             self.metrics.epoch.labels(self.cfg.name).set(0)
+
+
+def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
+    """The ledger and the stage tables, on one client whose queries run at
+    ``coordinator.clickhouse_nice`` (ClickHouse's ``os_thread_priority``): ahead of the
+    participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
+    without ``CAP_SYS_NICE`` ignores the setting; at 0 it is not sent (a server may refuse it)."""
+    ch, co = cfg.clickhouse, cfg.coordinator
+    renice = {"os_thread_priority": co.clickhouse_nice} if co.clickhouse_nice else {}
+    client = make_client(ch, **renice)
+    ledger = LedgerStore(client, ch.database, cfg.name, checkpoint_every=co.ledger_checkpoint_every,
+                         retention_s=co.ledger_retention_days * 86400)
+    stages = StageTables(client, database=ch.database, target=ch.target_table, pipeline=cfg.name,
+                         publish_mode=cfg.transaction.publish_mode,
+                         copy_settings={"os_thread_priority": 0} if renice else {})
+    return ledger, stages

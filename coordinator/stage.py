@@ -164,11 +164,18 @@ def _ident(name: str) -> str:
 
 
 class StageTables:
-    """Stage tables of one target table. ``client`` is a clickhouse-connect client."""
+    """Stage tables of one target table. ``client`` is a clickhouse-connect client.
+
+    ``copy_settings`` go with every ``insert-select`` copy, on top of the client's own: the
+    coordinator's client runs ahead of other queries (``coordinator.clickhouse_nice``), a bulk copy
+    does not.
+    """
 
     def __init__(self, client: Any, *, database: str, target: str, pipeline: str,
-                 publish_mode: Literal["move", "insert-select"] = "move") -> None:
+                 publish_mode: Literal["move", "insert-select"] = "move",
+                 copy_settings: dict[str, Any] | None = None) -> None:
         self.client = client
+        self.copy_settings = copy_settings or {}
         self.database = database
         self.target = target
         self.pipeline = pipeline
@@ -401,6 +408,7 @@ class StageTables:
                 "insert_deduplicate": 1,
                 "deduplicate_blocks_in_dependent_materialized_views": 1,
                 "async_insert": 0,
+                **self.copy_settings,
             },
         )
 

@@ -84,6 +84,7 @@ class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     leader_lease_s: float = 2.0  # a standby claims leadership after this much leader silence
     metrics_port: int = 0  # 0: no Prometheus endpoint
     clickhouse_retries: int = 8
+    clickhouse_nice: int = -10  # -20 runs first, 19 last; 0 sends no setting
     ledger_checkpoint_every: int = 1000  # commit slots between ledger checkpoints (reads start from the latest)
     ledger_retention_days: float = 30.0  # ledger history older than this expires; the head never does
 
@@ -201,6 +202,9 @@ def _validate(config: PipelineConfig) -> None:
         )
     if "group.id" in config.kafka.properties or "bootstrap.servers" in config.kafka.properties:
         raise bad("kafka.properties", dict(config.kafka.properties), "set bootstrap servers in kafka.bootstrap_servers; group ids are chtxn's")
+    if not -20 <= config.coordinator.clickhouse_nice <= 19:
+        raise bad("coordinator.clickhouse_nice", config.coordinator.clickhouse_nice,
+                  "a nice value is between -20 (first) and 19 (last); 0 leaves the server's default")
     for setting, value in ch.insert_settings.items():
         if why := insert_settings.problem(setting, value):
             raise bad(f"clickhouse.insert_settings.{setting}", value, why)

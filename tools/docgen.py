@@ -170,6 +170,12 @@ FIELD_NOTES: dict[str, str] = {
     "coordinator.leader_lease_s": "The leader heartbeats every third of this, from a thread of its own.",
     "coordinator.metrics_port": "Port of the Prometheus endpoint (`--metrics-port` overrides it).",
     "coordinator.clickhouse_retries": "Tries of one coordinator ClickHouse operation on retryable errors.",
+    "coordinator.clickhouse_nice": (
+        "The nice value (ClickHouse's `os_thread_priority`) of the coordinator's queries, so that the "
+        "commit path's small reads and inserts run ahead of the participants' bulk inserts on a busy "
+        "server. A server applies it only when it has `CAP_SYS_NICE`; otherwise nothing changes. "
+        "Copies made by `insert-select` publishing run at 0."
+    ),
     "coordinator.ledger_checkpoint_every": (
         "The leader winning every this-many-th commit slot, and every new leader, writes a ledger "
         "checkpoint: the head of the settled part of the commit chain. Take-over, `chtxn status` and "

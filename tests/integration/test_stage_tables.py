@@ -1,12 +1,13 @@
 """``StageTables`` on the embedded ClickHouse: step 5's check and publish's reads, one query
 each in the steady state, and the long way when a stage table is gone or its metadata columns
-are not what the last one had."""
+are not what the last one had; and the nice value the coordinator's queries and copies run at."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from coordinator.service import clickhouse_stores
 from coordinator.stage import StageTableMissing, StageTables
 from protocol import naming
 from protocol.coordinator_events import PartitionStats
@@ -116,3 +117,25 @@ def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_tabl
     assert stages.count(table) == 0
     with pytest.raises(StageTableMissing, match="of committed txn e1_t2 does not exist"):
         stages.publish(stage_table(pipeline, "e1_t2"), "e1_t2")
+
+
+#: A target that records, per row, the nice value of the insert that wrote it.
+NICE_TARGET_DDL = ("CREATE TABLE {db}.{table} (id UInt64, nice Int32 MATERIALIZED getSetting('os_thread_priority')) "
+                   "ENGINE = MergeTree ORDER BY id")
+
+
+@pytest.mark.parametrize("nice", [-10, 0])
+def test_the_coordinators_queries_run_at_its_nice_value_and_its_bulk_copies_do_not(stack, tmp_path, nice):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stagenice"), target_ddl=NICE_TARGET_DDL,
+                             settings={"transaction.publish_mode": "insert-select", "coordinator.clickhouse_nice": nice})
+    _, stages = clickhouse_stores(pipeline.cfg)
+    assert stages.client.command("SELECT getSetting('os_thread_priority')") == nice
+
+    table = stage_table(pipeline, "e1_t1")
+    stages.create(table)
+    stages.client.command(f"INSERT INTO {q(pipeline, table)} (id) VALUES (1), (2)")
+    assert stages.publish(table, "e1_t1") == 2
+
+    # the stage table's rows were written at the coordinator's nice value, the copy's at 0
+    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, table)} GROUP BY nice").result_rows == [(nice, 2)]
+    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, 'events')} GROUP BY nice").result_rows == [(0, 2)]

@@ -65,6 +65,8 @@ def test_an_unknown_key_inside_an_existing_section() -> None:
         ("[transaction]\nheartbeat_misses = 100\n", "transaction.heartbeat_misses", 100,
          "must be shorter than write_status_timeout_s"),
         ("[kafka.properties]\n'group.id' = 'x'\n", "kafka.properties", {"group.id": "x"}, "group ids are chtxn's"),
+        ("[coordinator]\nclickhouse_nice = -21\n", "coordinator.clickhouse_nice", -21, "between -20 (first) and 19"),
+        ("[coordinator]\nclickhouse_nice = 20\n", "coordinator.clickhouse_nice", 20, "between -20 (first) and 19"),
     ],
 )
 def test_a_bad_value_names_key_value_and_reason(extra: str, key: str, value: object, why: str) -> None:
