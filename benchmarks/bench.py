@@ -55,20 +55,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results (default benchmarks/results)")
     args = parser.parse_args(argv)
     pipeline.check_arguments(parser, args)
+    chtxn_run.stop_on_sigterm()
     if args.reps < 1 or args.paced_seconds <= 0 or (args.paced_rate is not None and args.paced_rate <= 0):
         parser.error("--reps must be at least 1, and --paced-rate and --paced-seconds positive")
 
     console = Console() if sys.stdout.isatty() else Console(width=140)  # make's output is no terminal
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
-    load_before = os.getloadavg()
+    load_before, probe_before = os.getloadavg(), cpu_probe()
     git = git_state()
     repetitions = []
     for i in range(1, args.reps + 1):
         console.rule(f"repetition {i} of {args.reps}")
         repetitions.append(repetition(args, Path(args.dir).resolve() / f"rep{i}", console))
     document = summary.assemble(
-        repetitions, settings=settings(args), git=git, machine=machine(load_before, os.getloadavg()),
+        repetitions, settings=settings(args), git=git,
+        machine=machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
         started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), wall_s=round(time.monotonic() - t0, 1),
     )
     out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
@@ -199,12 +201,27 @@ def git_state() -> dict[str, object]:
         return {"commit": None, "dirty": None}
 
 
-def machine(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> dict[str, object]:
+def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], probe_before: float,
+            probe_after: float) -> dict[str, object]:
     return {
         "cores": os.cpu_count(), "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(), "load_average_before": list(load_before),
-        "load_average_after": list(load_after),
+        "load_average_after": list(load_after), "cpu_probe_s_before": probe_before, "cpu_probe_s_after": probe_after,
     }
+
+
+def cpu_probe(loops: int = 10_000_000) -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast one of this machine's cores is now.
+
+    A shared VM's cores are not equally fast every day (on 2026-11-23 the plain loop made
+    151-237k rows/s here, against 306-322k the day before): compare the absolute figures of two
+    runs only when their probes agree.
+    """
+    t0 = time.process_time()
+    total = 0
+    for i in range(loops):
+        total += i
+    return round(time.process_time() - t0, 3)
 
 
 if __name__ == "__main__":

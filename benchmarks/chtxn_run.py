@@ -170,6 +170,13 @@ def figures(cfg: PipelineConfig, pipeline: Pipeline, snapshots: list[tuple[float
     return result
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a CI job's timeout) leave like Ctrl-C does: every ``with`` and
+    ``finally`` block runs, so the processes a benchmark started in sessions of their own (the
+    coordinator, the participant job, the paced producer) are stopped with it, not left running."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the process group, SIGKILL to it after 60 s."""
     if proc.poll() is not None:

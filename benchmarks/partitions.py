@@ -44,7 +44,7 @@ from rich.console import Console
 
 from benchmarks import workload
 from benchmarks.bench import git_state
-from benchmarks.chtxn_run import REPO, stop
+from benchmarks.chtxn_run import REPO, stop, stop_on_sigterm
 from benchmarks.fleet import Fleet, tasks_of
 from benchmarks.partitions_report import RunFigures, figures, summary_line, table, threads_cpu, top_functions
 from clients import kafka as kafka_clients
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=".chtxn/bench-partitions", help="working directory (wiped at start)")
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")
     args = parser.parse_args(argv)
+    stop_on_sigterm()
     counts = [int(p) for p in args.partitions.split(",") if p]
     tasks = [int(t) for t in args.tasks.split(",") if t]
     loads = [load for load in args.loads.split(",") if load]

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
+    chtxn_run.stop_on_sigterm()
 
     console = Console()
     work = Path(args.dir).resolve()
