@@ -11,8 +11,9 @@ One task holds several source partitions and runs, until stopped:
   ``participant.dead_letters``);
 - a small pool of insert workers (``Stager``), so consumption and heartbeats go on while chunks
   are inserted. When the rows cut into chunks and not yet staged reach the insert backlog
-  (``participant.insert_backlog_rows``; by default ``chunk_rows`` per partition held), data
-  polling waits (back-pressure). That bound is also what is left to insert at an END.
+  (``participant.insert_backlog_rows``; by default one chunk per partition being read, at the
+  txn's chunk size), data polling waits (back-pressure). That bound is also what is left to
+  insert at an END.
 
 The loop never blocks on ClickHouse; it blocks at most ``POLL_S`` in a Kafka poll. Construction
 does no I/O and the object stays picklable (Spark ships it to executors); clients are made in
@@ -67,7 +68,7 @@ class TaskRunner:
         self.cfg, self.partitions = cfg, tuple(sorted(partitions))
         self.participant_id = participant_id
         self.workers, self.clock = workers, clock
-        self.backlog_rows = cfg.participant.insert_backlog_rows or cfg.participant.chunk_rows * len(self.partitions)
+        self.backlog_rows = cfg.participant.insert_backlog_rows  # 0: ParticipantState.insert_backlog_rows
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Take part in txns until ``stop`` is set (Spark: until the task is killed)."""
@@ -127,7 +128,7 @@ class _Loop:
 
     def once(self) -> None:
         """One turn: control messages, insert outcomes, heartbeat, one data poll."""
-        busy = self.machine.consuming and self.in_flight_rows < self.backlog_rows
+        busy = self.machine.consuming and self._room()
         for msg in self.control.consume(num_messages=64, timeout=0 if busy else POLL_S):
             if msg.error():
                 log.warning("control topic: %s", msg.error())
@@ -145,9 +146,13 @@ class _Loop:
                 self._feed(result)
         if self.machine.heartbeat_due(self.clock()):
             self._feed(Tick(self._log_ends()))
-        if self.machine.consuming and self.in_flight_rows < self.backlog_rows:
+        if self.machine.consuming and self._room():
             self._poll_data()
         self.producer.poll(0)
+
+    def _room(self) -> bool:
+        """Whether the rows cut into chunks and not yet staged leave room to read on."""
+        return self.in_flight_rows < (self.backlog_rows or self.machine.insert_backlog_rows)
 
     def _poll_data(self) -> None:
         batch = self.data.consume(num_messages=self.cfg.participant.poll_batch, timeout=POLL_S)

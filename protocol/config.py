@@ -74,7 +74,7 @@ class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     chunk_rows: int = 20_000
     chunk_bytes: int = 8 * 1024 * 1024
     poll_batch: int = 5_000
-    insert_backlog_rows: int = 0  # 0: chunk_rows per partition the task holds
+    insert_backlog_rows: int = 0  # 0: one chunk per partition being read, at the txn's chunk size
     insert_retries: int = 8
     task_slots: int = 0  # 0: ask Spark (defaultParallelism)
 

@@ -142,6 +142,13 @@ class ParticipantState:
             for p in self.parts.values()
         )
 
+    @property
+    def insert_backlog_rows(self) -> int:
+        """One chunk per partition being read, at its txn's chunk size (``chunk_rows``, or the
+        START's when lower): how many rows cut and not yet staged the runner allows by default, so
+        that what is left to insert at END is about one chunk per partition. 0 when none is read."""
+        return sum(p.open.builder.chunk_rows for p in self.parts.values() if p.open is not None)
+
     def heartbeat_due(self, now: float) -> bool:
         return now >= self.next_heartbeat
 

@@ -162,7 +162,9 @@ FIELD_NOTES: dict[str, str] = {
     "participant.poll_batch": "Most records taken from Kafka in one poll.",
     "participant.insert_backlog_rows": (
         "Rows cut into chunks but not yet staged, at most, per task; reading waits above it. It bounds "
-        "what is left to insert at END."
+        "what is left to insert at END. By default one chunk per partition the task is reading, at the "
+        "size of the txn's chunks (the START's `chunk_rows` when it is below `chunk_rows`), so the "
+        "bound follows the chunks when the coordinator makes them small at a low rate."
     ),
     "participant.insert_retries": "Tries of one chunk insert on retryable ClickHouse errors (same token each time).",
     "participant.task_slots": "How many Spark tasks the partitions are grouped into (every task runs at once).",

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from clients import failpoints
 from coordinator.stage import StageTables
 from participant.runner import TaskRunner
 from protocol import codec, naming
@@ -97,9 +98,11 @@ SLOW_TARGET_DDL = TARGET_DDL.replace("_offset Int64", "_offset Int64,\n    slow 
 
 @pytest.fixture
 def pipeline(stack, tmp_path: Path, request: pytest.FixtureRequest) -> Pipeline:
-    target_ddl = getattr(request, "param", TARGET_DDL)
-    return make_pipeline(stack, tmp_path, unique_name("pr"), partitions=2, settings={"participant.chunk_rows": 3},
-                         target_ddl=target_ddl)
+    """Parametrize with a target DDL, or with extra settings (a dict)."""
+    param = getattr(request, "param", TARGET_DDL)
+    target_ddl, settings = (TARGET_DDL, param) if isinstance(param, dict) else (param, {})
+    return make_pipeline(stack, tmp_path, unique_name("pr"), partitions=2,
+                         settings={"participant.chunk_rows": 3, **settings}, target_ddl=target_ddl)
 
 
 @pytest.fixture
@@ -312,6 +315,27 @@ def test_heartbeats_keep_flowing_while_an_insert_is_slow(pipeline, coordinator, 
     timeout = pipeline.cfg.heartbeat_timeout_s
     gaps = [b - a for a, b in zip(beats, beats[1:])]
     assert max(gaps) < timeout, f"a heartbeat gap of {max(gaps):.2f} s would declare the participant dead"
+
+
+@pytest.mark.parametrize("pipeline", [{"participant.poll_batch": 1}], indirect=True)
+def test_reading_waits_while_one_chunk_per_partition_read_is_inserted(pipeline, coordinator, start_runner):
+    tp0, _ = pipeline.partitions
+    produce(pipeline, 0, [good(i) for i in range(10)])
+    held = failpoints.arm("stage.before-insert", "pause")
+    try:
+        start_runner()
+        coordinator.start("e1_t1", {tp0: 0})  # one partition read: the backlog is one chunk, 3 rows
+        coordinator.wait_read("e1_t1", {tp0: 3})
+        assert held.reached.wait(WAIT_S), "the first chunk's insert began"
+        seen = len(coordinator.heartbeats())
+        wait_until(lambda: len(coordinator.heartbeats()) >= seen + 5, WAIT_S, "five heartbeats with the insert held")
+        positions = {p.position for h in coordinator.heartbeats()[seen:] for p in h.partitions if p.tp == tp0}
+        assert positions == {3}, "no record is read past one chunk while it waits to be inserted"
+    finally:
+        failpoints.disarm()
+    coordinator.wait_read("e1_t1", {tp0: 10})
+    coordinator.end("e1_t1")
+    assert coordinator.wait_statuses("e1_t1", 1)[tp0].rows == 10
 
 
 def test_a_target_the_participant_cannot_fill_is_refused_at_start(pipeline):

@@ -283,3 +283,17 @@ def test_a_copy_not_named_as_holder_stands_down_for_that_partition():
     assert [a for a in acts if isinstance(a, Send)] == []  # chunk 0 still in flight
     acts = m.handle(staged("e1_t1", TP0, 0, 2), 0)
     assert acts == [status("e1_t1", TP0, 10, 12, 2, 1, nbytes=18)]
+
+
+def test_the_insert_backlog_is_one_chunk_per_partition_read_at_the_txns_chunk_size():
+    m = machine(chunk_rows=100)
+    assert m.insert_backlog_rows == 0, "nothing is read before a START"
+    m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0)
+    assert m.insert_backlog_rows == 200
+    small = StartCommit(pipeline=P, epoch=1, txn="e1_t2", sender="coord", stage_table="t__chtxn_e1_t2", chunk_rows=30,
+                        offsets=(PartitionOffset(topic="src", partition=0, offset=0),))
+    m.handle(abort("e1_t1"), 0)
+    m.handle(Received(small), 0)
+    assert m.insert_backlog_rows == 30, "the START's smaller chunks, for the one partition it names"
+    m.handle(end("e1_t2"), 0)
+    assert m.insert_backlog_rows == 0
