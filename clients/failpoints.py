@@ -46,6 +46,8 @@ POINTS: dict[str, str] = {
     "leader.mid-publish": "some partitions of the stage table are moved, not all",
     "leader.before-published-row": "the rows are in the target; before the PUBLISHED row",
     "participant.before-write-status": "a partition's chunks are staged; before its WRITE-STATUS is sent",
+    "control.hide-record": "a control-topic record reaches a reader (who: <reader>/<kind>); `raise` hides it, as the "
+                           "embedded broker can, and the reader must read it again",
     "stage.before-insert": "a chunk is about to be inserted into the stage table",
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
 }

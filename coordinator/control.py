@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition as KafkaTP
+from confluent_kafka import OFFSET_END, Consumer, Producer
 
 from clients import kafka as kafka_clients
+from clients.control_reader import ControlReader
 from clients.kafka import BrokerUnreachable
 from protocol import codec
 from protocol.config import PipelineConfig
 from protocol.messages import ControlMessage
-
-log = logging.getLogger(__name__)
 
 
 class ControlChannel:
@@ -24,41 +22,37 @@ class ControlChannel:
     starts again).
     """
 
-    def __init__(self, cfg: PipelineConfig, *, client_id: str) -> None:
+    def __init__(self, cfg: PipelineConfig, *, client_id: str, who: str = "") -> None:
         self.cfg = cfg
         self.topic = cfg.control_topic
         self.client_id = client_id
-        self._consumer: Consumer | None = None
+        self.who = who or client_id  # the reader's name for failpoints
+        self._reader: ControlReader | None = None
         self._producer: Producer | None = None
 
     def open(self) -> None:
         admin = kafka_clients.admin(self.cfg)
         kafka_clients.check_control_topic(admin, self.topic)
-        self._consumer = Consumer(kafka_clients.consumer_conf(
+        self._reader = ControlReader(Consumer(kafka_clients.consumer_conf(
             self.cfg, **{"group.id": f"{self.cfg.name}.chtxn-control-reader", "enable.auto.commit": False,
                          "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
-                         "auto.offset.reset": "latest"}))
-        self._consumer.assign([KafkaTP(self.topic, 0, OFFSET_END)])
+                         "auto.offset.reset": "latest"})), self.topic, who=self.who)
+        self._reader.assign(OFFSET_END)
         self._producer = Producer(kafka_clients.producer_conf(
             self.cfg, **{"client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True}))
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(5)
-        if self._consumer is not None:
-            self._consumer.close()
-        self._consumer = self._producer = None
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = self._producer = None
 
     def poll(self, timeout: float, max_messages: int = 500) -> Iterator[ControlMessage]:
-        assert self._consumer is not None, "open() first"
-        for record in self._consumer.consume(max_messages, timeout):
-            error = record.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("control topic read error", extra={"error": str(error)})
-                continue
-            message = codec.decode(record.value())
-            if message is not None and message.pipeline == self.cfg.name:
+        """This pipeline's messages read within ``timeout``, in order, none left out (``ControlReader``)."""
+        assert self._reader is not None, "open() first"
+        for message in self._reader.read(max_messages, timeout):
+            if message.pipeline == self.cfg.name:
                 yield message
 
     def send(self, message: ControlMessage, timeout: float = 10.0) -> None:

@@ -3,7 +3,8 @@
 One task holds several source partitions and runs, until stopped:
 
 - one control consumer: partition 0 of the control topic, no group, from the high watermark at
-  start-up (a restarted task takes no part in a txn under way and waits for the next START);
+  start-up (a restarted task takes no part in a txn under way and waits for the next START),
+  read in offset order with no record left out (``clients.control_reader``);
 - one data consumer: its partitions by ``assign`` (no group membership), committing to the group
   ``naming.consumer_group(pipeline)`` only after ACK-COMMIT, ``read_committed``, and
   ``auto.offset.reset=error`` (an out-of-range START offset fails the txn instead of skipping);
@@ -37,10 +38,11 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from clients import failpoints
 from clients.clickhouse import make_client
+from clients.control_reader import ControlReader
 from clients.kafka import check_control_topic, consumer_conf, producer_conf
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager, check_target
-from protocol.codec import decode, encode
+from protocol.codec import encode
 from protocol.config import PipelineConfig
 from protocol.messages import TopicPartition
 from protocol.participant_events import (
@@ -98,10 +100,10 @@ class _Loop:
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         self.producer = Producer(producer_conf(cfg, **{"linger.ms": 2}))
-        self.control = Consumer(consumer_conf(cfg, **{
+        self.control = ControlReader(Consumer(consumer_conf(cfg, **{
             "group.id": f"{cfg.name}.chtxn-participant", "enable.partition.eof": False,
             "fetch.wait.max.ms": cfg.kafka.control_fetch_wait_ms,
-        }))
+        })), cfg.control_topic, who=self.sender, clock=self.clock)
         self.data = Consumer(consumer_conf(cfg, **{
             "isolation.level": "read_committed", "auto.offset.reset": "error", "enable.partition.eof": False,
         }))
@@ -120,22 +122,17 @@ class _Loop:
         """Check what the task needs, then listen to the control topic from its end."""
         cfg = self.cfg
         check_target(self.stager, cfg.clickhouse.target_table)
-        check_control_topic(self.control, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
-        _, high = self.control.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
-        self.control.assign([KafkaTP(cfg.control_topic, 0, high)])
+        check_control_topic(self.control.consumer, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
+        _, high = self.control.consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
+        self.control.assign(high)
         held = [f"{p.tp.topic}/{p.tp.partition}" for p in self.machine.parts.values()]
         log.info("participant %s listening from control offset %d", self.sender, high, extra={"partitions": held})
 
     def once(self) -> None:
         """One turn: control messages, insert outcomes, heartbeat, one data poll."""
         busy = self.machine.consuming and self._room()
-        for msg in self.control.consume(num_messages=64, timeout=0 if busy else POLL_S):
-            if msg.error():
-                log.warning("control topic: %s", msg.error())
-                continue
-            message = decode(msg.value())
-            if message is not None:
-                self._feed(Received(message))
+        for message in self.control.read(64, timeout=0 if busy else POLL_S):
+            self._feed(Received(message))
         while True:
             try:
                 rows, result = self.results.get_nowait()
