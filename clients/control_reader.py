@@ -40,13 +40,14 @@ HOLE_WAIT_S = 1.0
 class Holes:
     """Which records of each batch to deliver so that the offsets delivered have no hole.
 
-    ``expected`` is the next offset to deliver (None: whatever comes first). ``skipped`` lists
-    the holes given up on, as ``(first missing, first after)``.
+    ``expected`` is the next offset to deliver (None: whatever comes first). ``found`` counts the
+    holes seen; ``skipped`` lists those given up on, as ``(first missing, first after)``.
     """
 
     wait_s: float = HOLE_WAIT_S
     expected: int | None = None
     since: float | None = None  # when the hole at ``expected`` was first seen
+    found: int = 0
     skipped: list[tuple[int, int]] = field(default_factory=list)
 
     def take(self, offsets: Sequence[int], now: float) -> tuple[list[int], int | None]:
@@ -58,7 +59,7 @@ class Holes:
                 continue
             if self.expected is not None and offset > self.expected:
                 if self.since is None:
-                    self.since = now
+                    self.since, self.found = now, self.found + 1
                 if now - self.since < self.wait_s:
                     return deliver, self.expected
                 self.skipped.append((self.expected, offset))
@@ -71,7 +72,8 @@ class ControlReader:
     """Decoded control messages from partition 0 of ``topic``, in offset order, none left out.
 
     ``who`` names the reader for the ``control.hide-record`` failpoint (``<who>/<message kind>``),
-    which hides one record from it as the embedded broker can. Example::
+    which hides one record from it as the embedded broker can. ``on_hole`` is called once per hole
+    found (a metric). Example::
 
         reader = ControlReader(Consumer(conf), cfg.control_topic, who="c1")
         reader.assign(OFFSET_END)
@@ -79,9 +81,11 @@ class ControlReader:
     """
 
     def __init__(self, consumer: Consumer, topic: str, *, who: str = "",
-                 clock: Callable[[], float] = time.monotonic, wait_s: float = HOLE_WAIT_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, wait_s: float = HOLE_WAIT_S,
+                 on_hole: Callable[[], None] | None = None) -> None:
         self.consumer, self.topic, self.who, self.clock = consumer, topic, who, clock
         self.holes = Holes(wait_s=wait_s)
+        self.on_hole = on_hole
 
     def assign(self, offset: int) -> None:
         """Read from ``offset`` (a logical offset such as ``OFFSET_END``: from the first record seen)."""
@@ -104,8 +108,10 @@ class ControlReader:
                 continue
             offsets.append(record.offset())
             messages.append(message)
-        skipped = len(self.holes.skipped)
+        skipped, found = len(self.holes.skipped), self.holes.found
         deliver, again = self.holes.take(offsets, self.clock())
+        if self.holes.found > found and self.on_hole is not None:  # take() stops at the first hole
+            self.on_hole()
         for first, after in self.holes.skipped[skipped:]:
             log.warning("control topic offsets %d-%d never arrived within %g s: going on without them",
                         first, after - 1, self.holes.wait_s, extra={"topic": self.topic})

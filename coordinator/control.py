@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from confluent_kafka import OFFSET_END, Consumer, Producer
 
@@ -22,8 +22,10 @@ class ControlChannel:
     starts again).
     """
 
-    def __init__(self, cfg: PipelineConfig, *, client_id: str, who: str = "") -> None:
+    def __init__(self, cfg: PipelineConfig, *, client_id: str, who: str = "",
+                 on_hole: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_hole = on_hole  # called per hole in the control topic's offsets (``ControlReader``)
         self.topic = cfg.control_topic
         self.client_id = client_id
         self.who = who or client_id  # the reader's name for failpoints
@@ -36,7 +38,7 @@ class ControlChannel:
         self._reader = ControlReader(Consumer(kafka_clients.consumer_conf(
             self.cfg, **{"group.id": f"{self.cfg.name}.chtxn-control-reader", "enable.auto.commit": False,
                          "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
-                         "auto.offset.reset": "latest"})), self.topic, who=self.who)
+                         "auto.offset.reset": "latest"})), self.topic, who=self.who, on_hole=self.on_hole)
         self._reader.assign(OFFSET_END)
         self._producer = Producer(kafka_clients.producer_conf(
             self.cfg, **{"client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True}))

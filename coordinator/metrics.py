@@ -37,6 +37,9 @@ class CoordinatorMetrics:
         self.lost = Counter("chtxn_lost_transactions", "Committed txns whose stage table was gone at publish (alarm)",
                             **labels)
         self.dead_letters = Counter("chtxn_dead_letters", "Records sent to the dead-letter topic", **labels)
+        self.control_holes = Counter(
+            "chtxn_control_holes", "Holes in the control topic's offsets this replica read again (a record served "
+            "after a later one: the embedded broker)", **labels)
         self.participants = Gauge("chtxn_participants_alive", "Partitions held by a live participant", **labels)
         self.leader = Gauge("chtxn_leader", "1 while this replica leads", **labels)
         self.epoch = Gauge("chtxn_epoch", "Epoch this replica leads (0 as standby)", **labels)
@@ -50,6 +53,7 @@ class CoordinatorMetrics:
         for step in LEADER_STEPS.values():
             self.step_seconds.labels(pipeline, step)
         self.lost.labels(pipeline)
+        self.control_holes.labels(pipeline)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         if port:

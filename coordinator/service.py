@@ -66,7 +66,8 @@ class CoordinatorService:
     def _run_once(self, stop: threading.Event) -> None:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
-        control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}", who=self.id)
+        control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}", who=self.id,
+                                 on_hole=self.metrics.control_holes.labels(self.cfg.name).inc)
         control.open()
         try:
             watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())

@@ -35,9 +35,12 @@ def test_a_control_record_a_reader_skipped_is_read_again_and_no_txn_aborts(stack
     pipeline = make_pipeline(stack, tmp_path, unique_name("hole"), settings=SETTINGS)
     produced = pipeline.produce(20_000)
     hidden = failpoints.arm("control.hide-record", "raise*1", who=f"{reader}/{kind}")
-    with coordinator(pipeline), participants(pipeline, tasks=2):
+    with coordinator(pipeline) as service, participants(pipeline, tasks=2):
         assert hidden.reached.wait(60), f"no {kind} reached {reader}"
         wait_until(lambda: pipeline.target_count() == produced, 60, "every record committed")
         aborted = [(t.txn, t.reason) for t in pipeline.ledger().history(limit=1000) if t.state == "ABORTED"]
+        holes = service.metrics.registry.get_sample_value("chtxn_control_holes_total", {"pipeline": pipeline.cfg.name})
     assert aborted == [], aborted  # read before the coordinator stops (its shutdown aborts the open txn)
+    if reader == "c1":
+        assert holes >= 1  # the leader counted the hole it read again
     assert_exactly_once(pipeline, produced, nothing_lost=True)

@@ -27,6 +27,7 @@ def test_at_a_hole_the_records_before_it_go_out_and_reading_starts_again_at_the_
     # read again from 7: the earlier batch is there now, the later records come again
     assert holes.take([7, 8, 9, 10], now=0.05) == ([0, 1, 2, 3], None)
     assert holes.skipped == []
+    assert holes.found == 1
 
 
 def test_records_read_again_after_a_hole_are_not_delivered_twice() -> None:
@@ -51,3 +52,4 @@ def test_the_wait_starts_again_for_each_hole() -> None:
     assert holes.take([3], now=1.2) == ([], 2)  # 0.7 s into the hole at 2
     assert holes.take([2, 3], now=1.3) == ([0, 1], None)
     assert holes.skipped == []
+    assert holes.found == 2
