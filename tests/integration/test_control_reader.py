@@ -61,4 +61,3 @@ def test_the_reader_delivers_every_message_once_in_order_while_producers_race(st
     for i in range(PRODUCERS):  # one producer's messages keep their order
         assert [t for t in seen if t.startswith(f"{i}-")] == [f"{i}-{n}" for n in range(EACH)]
     assert reader.holes.skipped == []
-
