@@ -62,7 +62,7 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 
 class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    interval_s: float = 1.0
+    interval_s: float = 2.0
     size_trigger_rows: int = 1_000_000
     write_status_timeout_s: float = 30.0
     heartbeat_interval_s: float = 0.5
