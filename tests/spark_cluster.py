@@ -13,6 +13,7 @@ only import what the application ships to it, as on a real cluster.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -104,7 +105,7 @@ class SparkCluster:
         self.master = self._jvm("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                            "--port", str(self.port), "--webui-port", str(self.webui_port)])
         wait_until(lambda: self._running(self.master) and self.state(), timeout_s, f"the Spark master UI at {self.ui_url}",
-                   interval_s=0.5, ignore=(OSError,))
+                   interval_s=0.5, ignore=(OSError, ValueError, http.client.HTTPException))  # a UI still starting: no JSON, a cut answer
         for index in range(self.n_workers):
             self.workers.append(self._start_worker(index))
         self.wait_for_workers(timeout_s)
