@@ -104,8 +104,9 @@ class SparkCluster:
     def start(self, timeout_s: float = 180) -> SparkCluster:
         self.master = self._jvm("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                            "--port", str(self.port), "--webui-port", str(self.webui_port)])
+        # A UI still starting may answer with no JSON, or cut its answer short.
         wait_until(lambda: self._running(self.master) and self.state(), timeout_s, f"the Spark master UI at {self.ui_url}",
-                   interval_s=0.5, ignore=(OSError, ValueError, http.client.HTTPException))  # a UI still starting: no JSON, a cut answer
+                   interval_s=0.5, ignore=(OSError, ValueError, http.client.HTTPException))
         for index in range(self.n_workers):
             self.workers.append(self._start_worker(index))
         self.wait_for_workers(timeout_s)
