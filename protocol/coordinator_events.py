@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from protocol.messages import ControlMessage, TopicPartition, WriteStatus
+from protocol.messages import ControlMessage, EndCommit, TopicPartition, WriteStatus
 
 Offsets = dict[TopicPartition, int]
 
@@ -44,6 +44,8 @@ class Txn:
     publish_in_flight: bool = False
     buffered: dict[TopicPartition, int] = field(default_factory=dict)  # rows read, as each holder last said
     buffered_rows: int = 0  # their sum: the size trigger's figure
+    end_message: EndCommit | None = None  # the END broadcast, as sent again to a holder that missed it
+    end_sent_at: float = 0.0  # when it was last broadcast
 
     @property
     def complete(self) -> bool:

@@ -10,7 +10,8 @@ One transaction, as the leader of ``epoch`` runs it (DESIGN.md section 3):
    broadcast END.
 4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
    participant of the txn is gone, ABORT: drop the stage table, append ABORTED; the next txn
-   starts from the ledger head.
+   starts from the ledger head. A holder whose heartbeats still name the txn ``RESEND_END_S``
+   after its END (it never read it) gets the same END again, at most once per ``RESEND_END_S``.
 5. Verify: ``count()`` of the stage table equals the rows reported (and, with the metadata
    columns, each partition's rows and offsets match its WRITE-STATUS), the target's structure
    still matches the stage table's, and every partition's start equals the ledger head. A
@@ -38,6 +39,7 @@ commits happen strictly in txn order; while k commits, k+1 goes on reading.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from protocol import naming
@@ -53,6 +55,10 @@ from protocol.messages import (
     WriteStatus,
 )
 
+log = logging.getLogger(__name__)
+
+#: An END's holder that still names its txn in heartbeats this long after it gets the END again.
+RESEND_END_S = 1.0
 _OPEN = (Phase.COLLECTING, Phase.ENDING)
 _UNCOMMITTED = (Phase.COLLECTING, Phase.ENDING, Phase.COMPLETE, Phase.VERIFYING, Phase.COMMITTING)
 
@@ -321,6 +327,11 @@ class CoordinatorState:
                 if dead:
                     actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now, "participant-dead")
                     continue
+            if txn.phase is Phase.ENDING and (unaware := self._missed_end(txn)):
+                log.warning("%s still reads %s %.1f s after its END: sending the END again", unaware, txn.id,
+                            now - txn.ended_at)
+                txn.end_sent_at = now
+                actions.append(Broadcast(txn.end_message))
             if txn.phase is Phase.ENDING and now - txn.ended_at > t.write_status_timeout_s:
                 missing = ", ".join(f"{tp.topic}-{tp.partition}" for tp in txn.missing)
                 actions += self._abort(txn, f"write-status timeout: nothing from {missing}", now, "write-status-timeout")
@@ -352,14 +363,26 @@ class CoordinatorState:
         txn.phase = Phase.ENDING
         txn.ended_at = now
         nxt = self._chain(txn, now)
-        actions: list[Action] = []
-        if nxt is None:
-            actions.append(Broadcast(EndCommit(**self._envelope(txn.id))))
-        else:
-            actions += [Broadcast(EndCommit(**self._envelope(txn.id), next=self._start_message(nxt))), RecordStarted(nxt)]
+        txn.end_message = EndCommit(**self._envelope(txn.id), next=None if nxt is None else self._start_message(nxt))
+        txn.end_sent_at = now
+        actions: list[Action] = [Broadcast(txn.end_message)]
+        if nxt is not None:
+            actions.append(RecordStarted(nxt))
         if txn.complete:
             self._completed(txn, now)
         return actions
+
+    def _missed_end(self, txn: Txn) -> str:
+        """A partition whose holder heartbeated, ``RESEND_END_S`` after the END was last sent, that
+        it still reads ``txn``: it never read the END (a holder that read an END carrying the next
+        START names the next txn at once). "" when there is none, or the END carried no START."""
+        if txn.end_message is None or txn.end_message.next is None:
+            return ""
+        for tp in txn.missing:
+            copy = self.alive.get(tp, {}).get(txn.holders.get(tp, ""))
+            if copy is not None and copy.continues and copy.txn == txn.id and copy.seen_at - txn.end_sent_at >= RESEND_END_S:
+                return f"the holder of {tp.topic}-{tp.partition} ({copy.sender})"
+        return ""
 
     def _completed(self, txn: Txn, now: float) -> None:
         """Every WRITE-STATUS of an ended txn is in: step 5 may begin."""

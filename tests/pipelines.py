@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import clickhouse_connect
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
 from coordinator.ledger_store import LedgerStore
 from coordinator.verify import DeepReport, dead_letter_offsets, verify_deep
+from protocol import codec
 from protocol.config import PipelineConfig, parse_config
 from protocol.messages import TopicPartition
 
@@ -64,6 +65,26 @@ class Pipeline:
                 producer.poll(0)
         assert producer.flush(30) == 0, "not every test record was delivered"
         return count
+
+    def control_records(self) -> list[tuple[float, object]]:
+        """(broker timestamp in seconds, message) of every control record so far, in order;
+        records that do not decode are left out."""
+        consumer = Consumer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers, "group.id": "control-read",
+                             "enable.auto.commit": False})
+        try:
+            _, high = consumer.get_watermark_offsets(KafkaTP(self.cfg.control_topic, 0), timeout=10)
+            consumer.assign([KafkaTP(self.cfg.control_topic, 0, 0)])
+            records, seen = [], 0
+            while seen < high:
+                batch = consumer.consume(1000, 5)
+                assert batch, "the control topic ended early"
+                for record in batch:
+                    seen = record.offset() + 1
+                    if (message := codec.decode(record.value())) is not None:
+                        records.append((record.timestamp()[1] / 1000, message))
+            return records
+        finally:
+            consumer.close()
 
     def target_count(self) -> int:
         db, table = self.cfg.clickhouse.database, self.cfg.clickhouse.target_table

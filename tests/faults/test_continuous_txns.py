@@ -13,10 +13,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition as KafkaTP
 
 from clients import failpoints
-from protocol import codec, naming
+from protocol import naming
 from protocol.messages import EndCommit, StartCommit, WriteStatus
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
@@ -33,22 +32,7 @@ def _disarm() -> Iterator[None]:
 
 def control_messages(pipeline: Pipeline) -> list:
     """Every control message of the pipeline so far, in order."""
-    consumer = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "control-read",
-                         "enable.auto.commit": False})
-    try:
-        _, high = consumer.get_watermark_offsets(KafkaTP(pipeline.cfg.control_topic, 0), timeout=10)
-        consumer.assign([KafkaTP(pipeline.cfg.control_topic, 0, 0)])
-        messages, seen = [], 0
-        while seen < high:
-            batch = consumer.consume(1000, 5)
-            assert batch, "the control topic ended early"
-            for record in batch:
-                seen = record.offset() + 1
-                if (message := codec.decode(record.value())) is not None:
-                    messages.append(message)
-        return messages
-    finally:
-        consumer.close()
+    return [message for _, message in pipeline.control_records()]
 
 
 def chained_ends(pipeline: Pipeline) -> dict[str, str]:

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 from clients import failpoints
+from protocol.messages import EndCommit, Heartbeat
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
-from tests.pipelines import assert_exactly_once, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 SETTINGS = {"participant.chunk_rows": 500, "transaction.interval_s": 0.3}
 
@@ -43,4 +44,38 @@ def test_a_control_record_a_reader_skipped_is_read_again_and_no_txn_aborts(stack
     assert aborted == [], aborted  # read before the coordinator stops (its shutdown aborts the open txn)
     if reader == "c1":
         assert holes >= 1  # the leader counted the hole it read again
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
+
+
+def still_reading_an_ended_txn(pipeline: Pipeline, sender: str, after_s: float) -> str | None:
+    """A txn ``sender`` heartbeated it was reading more than ``after_s`` after that txn's first END."""
+    ended: dict[str, float] = {}
+    for at, message in pipeline.control_records():
+        if isinstance(message, EndCommit):
+            ended.setdefault(message.txn, at)
+        elif isinstance(message, Heartbeat) and message.sender == sender and message.txn in ended:
+            if at - ended[message.txn] > after_s:
+                return message.txn
+    return None
+
+
+def test_a_participant_that_never_read_an_end_gets_it_again_and_no_txn_aborts(stack, tmp_path):
+    """Every END is hidden from task-0 until its reader has given up on the hole (it waits 1 s)
+    and it still heartbeats the ended txn 3 s later; then the leader's next copy of that END gets
+    through. The WRITE-STATUS timeout is 60 s, so the txn commits only if the END is sent again."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("missedend"),
+                             settings={**SETTINGS, "transaction.write_status_timeout_s": 60.0})
+    produced = pipeline.produce(20_000)
+    hidden = failpoints.arm("control.hide-record", "raise", who="task-0/end-commit")
+    with coordinator(pipeline), participants(pipeline, tasks=2):
+        assert hidden.reached.wait(60), "no END reached task-0"
+        missed = wait_until(lambda: still_reading_an_ended_txn(pipeline, "task-0", 3.0), 30,
+                            "task-0 heartbeating a txn 3 s after its END")
+        failpoints.disarm()
+        wait_until(lambda: pipeline.target_count() == produced, 30, "every record committed")
+        history = {t.txn: t for t in pipeline.ledger().history(limit=1000)}
+    ends = [m.txn for _, m in pipeline.control_records() if isinstance(m, EndCommit)]
+    assert ends.count(missed) >= 2, ends  # sent again
+    assert history[missed].state in ("COMMITTED", "PUBLISHED"), history[missed]
+    assert [t.reason for t in history.values() if t.state == "ABORTED"] == []
     assert_exactly_once(pipeline, produced, nothing_lost=True)

@@ -223,3 +223,34 @@ def test_shutdown_drops_a_ready_spare_and_the_chained_txn_but_lets_the_previous_
     assert d.at(T0 + 1.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
     assert d.at(T0 + 1.5, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
     assert d.at(T0 + 1.6, PublishResult(t1.id, ok=True)) == [Stopped()]
+
+
+# ---- a holder that missed its END ------------------------------------------------------
+
+
+def test_a_holder_still_reading_an_ended_txn_gets_the_same_end_again() -> None:
+    """P1's holder never read END(1): its heartbeats go on naming txn 1 while P0's name txn 2.
+    Once one of them comes ``RESEND_END_S`` after the END, the same END goes out again, at most
+    once per ``RESEND_END_S``; the txn then completes as usual, with no abort."""
+    d = Driver()
+    chained_2(d)
+    t1, t2 = d.txn(1), d.txn(2)
+    again = chained_end(1, continuing(P0, P1))
+    assert d.at(T0 + 1.1, ws(t1.id, P0, 40, 50, 10)) == []
+    # heartbeats sent before the holder could have read the END: not a sign of anything
+    assert d.at(T0 + 1.5, hb(P0, txn=t2.id, continues=True), hb(P1, txn=t1.id, continues=True), Tick()) == []
+    assert d.at(T0 + 2.0, hb(P1, txn=t1.id, continues=True), Tick()) == [again]
+    assert t1.end_sent_at == T0 + 2.0 and t1.ended_at == T0 + 1  # the timeouts still count from the first END
+    assert d.at(T0 + 2.5, hb(P1, txn=t1.id, continues=True), Tick()) == []  # once per RESEND_END_S
+    assert d.at(T0 + 3.0, hb(P1, txn=t1.id, continues=True), Tick()) == [again]
+    assert d.at(T0 + 3.2, hb(P1, txn=t2.id, continues=True), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
+    assert d.at(T0 + 4.5, Tick()) == []
+
+
+def test_an_end_that_started_no_txn_is_not_sent_again() -> None:
+    """A holder that read an END without a next START still names that txn while it flushes: no
+    heartbeat tells it apart from one that missed the END, so the WRITE-STATUS timeout decides."""
+    d = Driver()
+    t1 = d.started(T0)
+    assert d.at(T0 + 1, Tick()) == [end(1)]
+    assert d.at(T0 + 2.5, hb(P0, txn=t1.id), hb(P1, txn=t1.id), Tick()) == []
