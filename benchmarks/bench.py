@@ -161,6 +161,7 @@ def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
         "paced_aborts": sum(p.aborts.values()) if p else None,
         "paced_cpu_s_per_100k_rows_chtxn": _cpu_per_100k(p.run.cpu_s, p.run.sent) if p else None,
         "paced_producer_cpu_s": p.run.producer_cpu_s if p else None,
+        "paced_cores_busy": p.run.cores_busy if p else None,
     })
     found["aborts"] = found["backlog_aborts"] + (found["paced_aborts"] or 0)
     found["abort_reasons"] = dict(figures.aborts + (p.aborts if p else Counter()))

@@ -63,6 +63,13 @@ class PacedRun:
     def drain_s(self) -> float:
         return self.visible_end - self.produced_end
 
+    @property
+    def cores_busy(self) -> float:
+        """Cores the whole machine kept busy from the producer's start until every event was
+        visible: every process (the producer, the stack, other load), not only the pipeline's."""
+        used = sum(s for c, s in self.cpu_s.items() if c != "paced producer") + self.producer_cpu_s
+        return used / self.cpu_window_s if self.cpu_window_s > 0 else 0.0
+
 
 @dataclass
 class PacedFigures:

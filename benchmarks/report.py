@@ -121,6 +121,7 @@ def paced_table(f: PacedFigures) -> Table:
         ("commit point -> published, p50 ms", _pct(f.publish_ms, 0.5)),
         ("share of the cycle participants can read", f"{p.reading_share:.0%}" if p else "-"),
         ("producer CPU s", f"{r.producer_cpu_s:.1f}"),
+        (f"machine busy (every process, the producer included), cores of {os.cpu_count()}", f"{r.cores_busy:.2f}"),
     ):
         table.add_row(name, value)
     return table

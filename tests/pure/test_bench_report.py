@@ -122,7 +122,7 @@ def test_a_repetition_without_paced_phase() -> None:
 def test_a_repetition_with_a_paced_phase() -> None:
     run = PacedRun(rate=60_000.0, sent=600_000, seconds=10.0, max_behind=500, producer_cpu_s=1.5,
                    after_backlog=100.0, produced_end=111.0, visible_end=113.5,
-                   cpu_s={"clickhouse": 3.0, "paced producer": 1.5, "other": 2.0})
+                   cpu_s={"clickhouse": 3.0, "paced producer": 1.5, "other": 2.0}, cpu_window_s=13.0)
     paced = PacedFigures(run=run, rows=600_000, freshness_ms={"p50": 1900.0, "p99": 3900.0, "max": 4300.0},
                          data_txns=10, commit_ms=[600.0, 700.0, 1500.0], publish_ms=[90.0, 110.0],
                          aborts=Counter({"participant lost": 1}))
@@ -132,6 +132,7 @@ def test_a_repetition_with_a_paced_phase() -> None:
     assert (got["freshness_p50_ms"], got["freshness_p99_ms"], got["freshness_max_ms"]) == (1900.0, 3900.0, 4300.0)
     assert (got["paced_commit_p50_ms"], got["paced_commit_p95_ms"]) == (700.0, 1500.0)
     assert got["paced_cpu_s_per_100k_rows_chtxn"] == pytest.approx(0.5)  # producer and "other" left out
+    assert got["paced_cores_busy"] == pytest.approx(0.5)  # everything: 3.0 + 2.0 + the producer's own 1.5, in 13 s
     assert got["paced_read_share"] is None  # no control-topic phases given
     assert (got["aborts"], got["paced_aborts"], got["abort_reasons"]) == (1, 1, {"participant lost": 1})
 
