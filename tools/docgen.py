@@ -146,7 +146,8 @@ FIELD_NOTES: dict[str, str] = {
         "(its stage table, three ledger rows, the commit point, a move per ClickHouse partition: "
         "about 0.1 s of ClickHouse CPU) and each partition's chunks are a quarter of what it reads "
         "in one, so a shorter interval buys freshness with CPU. While chtxn keeps up, a row is "
-        "visible in the target about one interval after it was produced (median), under two at p99."
+        "visible in the target about one interval and a few hundred ms after it was produced (median), "
+        "and about two intervals and a second at p99."
     ),
     "transaction.size_trigger_rows": "...or once the participants report this many rows read for the txn.",
     "transaction.write_status_timeout_s": "A txn whose WRITE-STATUS set is not complete this long after END aborts.",
