@@ -1,24 +1,33 @@
 """Publishes the dead letters of committed txns to the dead-letter topic, exactly once.
 
-``DeadLetterPublisher.publish(txn, commit_seq)`` is called by the leader once txn ``txn`` owns
-commit slot ``commit_seq`` (after its data is in the target, before its PUBLISHED row; and by a
-new leader rolling a committed txn forward). Steps:
+``DeadLetterPublisher.publish(txn, commit_seq)`` is called by the leader of epoch ``epoch`` once
+txn ``txn`` owns commit slot ``commit_seq`` (after its data is in the target, before its PUBLISHED
+row; and by a new leader rolling a committed txn forward). Dead-letter steps:
 
-1. On first use, ``init_transactions`` with ``transactional.id = <pipeline>.chtxn-dlq``: any older
-   publisher (a stale leader) is fenced and its open Kafka transaction aborted. Then read the
-   marker, the committed offset of group ``<pipeline>.chtxn-dlq`` on partition 0 of the
-   dead-letter topic: every slot up to it is published.
+1. On first use, unless the ledger names a newer epoch (then ``NewerLeader``), ``init_transactions``
+   with ``transactional.id = <pipeline>.chtxn-dlq``: any other publisher is fenced and its open
+   Kafka transaction aborted. Then read the marker, the committed offset of group
+   ``<pipeline>.chtxn-dlq`` on partition 0 of the dead-letter topic: every slot up to it is
+   published. (The marker may be gone: Kafka expires the offsets of a group without members
+   after ``offsets.retention.minutes``; it then reads as 0, and step 3's ledger check decides.)
 2. At or below the marker: done.
-3. Find the committed txns of slots (marker, ``commit_seq``] that hold letters, so that the letters
-   of an earlier slot whose publish failed go out now, in slot order; read their letters from
-   ``chtxn_dead_letters``, keeping those inside the offset ranges the txn committed.
+3. Find the committed txns of slots (marker, ``commit_seq``] that hold letters and have no
+   PUBLISHED ledger row (a PUBLISHED row is written only after the txn's letters went out), so
+   that the letters of an earlier slot whose publish failed go out now, in slot order; read their
+   letters from ``chtxn_dead_letters``, keeping those inside the offset ranges the txn committed.
 4. No letters: done (the marker moves with the next letters; this instance remembers the slot).
 5. One Kafka transaction: produce the letters, ``send_offsets_to_transaction`` the marker =
    ``commit_seq``, commit. Letters and marker become visible together or not at all.
 
+Fencing follows the ledger's epochs, never the order of two ``init_transactions``: a publisher
+fenced by another one's init looks at the ledger on its next call; while no newer epoch is
+claimed it initialises again (fencing the other, whose open transaction is aborted) and
+re-reads the marker; once a newer epoch is claimed it raises ``NewerLeader`` for good.
+
 Letters of a txn that never commits are never read, so never published. Failures raise
 ``DeadLetterPublishError`` (the Kafka transaction is aborted; call again later: publishing is
-idempotent) or ``PublisherFenced`` (a newer publisher runs; this one stays fenced for good).
+idempotent), ``PublisherFenced`` (another publisher initialised since; the next call decides by
+the ledger) or ``NewerLeader`` (this publisher's leader is stale: it must step down).
 """
 
 from __future__ import annotations
@@ -50,7 +59,11 @@ class DeadLetterPublishError(ChtxnError):
 
 
 class PublisherFenced(DeadLetterPublishError):
-    """A newer publisher with the same ``transactional.id`` runs: this one must not publish again."""
+    """Another publisher with the same ``transactional.id`` initialised since this one did."""
+
+
+class NewerLeader(PublisherFenced):
+    """The ledger names a newer epoch than this publisher's leader: it must not publish again."""
 
 
 def ensure_table(client: Any, database: str, *, replicated: bool = False, attempts: int = 8) -> None:
@@ -72,35 +85,46 @@ def marker_group(pipeline: str) -> str:
 class DeadLetterPublisher:
     """Publishes letters for one leader. The constructor does no I/O; ``close`` when done."""
 
-    def __init__(self, cfg: PipelineConfig, client: Any, ledger: LedgerStore, *, timeout_s: float = 30.0,
+    def __init__(self, cfg: PipelineConfig, client: Any, ledger: LedgerStore, *, epoch: int, timeout_s: float = 30.0,
                  retries: int = 8) -> None:
-        self.cfg, self.client, self.ledger = cfg, client, ledger
+        self.cfg, self.client, self.ledger, self.epoch = cfg, client, ledger, epoch
         self.topic = cfg.dead_letter_topic
         self.timeout_s, self.retries = timeout_s, retries
         self._producer: Any = None
         self._marker_reader: Any = None
         self._through: int | None = None  # every slot up to this one is published (None: read the marker)
-        self._fenced = False
+        self._newer: int | None = None  # a newer epoch the ledger named: fenced for good
 
     def publish(self, txn: str, commit_seq: int) -> int:
         """Publish the letters of ``txn`` (slot ``commit_seq``) and of earlier unpublished slots;
-        returns how many letters went out now (0 when already done or none)."""
-        if self._fenced:
-            raise PublisherFenced(f"the dead-letter publisher of {self.cfg.name} was fenced by a newer leader")
-        # Step 1
+        returns how many letters went out now (0 when already done or none). Fenced by another
+        publisher while the ledger names no newer epoch, it initialises again and retries once."""
+        try:
+            return self._publish(txn, commit_seq)
+        except NewerLeader:
+            raise
+        except PublisherFenced as exc:
+            log.warning("dead-letter publisher fenced; asking the ledger who leads", extra={"error": str(exc)})
+            return self._publish(txn, commit_seq)
+
+    def _publish(self, txn: str, commit_seq: int) -> int:
+        if self._newer is not None:
+            raise NewerLeader(f"the dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) stopped for good: "
+                              f"epoch {self._newer} leads")
+        # Dead-letter step 1
         self._start()
         if self._through is None:
             self._through = self._read_marker()
-        # Step 2
+        # Dead-letter step 2
         if commit_seq <= self._through:
             return 0
-        # Step 3
+        # Dead-letter step 3
         slots = self._committed_with_letters(self._through, commit_seq, txn)
         letters = [(seq, letter) for seq, row in slots for letter in self._letters_of(row)]
-        if not letters:  # Step 4
+        if not letters:  # Dead-letter step 4
             self._through = commit_seq
             return 0
-        self._produce(letters, commit_seq)  # Step 5
+        self._produce(letters, commit_seq)  # Dead-letter step 5
         self._through = commit_seq
         log.info("published %d dead letters", len(letters), extra={"txn": txn, "commit_seq": commit_seq})
         return len(letters)
@@ -119,6 +143,11 @@ class DeadLetterPublisher:
         if self._producer is not None:
             return
         cfg = self.cfg
+        newest = self.ledger.max_epoch()
+        if newest > self.epoch:  # never fence a newer leader's publisher
+            self._newer = newest
+            raise NewerLeader(f"the dead-letter publisher of {cfg.name} (epoch {self.epoch}) does not start: "
+                              f"epoch {newest} leads")
         producer = Producer(kafka_clients.producer_conf(cfg, **{
             "transactional.id": transactional_id(cfg.name), "client.id": f"chtxn-dlq-{cfg.coordinator_id}",
         }))
@@ -145,7 +174,7 @@ class DeadLetterPublisher:
     def _committed_with_letters(self, after: int, upto: int, txn: str) -> list[tuple[int, LedgerRow]]:
         """(slot, resolved COMMITTED row) of the slots in (after, upto] whose txn holds letters."""
         try:
-            rows = self._query("find committed txns holding dead letters",
+            rows = self._query("find unpublished committed txns holding dead letters",
                                dead_letters.committed_with_letters_sql(self.cfg.clickhouse.database),
                                after=after, upto=upto)
         except ClickHouseError as exc:
@@ -200,11 +229,10 @@ class DeadLetterPublisher:
     def _failed(self, exc: Exception, commit_seq: int, count: int) -> DeadLetterPublishError:
         error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
         if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
-            fenced = error.code() in _FENCED
-            self._fenced = fenced
-            self._producer = None  # unusable; a non-fencing fatal error gets a new producer next time
-            if fenced:
-                return PublisherFenced(f"dead-letter publisher of {self.cfg.name} fenced by a newer leader: {error.str()}")
+            self._producer = None  # unusable: the next call makes a new one (step 1 asks the ledger first)
+            if error.code() in _FENCED:
+                return PublisherFenced(f"dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) fenced by "
+                                       f"another publisher: {error.str()}; the next publish asks the ledger who leads")
             return DeadLetterPublishError(f"dead-letter producer failed for good ({error.str()}); a new one is made next time")
         try:
             self._producer.abort_transaction(self.timeout_s)

@@ -49,7 +49,7 @@ from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from clients.clickhouse import retrying
 from coordinator.control import ControlChannel
-from coordinator.dead_letter_publisher import DeadLetterPublisher
+from coordinator.dead_letter_publisher import DeadLetterPublisher, NewerLeader
 from coordinator.ledger_store import LedgerStore
 from coordinator import ledger_rows
 from coordinator.ledger_rows import ledger_row
@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 PARTITION_CHECK_S = 5.0
 #: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
 LOOP_STALL_LIMIT_S = 120.0
+#: How long a stopping leader waits for what it was asked (publishes, clean-ups) before it stops
+#: anyway, leaving the rest to the next leader (every step is safe to repeat).
+SHUTDOWN_GRACE_S = 30.0
 #: Longest wait in one control-topic poll; shorter while lane outcomes are due.
 POLL_S, BUSY_POLL_S = 0.02, 0.005
 #: Which lane runs each ClickHouse action (``Leader`` module docstring); others run on the loop.
@@ -127,6 +130,7 @@ class Leader:
         self._outcomes: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
         self._in_flight: dict[int, float] = {}  # lane actions running or queued: id -> submitted at
         self._gap_check_due = False
+        self._published: set[str] = set()  # PUBLISHED rows written whose stage table is not dropped yet
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ class Leader:
                                    daemon=True)
         beating.start()
         self._admin = kafka_clients.admin(self.cfg)
-        self._dead_letters = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger)
+        self._dead_letters = DeadLetterPublisher(self.cfg, self.stages.client, self.ledger, epoch=self.epoch)
         self._lanes = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"chtxn-{lane}-e{self.epoch}")
                        for lane in sorted(set(LANES.values()))}
         outcome = "crashed"
@@ -162,7 +166,7 @@ class Leader:
         initial = self._initial(partitions, head)
         outcome = self._feed(Ready(head_seq, head, initial))
         next_gauges = next_partition_check = self.clock()
-        shutting = False
+        shutting, give_up_at = False, 0.0
         fresh_s = self.cfg.heartbeat_timeout_s / 4
         while outcome is None:
             listened_at = self._progress_at = self.clock()
@@ -181,8 +185,12 @@ class Leader:
                 self._gap_check_due = False
                 outcome = outcome or self._check_gaps()
             if stop.is_set() and not shutting:
-                shutting = True
+                shutting, give_up_at = True, self.clock() + SHUTDOWN_GRACE_S
                 outcome = outcome or self._feed(Shutdown())
+            if shutting and outcome is None and self.clock() >= give_up_at:
+                log.error("stopping without finishing: the next leader finishes what is left",
+                          extra={"waited_s": SHUTDOWN_GRACE_S, "txns": [t.id for t in self.state.txns]})
+                return "stopped: gave up waiting for publishes and clean-ups"
             if self.clock() - listened_at <= fresh_s:  # Tick judges silence: only right after listening
                 outcome = outcome or self._feed(Tick())
         return outcome
@@ -307,6 +315,8 @@ class Leader:
         try:
             lost = self._publish(txn.id, txn.stage_table,
                                  lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq))
+        except NewerLeader as exc:
+            raise SteppedDown(str(exc)) from None
         except (ChtxnError, RuntimeError) as exc:
             log.error("publish failed; will retry", extra={"txn": txn.id, "error": str(exc)})
             return PublishResult(txn.id, ok=False, error=str(exc))
@@ -319,8 +329,13 @@ class Leader:
         """Step 7 for one committed txn: rows into the target, PUBLISHED, drop. True if it was lost.
 
         A missing stage table with no PUBLISHED row means the rows are gone: that is recorded as
-        LOST (an alarm: error log, metric, ``chtxn verify`` fails), never as PUBLISHED.
+        LOST (an alarm: error log, metric, ``chtxn verify`` fails), never as PUBLISHED. Once this
+        leader wrote the PUBLISHED row, a repeated call (its drop failed) only drops.
         """
+        if txn_id in self._published:
+            self.retry(f"drop {stage}")(self.stages.drop, stage)
+            self._published.discard(txn_id)
+            return False
         failpoints.hit("leader.before-publish", self.coordinator)
         try:
             try:
@@ -340,10 +355,13 @@ class Leader:
             self.ledger.append(lost)
             return True
         row = published_row()
+        failpoints.hit("leader.before-dead-letters", self.coordinator)
         self._dead_letters.publish(txn_id, row.commit_seq)  # the txn's bad records, exactly once
         failpoints.hit("leader.before-published-row", self.coordinator)
         self.ledger.append(row)
-        self.retry(f"drop {stage}")(self.stages.drop_all, stage)
+        self._published.add(txn_id)
+        self.retry(f"drop {stage}")(self.stages.drop, stage)
+        self._published.discard(txn_id)
         return False
 
     def _do_AbortTxn(self, action: AbortTxn) -> None:
@@ -353,7 +371,7 @@ class Leader:
         self.metrics.aborts.labels(self.cfg.name, action.kind).inc()
         self._ack_at.pop(txn.id, None)
         try:
-            self.retry(f"drop {txn.stage_table}")(self.stages.drop, txn.stage_table)
+            self.retry(f"drop {txn.stage_table}")(self.stages.drop_all, txn.stage_table)
             self.ledger.append(ledger_row(self, txn, "ABORTED", reason=action.reason))
         except ChtxnError as exc:  # the orphan is dropped by the next take-over; nothing committed depends on it
             log.error("abort clean-up failed", extra={"txn": txn.id, "error": str(exc)})
@@ -379,7 +397,7 @@ class Leader:
         """Take-over steps 1-4 (module docstring); returns the head after the seal."""
         failpoints.hit("leader.before-take-over", self.coordinator)
         self.retry("check the target table")(self.stages.check_target)
-        while True:  # Step 2: seal
+        while True:  # Take-over step 2: seal
             head_seq, head = self.ledger.head()
             newest = self.ledger.max_epoch()  # read after the head: a newer seal in it shows here too
             if newest > self.epoch:
@@ -395,21 +413,26 @@ class Leader:
         seal = self.ledger.commit_at(head_seq + 1)
         assert seal is not None
         self.ledger.append(ledger_rows.published_from(seal, epoch=self.epoch, coordinator=self.coordinator))
-        for row in self.ledger.committed_unpublished():  # Step 3: roll forward, in commit order
+        for row in self.ledger.committed_unpublished():  # Take-over step 3: roll forward, in commit order
             log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
             self._publish(row.txn, row.stage_table,
                           lambda row=row: ledger_rows.published_from(row, epoch=self.epoch, coordinator=self.coordinator))
-        for txn_id, table in self.retry("list stage tables")(self.stages.existing).items():  # Step 4
+            self._progress_at = self.clock()  # a long roll-forward is progress: the lease holds
+        for txn_id, table in self.retry("list stage tables")(self.stages.existing).items():  # Take-over step 4
             summary = self.ledger.txn(txn_id)
-            if summary is not None and summary.state in ("COMMITTED", "PUBLISHED") and self._owns_slot(summary):
+            if summary is not None and summary.state == "PUBLISHED":  # its rows are in the target: only clean up
+                self.retry(f"drop {table}")(self.stages.drop_all, table)
+            elif summary is not None and summary.state == "COMMITTED" and self._owns_slot(summary):
                 self._publish(txn_id, table, lambda s=summary: ledger_rows.published_from_summary(
                     s, pipeline=self.cfg.name, epoch=self.epoch, coordinator=self.coordinator))
-                continue
-            log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
-            self.retry(f"drop {table}")(self.stages.drop_all, table)
-            self.ledger.append(ledger_rows.orphan_aborted(
-                txn_id, table, pipeline=self.cfg.name, target=self.cfg.clickhouse.target_table,
-                epoch=self.epoch, coordinator=self.coordinator))
+                self.retry(f"drop {table}")(self.stages.drop_all, table)
+            else:
+                log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
+                self.retry(f"drop {table}")(self.stages.drop_all, table)
+                self.ledger.append(ledger_rows.orphan_aborted(
+                    txn_id, table, pipeline=self.cfg.name, target=self.cfg.clickhouse.target_table,
+                    epoch=self.epoch, coordinator=self.coordinator))
+            self._progress_at = self.clock()
         return head_seq + 1, head
 
     def _owns_slot(self, summary: Any) -> bool:

@@ -12,8 +12,11 @@ Guarantees:
 - ``publish`` never reports rows it did not put in the target: a missing stage table raises
   ``StageTableMissing``. It leaves the (emptied) stage table for the caller to drop *after* the
   PUBLISHED row is written, so "stage table gone, no PUBLISHED row" always means lost rows.
-- A target ALTERed after a stage table was made (``check``'s ``altered``) is published by a
-  deduplicated insert-select into a restage table of the new structure, then moved: idempotent.
+- A target ALTERed after a stage table was made (``check``'s ``altered``) is published by first
+  aligning the stage table's columns (and sorting key) with the target's, then moving its
+  partitions. Every row is in exactly one of the two tables at any moment (a partition move is
+  atomic), so a publish repeated at any point, by any leader, after any number of ALTERs, moves
+  each row once: there is no second copy whose deduplication memory could be lost.
 - Every name and every clean-up is scoped by the pipeline (``protocol.naming``).
 """
 
@@ -24,9 +27,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from clients import failpoints
 from clients.clickhouse import error_code
 from protocol import naming
-from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
+from protocol.chcodes import INCOMPATIBLE_COLUMNS, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
@@ -34,6 +38,8 @@ from protocol.messages import TopicPartition
 
 log = logging.getLogger(__name__)
 
+#: Times one ``publish`` call aligns the stage table with a target ALTERed while it moves.
+ALIGN_ATTEMPTS = 3
 #: Blocks a stage table remembers for deduplication: more than the chunks of any one txn.
 STAGE_DEDUP_WINDOW = 100_000
 
@@ -345,38 +351,89 @@ class StageTables:
         """Put the stage table's rows into the target; returns the rows the stage table held.
 
         Safe to repeat at any point (a partition already moved is gone from the stage table; the
-        insert-selects are deduplicated). Does not drop the stage table: drop it with
+        insert-select is deduplicated). Does not drop the stage table: drop it with
         ``drop_all(stage)`` once the PUBLISHED row is written. Raises ``StageTableMissing`` when
         the stage table does not exist. ``on_move`` is called between partition moves (failpoints).
+        A target ALTERed before or during the moves is followed (``_align``) up to
+        ``ALIGN_ATTEMPTS`` times in one call; a target that keeps changing fails the call, which
+        the caller retries.
         """
-        restage = naming.restage_table(stage)
-        shapes, rows, partition_ids = self._publish_reads(stage, restage, txn)
-        altered = _difference(shapes[stage], shapes.get(self.target))
-        if self.publish_mode == "move" and (altered or restage in shapes):
-            log.warning("the target changed after txn %s was staged: publishing it by insert-select", txn)
-            self._create_like_target(restage)
-            self._insert_select(restage, stage, naming.publish_token(self.pipeline, txn) + "/restage")
-            self._move_all(restage, on_move)
-        elif self.publish_mode == "move":
-            self._move_all(stage, on_move, partition_ids)
-        else:
+        shapes, rows, partition_ids = self._publish_reads(stage, txn)
+        if self.publish_mode == "insert-select":
             self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
-        return rows
+            return rows
+        for attempt in range(1, ALIGN_ATTEMPTS + 1):
+            altered = _difference(shapes[stage], shapes.get(self.target))
+            if altered:
+                log.warning("the target changed after txn %s was staged (%s): aligning its stage table", txn, altered)
+                self._align(stage, shapes[stage], shapes.get(self.target))
+                partition_ids = None
+            try:
+                self._move_all(stage, on_move, partition_ids)
+                return rows
+            except Exception as exc:
+                if error_code(exc) != INCOMPATIBLE_COLUMNS or attempt == ALIGN_ATTEMPTS:
+                    raise
+                shapes, partition_ids = self._shapes(stage, self.target), None  # ALTERed again mid-move
+                if stage not in shapes:
+                    raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} "
+                                            "does not exist") from None
+        raise AssertionError("unreachable")
 
-    def _publish_reads(self, stage: str, restage: str, txn: str) -> tuple[dict[str, _Shape], int, list[str] | None]:
-        """Before publishing, in one query: the shapes of ``stage``, the target and ``restage``,
-        the rows ``stage`` holds and its partition ids (None when read the long way)."""
+    def _align(self, stage: str, mine: _Shape, target: _Shape | None) -> None:
+        """Make ``stage``'s columns those of the target (names, types, order, default
+        expressions), and its sorting key too unless the target's engine merges rows, so that its
+        partitions can be moved. Each statement is idempotent; rows keep their values, and a column
+        the target gained reads as the target's default, as rows already in the target do."""
+        if target is None:
+            raise SetupError(f"target table {self.database}.{self.target} does not exist: a committed txn "
+                             f"({stage}) cannot be published until it is created again")
+        if target.partition != mine.partition:
+            raise SetupError(f"the partition key of {self.database}.{self.target} changed after {stage} was staged "
+                             f"({mine.partition!r} -> {target.partition!r}); ClickHouse cannot move partitions "
+                             "between them: restore the key, or move the stage table's rows by hand")
+        ours = dict(mine.columns)
+        defs = self._column_defs(self.target)
+        adds = []
+        for i, (name, kind, default_kind, default) in enumerate(defs):
+            if name in ours:
+                continue
+            where = f"AFTER {_ident(defs[i - 1][0])}" if i else "FIRST"
+            expression = f" {default_kind} {default}" if default_kind else ""
+            adds.append(f"ADD COLUMN IF NOT EXISTS {_ident(name)} {kind}{expression} {where}")
+        if target.engine not in MERGING_ENGINES and target.sorting != mine.sorting:
+            adds.append(f"MODIFY ORDER BY ({target.sorting})")
+        theirs = {name: kind for name, kind, _, _ in defs}
+        changes = [f"MODIFY COLUMN {_ident(name)} {theirs[name]}" for name, kind in mine.columns
+                   if name in theirs and theirs[name] != kind]
+        drops = [f"DROP COLUMN IF EXISTS {_ident(name)}" for name, _ in mine.columns if name not in theirs]
+        for clauses in (adds, changes, drops):
+            if clauses:
+                self.client.command(f"ALTER TABLE {self._q(stage)} {', '.join(clauses)}",
+                                    settings={"mutations_sync": 2, "alter_sync": 2})
+
+    def _column_defs(self, table: str) -> list[tuple[str, str, str, str]]:
+        """(name, type, default kind, default expression) of ``table``'s columns, in order."""
+        return [tuple(r) for r in self.client.query(  # type: ignore[misc] # rows of four strings
+            "SELECT name, type, default_kind, default_expression FROM system.columns "
+            "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+            parameters={"db": self.database, "t": table},
+        ).result_rows]
+
+    def _publish_reads(self, stage: str, txn: str) -> tuple[dict[str, _Shape], int, list[str] | None]:
+        """Before publishing, in one query: the shapes of ``stage`` and the target, the rows
+        ``stage`` holds and its partition ids (None when read the long way)."""
         try:
             rows = self.client.query(
                 f"{_SHAPES_SQL} UNION ALL SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)} "
                 "UNION ALL SELECT DISTINCT 'p', partition_id, '', '', '', '' FROM system.parts "
                 "WHERE database = {db:String} AND table = {stage:String} AND active",
-                parameters={"db": self.database, "names": [stage, self.target, restage], "stage": stage},
+                parameters={"db": self.database, "names": [stage, self.target], "stage": stage},
             ).result_rows
         except Exception as exc:
             if error_code(exc) != UNKNOWN_TABLE:
                 raise
-            shapes, count, partition_ids = self._shapes(stage, self.target, restage), None, None
+            shapes, count, partition_ids = self._shapes(stage, self.target), None, None
         else:
             shapes = _shapes_of(rows)
             count = sum(int(r[2]) for r in rows if r[0] == "n")
@@ -413,9 +470,20 @@ class StageTables:
         )
 
     def drop_all(self, stage: str) -> None:
-        """Drop a stage table and its restage table, if any."""
-        self.drop(naming.restage_table(stage))
+        """Drop a stage table, then the tables named after it: probe tables a participant made
+        while isolating bad records, and restage tables earlier versions made (``naming.is_side_table``).
+        The stage table goes first, so nothing is ever left that a publish could copy again."""
         self.drop(stage)
+        failpoints.hit("stage.mid-drop")
+        for table in self._side_tables(stage):
+            self.drop(table)
+
+    def _side_tables(self, stage: str) -> list[str]:
+        rows = self.client.query(
+            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
+            parameters={"db": self.database, "p": stage},
+        ).result_rows
+        return [name for (name,) in rows if naming.is_side_table(stage, name)]
 
     def _partition_ids(self, stage: str) -> list[str]:
         rows = self.client.query(
@@ -437,7 +505,7 @@ class StageTables:
 
     def existing(self) -> dict[str, str]:
         """Every stage table of this pipeline into this target now in the database, by txn id
-        (restage tables are found through their stage table's txn)."""
+        (tables named after a stage table, ``naming.is_side_table``, are found through its txn)."""
         prefix = naming.stage_table_prefix(self.target, self.pipeline)
         rows = self.client.query(
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",

@@ -22,6 +22,8 @@ import enum
 #: Codes callers name: a table that does not exist, and a column (identifier) that does not.
 UNKNOWN_IDENTIFIER = 47
 UNKNOWN_TABLE = 60
+#: MOVE PARTITION between tables of different columns ("Tables have different structure").
+INCOMPATIBLE_COLUMNS = 122
 
 
 class ErrorClass(enum.Enum):

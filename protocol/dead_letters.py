@@ -128,13 +128,16 @@ def letters_sql(database: str) -> str:
 
 def committed_with_letters_sql(database: str) -> str:
     """(commit_seq, txn) of COMMITTED rows in slots ``({after:UInt64}, {upto:UInt64}]`` whose txn holds
-    letters. A slot may list two txns past the ledger's deduplication window: the caller keeps the
-    one ``LedgerStore.commit_at`` resolves."""
+    letters and has no PUBLISHED row (its letters went out before that row was written). A slot may
+    list two txns past the ledger's deduplication window: the caller keeps the one
+    ``LedgerStore.commit_at`` resolves."""
     return (
         f"SELECT DISTINCT commit_seq, txn FROM {ledger.qualified(database)} "
         "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' "
         "AND commit_seq > {after:UInt64} AND commit_seq <= {upto:UInt64} "
         f"AND txn IN (SELECT DISTINCT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}}) "
+        f"AND txn NOT IN (SELECT txn FROM {ledger.qualified(database)} WHERE pipeline = {{pipeline:String}} "
+        "AND event = 'PUBLISHED' AND commit_seq > {after:UInt64} AND commit_seq <= {upto:UInt64}) "
         "ORDER BY commit_seq, txn"
     )
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import zlib
 
 STAGE_MARKER = "__chtxn_"
 RESTAGE_SUFFIX = "__restage"
+PROBE_SUFFIX = "__probe_"
+_SIDE_RE = re.compile(r"__restage|__probe_[0-9a-f]{8}")
 _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
 
 
@@ -33,9 +36,21 @@ def stage_table(target: str, pipeline: str, txn: str) -> str:
 
 
 def restage_table(stage: str) -> str:
-    """Where a committed txn's rows are re-staged in the target's new structure when the target
-    was ALTERed after its stage table was made (publish by insert-select into this, then move)."""
+    """The restage table earlier versions published a txn through after a target ALTER; now only
+    recognised, so that take-over drops one left behind."""
     return f"{stage}{RESTAGE_SUFFIX}"
+
+
+def probe_table(stage: str, token: str) -> str:
+    """The Null-engine clone of ``stage`` a participant probes records into while isolating the
+    bad records of the chunk with deduplication token ``token``."""
+    return f"{stage}{PROBE_SUFFIX}{zlib.crc32(token.encode()):08x}"
+
+
+def is_side_table(stage: str, table: str) -> bool:
+    """Whether ``table`` is one of the tables named after stage table ``stage`` (a probe or a
+    restage table), which go when the stage table goes."""
+    return table.startswith(stage) and _SIDE_RE.fullmatch(table[len(stage):]) is not None
 
 
 def stage_table_prefix(target: str, pipeline: str) -> str:
@@ -47,13 +62,17 @@ def txn_of_stage_table(target: str, pipeline: str, table: str) -> str | None:
     """The txn whose stage (or restage) table ``table`` is, if it is one of ``pipeline`` into ``target``.
 
     Unambiguous although pipeline names may contain ``__``: what follows the prefix must be a
-    whole txn id (and an optional restage suffix), which no pipeline name's tail can be.
+    whole txn id (and an optional side-table suffix, ``is_side_table``), which no pipeline name's
+    tail can be.
     """
     prefix = stage_table_prefix(target, pipeline)
     if not table.startswith(prefix):
         return None
-    txn = table[len(prefix):].removesuffix(RESTAGE_SUFFIX)
-    return txn if _TXN_RE.match(txn) else None
+    rest = table[len(prefix):]
+    txn, _, _ = rest.partition("__")
+    if not _TXN_RE.match(txn) or (txn != rest and not is_side_table(stage_table(target, pipeline, txn), table)):
+        return None
+    return txn
 
 
 def chunk_token(pipeline: str, txn: str, topic: str, partition: int, chunk_no: int, first: int, next_offset: int) -> str:

@@ -127,9 +127,9 @@ def test_a_stage_table_dropped_before_step_5_aborts_its_txn_and_the_records_are_
     assert_exactly_once(pipeline, produced, nothing_lost=True)
 
 
-def test_a_target_altered_after_the_commit_point_is_published_by_insert_select(stack, tmp_path):
-    """Defect 6, after the commit point: MOVE PARTITION would fail for ever (code 122); the txn
-    is published through a restage table in the new structure, and a new leader can finish it."""
+def test_a_target_altered_after_the_commit_point_is_published_by_aligning_its_stage_table(stack, tmp_path):
+    """Defect 6, after the commit point: MOVE PARTITION would fail for ever (code 122); the stage
+    table is aligned with the target's new structure and moved, and a new leader can finish it."""
     pipeline = make_pipeline(stack, tmp_path, unique_name("alterpost"))
     produced = pipeline.produce(500)
     db = pipeline.cfg.clickhouse.database
@@ -145,7 +145,7 @@ def test_a_target_altered_after_the_commit_point_is_published_by_insert_select(s
         assert crash.reached.wait(60)
         e1.stop.set()
         e1.ended(60)
-        e2.start()  # rolls the publish forward: the restage insert is deduplicated
+        e2.start()  # rolls the publish forward: the moved partitions are gone from the stage table
         wait_until(lambda: (s := pipeline.ledger().txn(k)) is not None and s.state == "PUBLISHED", 60, f"{k} published")
         wait_until(lambda: pipeline.target_count() == produced, 60, "every record committed")
     assert_exactly_once(pipeline, produced, nothing_lost=True)

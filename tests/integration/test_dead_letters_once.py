@@ -6,7 +6,14 @@ import json
 from collections import Counter
 
 import pytest
-from coordinator.dead_letter_publisher import DeadLetterPublisher, PublisherFenced, ensure_table
+from confluent_kafka import Consumer, TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
+
+from coordinator import ledger_rows
+from coordinator.dead_letter_publisher import (
+    DeadLetterPublisher, NewerLeader, PublisherFenced, ensure_table, marker_group,
+)
+from coordinator.ledger_store import LedgerStore
 from coordinator.dead_letter_view import read_letters
 from coordinator.leader import Leader
 from participant.bad_records import Letter
@@ -95,8 +102,8 @@ def commit(pipeline: Pipeline, txn: str, seq: int, start: int, end: int, partiti
     assert pipeline.ledger().claim_commit(row)
 
 
-def publisher(pipeline: Pipeline) -> DeadLetterPublisher:
-    return DeadLetterPublisher(pipeline.cfg, pipeline.client(), pipeline.ledger(), timeout_s=15)
+def publisher(pipeline: Pipeline, epoch: int = 1) -> DeadLetterPublisher:
+    return DeadLetterPublisher(pipeline.cfg, pipeline.client(), pipeline.ledger(), epoch=epoch, timeout_s=15)
 
 
 def published(pipeline: Pipeline) -> list[tuple[str, int, int]]:
@@ -137,20 +144,99 @@ def test_a_new_publisher_fences_the_old_one(letters_pipeline):
     for seq, offsets in ((1, [1]), (2, [11]), (3, [21])):
         stage_letters(pipeline, f"e1_t{seq}", offsets)
         commit(pipeline, f"e1_t{seq}", seq, 10 * (seq - 1), 10 * seq)
-    old, new = publisher(pipeline), publisher(pipeline)
+    assert pipeline.ledger().claim_epoch(1, "old")
+    old, new = publisher(pipeline, epoch=1), publisher(pipeline, epoch=2)
     try:
         assert old.publish("e1_t1", 1) == 1
+        assert pipeline.ledger().claim_epoch(2, "new")
         assert new.publish("e1_t2", 2) == 1  # the new leader starts: the old one is fenced
-        with pytest.raises(PublisherFenced):
+        with pytest.raises(NewerLeader, match="epoch 2 leads"):
             old.publish("e1_t3", 3)
-        with pytest.raises(PublisherFenced, match="fenced"):
-            old.publish("e1_t3", 3)  # for good
+        with pytest.raises(NewerLeader, match="for good"):
+            old.publish("e1_t3", 3)
         assert published(pipeline) == [("e1_t1", 1, 1), ("e1_t2", 2, 11)], "the fenced publisher wrote nothing visible"
         assert new.publish("e1_t3", 3) == 1
     finally:
         old.close()
         new.close()
     assert published(pipeline) == [("e1_t1", 1, 1), ("e1_t2", 2, 11), ("e1_t3", 3, 21)]
+
+
+class _LedgerReadBefore:
+    """A ledger whose first ``max_epoch`` answers ``epoch``, as it did before a newer epoch was
+    claimed: a stale leader that read the ledger, then stalled while a newer leader claimed."""
+
+    def __init__(self, ledger: LedgerStore, epoch: int) -> None:
+        self._ledger, self._stale = ledger, [epoch]
+
+    def max_epoch(self) -> int:
+        return self._stale.pop() if self._stale else self._ledger.max_epoch()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ledger, name)
+
+
+def test_a_stale_publisher_initialising_last_never_stops_the_leaders_publisher(letters_pipeline):
+    """Issue 29, defect 4: fencing follows the ledger's epochs, not the order of two inits. The
+    stale publisher (epoch 1) read the ledger before epoch 2 was claimed, and initialises after
+    the leader's publisher (epoch 2): the leader's next publish fences it back and goes out."""
+    pipeline = letters_pipeline
+    for seq, offsets in ((1, [1]), (2, [11]), (3, [21])):
+        stage_letters(pipeline, f"e1_t{seq}", offsets)
+        commit(pipeline, f"e1_t{seq}", seq, 10 * (seq - 1), 10 * seq)
+    assert pipeline.ledger().claim_epoch(1, "stale") and pipeline.ledger().claim_epoch(2, "leader")
+    leader = publisher(pipeline, epoch=2)
+    stale = DeadLetterPublisher(pipeline.cfg, pipeline.client(), _LedgerReadBefore(pipeline.ledger(), 1),  # type: ignore[arg-type] # a scripted stale read
+                                epoch=1, timeout_s=15)
+    try:
+        assert leader.publish("e1_t1", 1) == 1
+        assert stale.publish("e1_t1", 1) == 0  # initialises last: the leader's producer is fenced
+        assert leader.publish("e1_t2", 2) == 1, "the leader's publisher initialises again and publishes"
+        with pytest.raises(PublisherFenced):
+            stale.publish("e1_t3", 3)
+        assert leader.publish("e1_t3", 3) == 1
+    finally:
+        leader.close()
+        stale.close()
+    assert published(pipeline) == [("e1_t1", 1, 1), ("e1_t2", 2, 11), ("e1_t3", 3, 21)]
+
+
+def test_letters_are_not_published_again_once_the_marker_expired(letters_pipeline):
+    """Issue 29, defect 5: Kafka expires the marker's group offsets after a quiet week; the
+    ledger's PUBLISHED rows then say which slots' letters went out."""
+    pipeline = letters_pipeline
+    stage_letters(pipeline, "e1_t1", [3, 5])
+    commit(pipeline, "e1_t1", 1, 0, 10)
+    first = publisher(pipeline)
+    try:
+        assert first.publish("e1_t1", 1) == 2
+    finally:
+        first.close()
+    pipeline.ledger().append(ledger_rows.published_from(pipeline.ledger().commit_at(1), epoch=1, coordinator="test"))
+    expire_marker(pipeline)
+    stage_letters(pipeline, "e2_t1", [12])
+    commit(pipeline, "e2_t1", 2, 10, 20)
+    later = publisher(pipeline, epoch=2)  # a new leader after the quiet week
+    try:
+        assert later.publish("e2_t1", 2) == 1
+    finally:
+        later.close()
+    assert published(pipeline) == [("e1_t1", 1, 3), ("e1_t1", 1, 5), ("e2_t1", 2, 12)]
+
+
+def expire_marker(pipeline: Pipeline) -> None:
+    """What ``offsets.retention.minutes`` does to the marker group, which has no members: its
+    committed offsets are gone."""
+    admin = AdminClient({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers})
+    group = marker_group(pipeline.cfg.name)
+    for future in admin.delete_consumer_groups([group], request_timeout=15).values():
+        future.result()
+    reader = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": group})
+    try:
+        [tp] = reader.committed([KafkaTP(pipeline.cfg.dead_letter_topic, 0)], timeout=15)
+    finally:
+        reader.close()
+    assert tp.offset < 0, f"the marker is still there: {tp.offset}"
 
 
 def test_letters_of_a_txn_that_never_commits_never_reach_the_topic(letters_pipeline):

@@ -39,7 +39,7 @@ def test_list_and_show_what_the_dead_letter_topic_holds(stack, tmp_path):
     DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name).write(builder.flush(), [
         Letter(records[0], TOMBSTONE), Letter(records[1], "not a JSON object"), Letter(records[2], LONG_ERROR, 27)])
     commit(pipeline, "e1_t1", 1, 0, 10)
-    publisher = DeadLetterPublisher(cfg, pipeline.client(), pipeline.ledger())
+    publisher = DeadLetterPublisher(cfg, pipeline.client(), pipeline.ledger(), epoch=1)
     try:
         assert publisher.publish("e1_t1", 1) == 3
     finally:

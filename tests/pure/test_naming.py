@@ -31,6 +31,11 @@ def test_stage_tables_and_back() -> None:
     assert stage.startswith(naming.stage_table_prefix("events", "orders"))
     assert naming.txn_of_stage_table("events", "orders", stage) == "e3_t17"
     assert naming.txn_of_stage_table("events", "orders", naming.restage_table(stage)) == "e3_t17"
+    probe = naming.probe_table(stage, "orders/e3_t17/src/2/5/100-250")
+    assert probe.startswith(f"{stage}__probe_") and len(probe) == len(stage) + len("__probe_") + 8
+    assert naming.txn_of_stage_table("events", "orders", probe) == "e3_t17"
+    assert naming.is_side_table(stage, probe) and naming.is_side_table(stage, naming.restage_table(stage))
+    assert not naming.is_side_table(stage, stage) and not naming.is_side_table(stage, f"{stage}__probe_xyz")
 
 
 @pytest.mark.parametrize(
@@ -47,10 +52,12 @@ def test_a_target_whose_name_extends_another_is_not_confused() -> None:
     assert naming.txn_of_stage_table("events", "p", naming.stage_table("events_v2", "p", "e1_t1")) is None
 
 
-@pytest.mark.parametrize("other", ["orders2", "orders__e1_t1", "orders__x", "o", "orders__restage"])
+@pytest.mark.parametrize("other", ["orders2", "orders__e1_t1", "orders__x", "o", "orders__restage",
+                                   "orders__probe_0000abcd", "orders__e1_t1__probe_0000abcd"])
 def test_pipelines_sharing_a_target_never_see_each_others_stage_tables(other: str) -> None:
     """Pipeline names may contain ``__``: the txn id that ends every stage table name keeps them apart."""
-    for table in (naming.stage_table("events", other, "e1_t1"), naming.restage_table(naming.stage_table("events", other, "e1_t1"))):
+    stage = naming.stage_table("events", other, "e1_t1")
+    for table in (stage, naming.restage_table(stage), naming.probe_table(stage, "t")):
         assert naming.txn_of_stage_table("events", "orders", table) is None
         assert naming.txn_of_stage_table("events", other, table) == "e1_t1"
 
