@@ -1,4 +1,4 @@
-"""Records that are not exactly one row: found before their chunk is inserted, or remembered. Pure.
+"""Records that are not exactly one row, or that ClickHouse refuses: found, set aside, remembered. Pure.
 
 A txn commits only if its stage table holds exactly one row per record staged (the coordinator
 compares ``count()`` with the rows reported), so a record ClickHouse would read as two rows, or as
@@ -20,6 +20,12 @@ none, must never reach a stage table. Three lines of defence, cheapest first:
    never the stage table) and ``Remembered`` keeps them, so the txn that reads them again
    dead-letters them in step 1 and commits: such a record costs one aborted txn, not a loop.
 
+Records ClickHouse refuses (``isolate_refused``) are found by inserting parts of their chunk:
+ClickHouse is the judge, ``json_problem`` only picks the records to try alone first. It is advice,
+not a verdict, and never raises: msgspec refuses much that ClickHouse reads (NaN, raw newlines in
+strings, bytes that are not UTF-8, numbers past a float, nesting past Python's recursion limit).
+Its syntax errors name a problem; its other failures say nothing (it cannot tell).
+
 A letter is ``(record, error, code)``: ``code`` is ClickHouse's error code, 0 when found here.
 """
 
@@ -31,7 +37,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from protocol.chunking import RecordLike, json_problem, record_problem
+import msgspec
+
+from protocol.chcodes import ErrorClass, classify, is_memory
+from protocol.chunking import RecordLike, record_problem
+from protocol.errors import ClickHouseError
 
 #: The error of a record with a null value (a Kafka tombstone).
 TOMBSTONE = ("tombstone: null value (a Kafka delete marker); chtxn inserts rows and has no delete to apply, "
@@ -41,6 +51,10 @@ EMPTY = "empty record: zero-length value, nothing to insert"
 #: The error of a JSON record that is not one object.
 NOT_AN_OBJECT = "not a JSON object: JSONEachRow takes exactly one {...} object per record"
 
+#: The start of the error of a record ClickHouse runs out of memory for, alone, while it has memory to spare.
+TOO_BIG_FOR_MEMORY = ("too big for ClickHouse's memory: this record failed alone, again, while the server had memory "
+                      "for other queries, so parsing it needs more than a query may use (max_memory_usage)")
+
 #: Errors are kept (and stored with letters) cut to this many characters.
 MAX_ERROR_CHARS = 4096
 
@@ -48,6 +62,7 @@ _OPEN, _CLOSE = ord("{"), ord("}")
 _BLANKS = b" \t\r\n\f\v"
 #: The end of one JSON object and the start of another, as ClickHouse's JSONEachRow reader joins rows.
 _JOIN = re.compile(rb"\}[\s,;]*\{")
+_JSON = msgspec.json.Decoder()
 
 
 class Letter(NamedTuple):
@@ -180,6 +195,100 @@ def isolate(records: Sequence[RecordLike], probe: Callable[[Sequence[RecordLike]
 
     judge(records)
     return letters
+
+
+def isolate_refused(
+    records: Sequence[RecordLike],
+    refusal: ClickHouseError,
+    insert: Callable[[Sequence[RecordLike], bool], int],
+    has_memory: Callable[[], bool],
+    *,
+    suspect: Callable[[RecordLike], bool] | None = None,
+) -> tuple[int, list[Letter]]:
+    """Stage what ClickHouse takes of ``records``, refused as a whole with ``refusal``: (rows
+    staged, letters of the records it refuses), by bisection.
+
+    ``insert(part, retry_memory)`` inserts ``part`` (retrying ``RETRY`` codes, and ``MEMORY``
+    codes only when ``retry_memory``) and returns its rows, or raises ``ClickHouseError``.
+    ``has_memory()`` says whether the server can give a query memory now. ``suspect(record)``
+    picks records to try alone first when the refusal is ``DATA`` (the JSON pre-check): the rest
+    then goes in whole, and nothing is bisected when the suspects were the culprits.
+
+    A record becomes a letter only when ClickHouse refuses it alone:
+
+    - ``DATA`` code: at once, with ClickHouse's error and code.
+    - ``MEMORY`` code: a part refused for memory is split without retrying (smaller parts need
+      less memory), and only while ``has_memory()``. A single record refused for memory is
+      inserted alone again with retries; it becomes a letter (``TOO_BIG_FOR_MEMORY``) only if that
+      fails too and ``has_memory()`` holds before and after.
+
+    Raises the ``ClickHouseError`` for anything else, and for a memory error while the server has
+    no memory to spare (its load, not a record): the chunk fails, its txn aborts, nothing is
+    dead-lettered. Parts inserted before that stay under their sub-tokens.
+    """
+    letters: list[Letter] = []
+
+    def again_alone(record: RecordLike) -> int:
+        try:
+            return insert([record], True)
+        except ClickHouseError as exc:
+            if classify(exc.code) is ErrorClass.DATA:
+                letters.append(Letter(record, str(exc), exc.code))
+                return 0
+            if not is_memory(exc.code) or not has_memory():
+                raise
+            letters.append(Letter(record, f"{TOO_BIG_FOR_MEMORY}: {exc}", exc.code))
+            return 0
+
+    def judge(part: Sequence[RecordLike], failure: ClickHouseError | None = None) -> int:
+        if not part:
+            return 0
+        if failure is None:
+            try:
+                return insert(part, False)
+            except ClickHouseError as exc:
+                failure = exc
+        if classify(failure.code) is ErrorClass.DATA:
+            if len(part) == 1:
+                letters.append(Letter(part[0], str(failure), failure.code))
+                return 0
+        elif is_memory(failure.code) and has_memory():
+            if len(part) == 1:
+                return again_alone(part[0])
+        else:
+            raise failure
+        mid = len(part) // 2
+        return judge(part[:mid]) + judge(part[mid:])
+
+    flags = [suspect(r) for r in records] if suspect and classify(refusal.code) is ErrorClass.DATA else []
+    if not any(flags):
+        return judge(records, refusal), letters
+    rows = judge([r for r, flagged in zip(records, flags) if not flagged])
+    rows += sum(judge([r]) for r, flagged in zip(records, flags) if flagged)
+    return rows, letters
+
+
+def json_problem(value: bytes) -> str | None:
+    """Why ``value`` is surely not one JSON object, found by parsing it; None when it is one, or
+    when parsing cannot tell. Never raises.
+
+    msgspec's syntax errors (``DecodeError``) give a problem. Its other failures are limits of the
+    parser, not proof against the record, and give None: ``ValidationError`` for a number past a
+    float or an int64 (``1e999``), ``RecursionError`` past about 1,000 levels of nesting,
+    ``UnicodeDecodeError`` for a string that is not UTF-8 (ClickHouse stores the bytes),
+    ``MemoryError`` and anything else.
+    """
+    try:
+        decoded = _JSON.decode(value)
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError as exc:
+        return f"malformed JSON: {exc}"
+    except Exception:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, MemoryError...: cannot tell
+        return None
+    if not isinstance(decoded, dict):
+        return f"not a JSON object but a {type(decoded).__name__}"
+    return None
 
 
 def fingerprint(record: RecordLike) -> int:

@@ -12,10 +12,18 @@
    or collapsed); retryable failures are retried with the same token, so a chunk is stored once
    however often it is sent. In JSON object formats, a record holding objects back to back is
    found by one scan of the body first and set aside (no abort).
-3. If ClickHouse refuses the data (a ``DATA``-class error code), the bad records are isolated:
-   first a JSON pre-check in Python (JSON formats), then a deterministic bisection of the rest,
-   each part inserted with the sub-token ``<token>/<first offset>-<last offset>``. Single refused
-   records become dead letters with ClickHouse's error; everything else is staged.
+3. If ClickHouse refuses the data (a ``DATA``-class error code), the bad records are isolated
+   (``participant.bad_records.isolate_refused``): the records a JSON pre-check in Python finds
+   malformed are tried alone, the rest in one part, and a refused part is bisected, each part
+   inserted with the sub-token ``<token>/<first offset>-<last offset>``. Only ClickHouse's
+   refusal of a record alone makes a letter, with ClickHouse's error and code; everything else
+   is staged (the pre-check only orders the tries: msgspec refuses much that ClickHouse reads,
+   and it never raises).
+   A chunk that still runs out of memory after its retries (a ``MEMORY`` code) is split the same
+   way while the server shows memory to spare (a query gets ``CONTROL_BYTES``): parts small
+   enough are staged, and a record that fails alone again is a letter (``TOO_BIG_FOR_MEMORY``).
+   When the server has no memory to spare, the error fails the chunk (step 6): a server short of
+   memory never turns records into letters.
 4. The chunk's dead letters are stored in ``chtxn_dead_letters`` under its txn (a token derived
    from the chunk's) before the result says the chunk is staged; the leader publishes them to the
    dead-letter topic once the txn is committed, exactly once (``participant.dead_letters``).
@@ -25,8 +33,10 @@
    bisection whose probes go to a Null-engine clone of it), remembered in ``remembered``, and the
    result carries the error, so the coordinator aborts once and the txn that reads them again
    dead-letters them at step 1.
-6. Any other failure (permanent error, retries exhausted, dead letters not stored) is
-   returned as ``ChunkStaged.error``: the WRITE-STATUS carries it and the coordinator aborts.
+6. Any other failure (permanent error, retries exhausted, a server out of memory, ClickHouse
+   unreachable, dead letters not stored) is returned as ``ChunkStaged.error``: the WRITE-STATUS
+   carries it and the coordinator aborts, and the records are read again. A record is never
+   dead-lettered for a failure that is not its own.
 
 A tombstone (null value) is never dropped silently: it becomes a dead letter with its key, a
 null value and the error ``tombstone: null value ...`` (a zero-length value gets
@@ -44,17 +54,25 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from clients.clickhouse import retrying
-from participant.bad_records import Letter, Refused, Remembered, has_joins, isolate, precheck, split_joined
+import tenacity
+
+from clients.clickhouse import error_code, is_retryable, retrying
+from participant.bad_records import (
+    Letter, Refused, Remembered, has_joins, isolate, isolate_refused, json_problem, precheck, split_joined,
+)
 from participant.dead_letters import DeadLetterSink
 from protocol import insert_settings
-from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format, json_problem
+from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
+from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
 from protocol.config import ClickHouseSection
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol.participant_events import ChunkStaged
 
 log = logging.getLogger(__name__)
+
+#: Memory a control query asks for after a memory error, to tell a record too big for a query's
+#: memory from a server short of it: above ClickHouse's untracked allowance per thread (4 MiB).
+CONTROL_BYTES = 8 << 20
 
 
 class NotOneRow(ChtxnError):
@@ -150,49 +168,34 @@ class Stager:
         try:
             return self._insert(table, records, token, body)
         except ClickHouseError as exc:
-            if classify(exc.code) is not ErrorClass.DATA:
+            if classify(exc.code) is not ErrorClass.DATA and not is_memory(exc.code):
                 raise
             refused = exc
-        # Step 3: isolate the bad records
-        rest: Sequence[RecordLike] = records
-        if bodies.json_objects:
-            rest = []
-            for record in records:
-                problem = json_problem(record.value())  # type: ignore[arg-type]
-                if problem:
-                    letters.append(Letter(record, f"{problem} (ClickHouse refused its chunk: {refused})"))
-                else:
-                    rest.append(record)
-            found = len(rest) < len(records)
-        else:
-            found = False
-        return self._bisect(table, token, rest, bodies, letters, known_bad=not found)
+        # Step 3: isolate the records ClickHouse refuses
 
-    def _bisect(
-        self, table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder, letters: list[Letter],
-        *, known_bad: bool = False,
-    ) -> int:
-        if not records:
-            return 0
-        if not known_bad:
-            sub = f"{token}/{records[0].offset()}-{records[-1].offset()}"
-            try:
-                return self._insert(table, records, sub, bodies.body(records))
-            except ClickHouseError as exc:
-                if classify(exc.code) is not ErrorClass.DATA:
-                    raise
-                if len(records) == 1:
-                    letters.append(Letter(records[0], str(exc), exc.code))
-                    return 0
-        mid = len(records) // 2
-        return self._bisect(table, token, records[:mid], bodies, letters) + self._bisect(
-            table, token, records[mid:], bodies, letters
+        def insert(part: Sequence[RecordLike], retry_memory: bool) -> int:
+            sub = f"{token}/{part[0].offset()}-{part[-1].offset()}"
+            return self._insert(table, part, sub, bodies.body(part), retry_memory=retry_memory)
+
+        def malformed(record: RecordLike) -> bool:
+            return json_problem(record.value()) is not None  # type: ignore[arg-type]
+
+        rows, refused_letters = isolate_refused(
+            records, refused, insert, self._has_memory, suspect=malformed if bodies.json_objects else None,
         )
+        letters += refused_letters
+        return rows
 
-    def _insert(self, table: str, records: Sequence[RecordLike], token: str, body: bytes) -> int:
-        """Step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds."""
+    def _insert(
+        self, table: str, records: Sequence[RecordLike], token: str, body: bytes, *, retry_memory: bool = True,
+    ) -> int:
+        """Step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
+        Without ``retry_memory``, a memory error is raised at once (step 3 splits the part instead)."""
         settings = {**self._chunk_settings(), "insert_deduplication_token": token}
-        summary = self._retrying(f"insert chunk {token} into {table}")(
+        policy = self._retrying(f"insert chunk {token} into {table}")
+        if not retry_memory:
+            policy = policy.copy(retry=tenacity.retry_if_exception(_retryable_but_memory))
+        summary = policy(
             self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
         )
         written = summary.written_rows
@@ -261,6 +264,18 @@ class Stager:
             self._retrying(f"drop {probe_table}")(self.client.command, f"DROP TABLE IF EXISTS {db}.{_ident(probe_table)}")
         return sorted(letters, key=lambda letter: letter.record.offset())
 
+    def _has_memory(self) -> bool:
+        """Step 3's control after a memory error: whether a query gets ``CONTROL_BYTES`` now.
+        Asked once, not retried; any failure (unreachable included) is a no."""
+        try:
+            retrying(1, "control query after a memory error")(
+                self.client.query, f"SELECT length(randomString({CONTROL_BYTES}))")
+        except ClickHouseError as exc:
+            log.warning("ClickHouse cannot give a query %d bytes now (%s): a memory error is its load, not a record's",
+                        CONTROL_BYTES, exc)
+            return False
+        return True
+
     # ---- plumbing -------------------------------------------------------------------------
 
     def _chunk_settings(self) -> dict[str, int]:
@@ -290,6 +305,10 @@ def check_target(stager: Stager, table: str) -> tuple[str, ...]:
         ) from None
     check_format(stager.section.input_format, columns)
     return columns
+
+
+def _retryable_but_memory(exc: BaseException) -> bool:
+    return is_retryable(exc) and not is_memory(error_code(exc))
 
 
 def _ident(name: str) -> str:

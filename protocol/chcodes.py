@@ -5,11 +5,19 @@ Codes and names are ClickHouse's own (``src/Common/ErrorCodes.cpp``; in SQL,
 
 - ``RETRY``: the server or the path to it is busy, short of resources or briefly unavailable.
   Repeating the same request (with the same deduplication token) is safe and may succeed.
-- ``DATA``: the records sent cannot be parsed or converted into the table's columns. Repeating
-  will fail the same way; the participant splits the chunk and sends the bad records to the
-  dead-letter topic.
+- ``DATA``: the records sent cannot be parsed or converted into the table's columns, or break a
+  limit on one value (nested deeper than ``input_format_json_max_depth``, a string longer than a
+  ``FixedString``). Repeating will fail the same way; the participant splits the chunk and sends
+  the bad records to the dead-letter topic. In a chunk insert (a fixed ``INSERT ... FORMAT``
+  query) these codes can only come from the bytes sent.
 - ``PERMANENT``: everything else (missing table, syntax, permissions, ...). Repeating will not
   help; the operation fails and says why.
+
+``MEMORY`` codes are ``RETRY`` codes that one record can also cause: ClickHouse says the same
+when the server is short of memory and when parsing one record needs more than a query may use
+(``max_memory_usage``). A caller retries them like any ``RETRY`` code; the stager
+(``participant.stager``) blames a record only after it fails alone again while the server shows
+memory to spare, never the records of a server that is short of memory.
 
 Decisions are made from codes only, never from message text.
 """
@@ -36,13 +44,14 @@ class ErrorClass(enum.Enum):
 RETRYABLE: dict[int, str] = {
     3: "UNEXPECTED_END_OF_FILE",  # request body cut short in transit
     159: "TIMEOUT_EXCEEDED",
+    173: "CANNOT_ALLOCATE_MEMORY",  # MEMORY
     202: "TOO_MANY_SIMULTANEOUS_QUERIES",
     203: "NO_FREE_CONNECTION",
     209: "SOCKET_TIMEOUT",
     210: "NETWORK_ERROR",
     225: "NO_ZOOKEEPER",
     236: "ABORTED",
-    241: "MEMORY_LIMIT_EXCEEDED",
+    241: "MEMORY_LIMIT_EXCEEDED",  # MEMORY
     242: "TABLE_IS_READ_ONLY",
     244: "UNEXPECTED_ZOOKEEPER_ERROR",
     252: "TOO_MANY_PARTS",
@@ -72,6 +81,12 @@ RETRYABLE: dict[int, str] = {
     1020: "MEMORY_RESERVATION_ACQUISITION_TIMEOUT",
 }
 
+#: Retryable codes one record can cause too: out of memory (see the module's docstring).
+MEMORY: dict[int, str] = {
+    173: "CANNOT_ALLOCATE_MEMORY",
+    241: "MEMORY_LIMIT_EXCEEDED",
+}
+
 #: The records themselves are bad: the same bytes always fail the same way.
 DATA: dict[int, str] = {
     6: "CANNOT_PARSE_TEXT",
@@ -91,9 +106,12 @@ DATA: dict[int, str] = {
     130: "CANNOT_READ_ARRAY_FROM_TEXT",
     131: "TOO_LARGE_STRING_SIZE",
     190: "SIZES_OF_ARRAYS_DONT_MATCH",
+    306: "TOO_DEEP_RECURSION",  # JSON nested deeper than input_format_json_max_depth
+    321: "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",  # e.g. a Date past 2149 with date_time_overflow_behavior = 'throw'
     346: "CANNOT_CONVERT_CHARSET",
     349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
     376: "CANNOT_PARSE_UUID",
+    395: "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",  # a throwIf in a DEFAULT or MATERIALIZED expression
     407: "DECIMAL_OVERFLOW",
     441: "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
     467: "CANNOT_PARSE_BOOL",
@@ -113,6 +131,11 @@ def classify(code: int | None) -> ErrorClass:
     if code in DATA:
         return ErrorClass.DATA
     return ErrorClass.PERMANENT
+
+
+def is_memory(code: int | None) -> bool:
+    """Whether ``code`` says ClickHouse ran out of memory: the server's load, or one record's size."""
+    return code in MEMORY
 
 
 def name_of(code: int) -> str:

@@ -6,10 +6,13 @@ import json
 
 import pytest
 
+import participant.bad_records as bad_records
 from participant.bad_records import (
-    EMPTY, TOMBSTONE, Letter, Refused, Remembered, has_joins, isolate, precheck, split_joined,
+    EMPTY, TOMBSTONE, TOO_BIG_FOR_MEMORY, Letter, Refused, Remembered, has_joins, isolate, isolate_refused,
+    json_problem, precheck, split_joined,
 )
 from protocol.chunking import BodyBuilder
+from protocol.errors import ClickHouseError
 from tests.pure.test_chunking import Rec
 
 TWO_OBJECTS = [b'{"id":1}{"id":2}', b'{"id": 3} {"id": 4}', b'{"id":5},{"id":6}', b'{"id":7}\n{"id":8}',
@@ -158,3 +161,180 @@ def test_values_whose_newlines_line_up_like_record_boundaries_are_still_checked_
     kept, letters = precheck(records, json_objects=True)
     assert [r.offset() for r in kept] == [2]
     assert [letter.record.offset() for letter in letters] == [0, 1]
+
+
+# ---- the pre-check never raises --------------------------------------------------------------
+
+#: Past msgspec's recursion limit (about 1,000 levels) and ClickHouse's input_format_json_max_depth.
+DEEP_OBJECTS = b'{"id": 1, "nested": ' + b'{"a": ' * 1500 + b"1" + b"}" * 1500 + b"}"
+DEEP_ARRAYS = b'{"id": 1, "nested": ' + b"[" * 1500 + b"]" * 1500 + b"}"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [DEEP_OBJECTS, DEEP_ARRAYS,  # RecursionError in msgspec
+     b'{"id": 1, "user": "caf\xe9"}',  # UnicodeDecodeError: not UTF-8, ClickHouse stores the bytes
+     b'{"id": 1, "amount": 1e999}', b'{"id": 1, "amount": -1e400}'],  # ValidationError: past a float
+)
+def test_json_the_parser_cannot_judge_gives_no_problem(value: bytes) -> None:
+    assert json_problem(value) is None
+
+
+@pytest.mark.parametrize("raised", [RecursionError("deep"), MemoryError(), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
+                                    ValueError("odd"), OverflowError("big"), TypeError("a bug")])
+def test_json_problem_never_raises_whatever_the_parser_does(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
+    class Failing:
+        def decode(self, value: bytes) -> object:
+            raise raised
+
+    monkeypatch.setattr(bad_records, "_JSON", Failing())
+    assert json_problem(b'{"id": 1}') is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [(b'{"id": 1, "amount": NaN}', "malformed JSON"), (b'{"id": 1,}', "malformed JSON"), (b"[1]", "not a JSON object"),
+     (b'{"id": 1}', None)],
+)
+def test_json_problem_still_names_syntax_errors(value: bytes, problem: str | None) -> None:
+    found = json_problem(value)
+    assert found is None if problem is None else found.startswith(problem)
+
+
+def test_a_record_nested_too_deep_for_python_passes_the_precheck_and_the_join_scan() -> None:
+    records = [good(0), Rec("src", 0, 1, DEEP_OBJECTS), Rec("src", 0, 2, DEEP_ARRAYS), good(3)]
+    kept, letters = precheck(records, json_objects=True)
+    assert kept is records and letters == []
+    joined = [Rec("src", 0, 4, DEEP_OBJECTS + b"{}")]  # a join msgspec cannot see past: ClickHouse judges it
+    assert split_joined(joined) == (joined, [])
+
+
+def test_a_deep_record_cut_short_is_not_an_object_without_raising() -> None:
+    cut = Rec("src", 0, 1, b'{"id": 1, "nested": ' + b"[" * 1500)
+    kept, letters = precheck([good(0), cut], json_objects=True)
+    assert [r.offset() for r in kept] == [0]
+    assert [(l.record.offset(), l.code) for l in letters] == [(1, 0)] and letters[0].error.startswith("not a JSON object")
+
+
+# ---- records ClickHouse refuses: isolate_refused ---------------------------------------------------
+
+
+class Server:
+    """ClickHouse as the stager meets it: ``refuse[offset]`` is the code a record is refused with;
+    a part whose values add up past ``memory`` bytes runs out of memory (241), and so does
+    every insert while ``short`` (the server's load). ``flaky`` offsets run out of memory once."""
+
+    def __init__(self, refuse: dict[int, int] | None = None, *, memory: int | None = None, short: bool = False,
+                 flaky: set[int] | None = None, down_after: int | None = None) -> None:
+        self.refuse, self.memory, self.short, self.flaky = refuse or {}, memory, short, set(flaky or ())
+        self.down_after = down_after
+        self.inserts: list[tuple[list[int], bool]] = []
+        self.staged: list[int] = []
+        self.controls = 0
+
+    def insert(self, part, retry_memory: bool) -> int:  # noqa: ANN001
+        offsets = [r.offset() for r in part]
+        self.inserts.append((offsets, retry_memory))
+        if self.down_after is not None and len(self.inserts) > self.down_after:
+            raise ClickHouseError("insert failed after 8 attempts: ConnectionRefusedError", code=0, retryable=True)
+        for o in offsets:
+            if o in self.refuse:
+                raise ClickHouseError(f"ClickHouse error {self.refuse[o]} at offset {o}", code=self.refuse[o])
+        flaky = len(part) == 1 and offsets[0] in self.flaky
+        self.flaky -= set(offsets) if flaky else set()
+        if flaky or self.short or (self.memory is not None and sum(len(r.value()) for r in part) > self.memory):
+            raise ClickHouseError("ClickHouse error 241 (MEMORY_LIMIT_EXCEEDED)", code=241, retryable=True)
+        self.staged += offsets
+        return len(part)
+
+    def has_memory(self) -> bool:
+        self.controls += 1
+        return not self.short
+
+
+def refused_by(code: int) -> ClickHouseError:
+    return ClickHouseError(f"ClickHouse error {code}: the chunk", code=code, retryable=code == 241)
+
+
+def malformed(record) -> bool:  # noqa: ANN001
+    return json_problem(record.value()) is not None
+
+
+def test_a_refused_chunk_keeps_what_clickhouse_takes_and_letters_what_it_refuses_alone() -> None:
+    records = [good(o) for o in range(16)]
+    records[3], records[9] = Rec("src", 0, 3, DEEP_OBJECTS), Rec("src", 0, 9, b'{"id": "x"}')
+    server = Server({3: 306, 9: 27})
+    rows, letters = isolate_refused(records, refused_by(306), server.insert, server.has_memory, suspect=malformed)
+    assert rows == 14 and sorted(server.staged) == [o for o in range(16) if o not in (3, 9)]
+    assert [(l.record.offset(), l.code) for l in letters] == [(3, 306), (9, 27)]
+    assert server.controls == 0, "a DATA refusal needs no control"
+
+
+def test_what_the_precheck_flags_is_tried_alone_and_clickhouse_decides() -> None:
+    """NaN and raw newlines are refused by msgspec, read by ClickHouse: staged, never letters."""
+    records = [good(0), Rec("src", 0, 1, b'{"id": 1, "amount": NaN}'), Rec("src", 0, 2, b'{"id": 2,}'), good(3),
+               Rec("src", 0, 4, b'{"id": 4, "user": "a\nb"}'), good(5)]
+    server = Server({2: 26})
+    rows, letters = isolate_refused(records, refused_by(26), server.insert, server.has_memory, suspect=malformed)
+    assert [(l.record.offset(), l.code) for l in letters] == [(2, 26)]
+    assert rows == 5 and sorted(server.staged) == [0, 1, 3, 4, 5]
+    assert [offsets for offsets, _ in server.inserts] == [[0, 3, 5], [1], [2], [4]], "no bisection of the rest"
+
+
+def test_a_record_too_big_for_a_querys_memory_is_a_letter_once_it_fails_alone_again() -> None:
+    records = [good(o) for o in range(8)]
+    records[5] = Rec("src", 0, 5, b'{"id": 5, "user": "' + b"x" * 1000 + b'"}')
+    server = Server(memory=500)
+    rows, letters = isolate_refused(records, refused_by(241), server.insert, server.has_memory, suspect=malformed)
+    assert rows == 7 and sorted(server.staged) == [0, 1, 2, 3, 4, 6, 7]
+    [letter] = letters
+    assert (letter.record.offset(), letter.code) == (5, 241) and letter.error.startswith(TOO_BIG_FOR_MEMORY)
+    assert ([5], True) in server.inserts, "tried alone again with its retries"
+    assert all(not retry for offsets, retry in server.inserts if offsets != [5]), "parts split, not retried"
+
+
+def test_a_chunk_too_big_for_memory_as_a_whole_is_staged_in_parts_without_letters() -> None:
+    records = [good(o) for o in range(8)]
+    server = Server(memory=3 * len(good(0).value()))
+    rows, letters = isolate_refused(records, refused_by(241), server.insert, server.has_memory)
+    assert (rows, letters) == (8, []) and sorted(server.staged) == list(range(8))
+
+
+def test_a_server_short_of_memory_fails_the_chunk_and_letters_nothing() -> None:
+    server = Server(short=True)
+    with pytest.raises(ClickHouseError) as failed:
+        isolate_refused([good(o) for o in range(8)], refused_by(241), server.insert, server.has_memory)
+    assert failed.value.code == 241 and server.inserts == [] and server.controls == 1
+
+
+def test_a_record_that_fails_alone_once_then_goes_in_is_staged() -> None:
+    records = [good(o) for o in range(4)]
+    server = Server(memory=len(good(0).value()), flaky={2})  # one record per insert, record 2 fails once
+    rows, letters = isolate_refused(records, refused_by(241), server.insert, server.has_memory)
+    assert (rows, letters) == (4, []) and ([2], True) in server.inserts
+
+
+def test_memory_gone_while_a_record_is_tried_again_fails_the_chunk() -> None:
+    records = [good(0), Rec("src", 0, 1, b'{"id": 1, "user": "' + b"x" * 1000 + b'"}')]
+    server = Server(memory=500)
+    answers = iter([True, True, False])  # before the split, before the retry alone, after it
+
+    def has_memory() -> bool:
+        return next(answers)
+
+    with pytest.raises(ClickHouseError) as failed:
+        isolate_refused(records, refused_by(241), server.insert, has_memory)
+    assert failed.value.code == 241
+
+
+@pytest.mark.parametrize("code", [0, 60, 210])
+def test_an_outage_during_isolation_fails_the_chunk_and_letters_nothing(code: int) -> None:
+    """ClickHouse gone (no code), a table dropped (UNKNOWN_TABLE), the network (NETWORK_ERROR)."""
+    records = [good(o) for o in range(8)]
+    server = Server({6: 27}, down_after=1)
+    if code:
+        server.down_after = None
+        server.refuse = {**{o: code for o in range(4)}, 6: 27}
+    with pytest.raises(ClickHouseError) as failed:
+        isolate_refused(records, refused_by(27), server.insert, server.has_memory)
+    assert failed.value.code == code

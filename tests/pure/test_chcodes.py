@@ -40,6 +40,11 @@ from protocol.errors import ClickHouseError, ConfigError
         (72, ErrorClass.DATA),  # CANNOT_PARSE_NUMBER
         (117, ErrorClass.DATA),  # INCORRECT_DATA
         (349, ErrorClass.DATA),  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+        (131, ErrorClass.DATA),  # TOO_LARGE_STRING_SIZE: longer than its FixedString
+        (306, ErrorClass.DATA),  # TOO_DEEP_RECURSION: JSON nested past input_format_json_max_depth
+        (321, ErrorClass.DATA),  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+        (395, ErrorClass.DATA),  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO: a throwIf in a DEFAULT
+        (173, ErrorClass.RETRY),  # CANNOT_ALLOCATE_MEMORY
         (60, ErrorClass.PERMANENT),  # UNKNOWN_TABLE
         (62, ErrorClass.PERMANENT),  # SYNTAX_ERROR
         (81, ErrorClass.PERMANENT),  # UNKNOWN_DATABASE
@@ -62,7 +67,18 @@ def test_a_code_is_in_one_class_only() -> None:
 def test_name_of() -> None:
     assert chcodes.name_of(202) == "TOO_MANY_SIMULTANEOUS_QUERIES"
     assert chcodes.name_of(6) == "CANNOT_PARSE_TEXT"
+    assert chcodes.name_of(306) == "TOO_DEEP_RECURSION"
     assert chcodes.name_of(60) == "code 60"
+
+
+def test_memory_codes_are_retried_and_may_be_one_records() -> None:
+    """Out of memory is retried like any load; only the stager may later blame one record for it."""
+    assert set(chcodes.MEMORY) == {173, 241}
+    for code, name in chcodes.MEMORY.items():
+        assert chcodes.is_memory(code) and classify(code) is ErrorClass.RETRY and chcodes.RETRYABLE[code] == name
+        assert is_retryable(DatabaseError("Memory limit (total) exceeded", code=code))
+    for code in (0, None, 6, 306, 202, 777, 778, 1020):  # MEMORY_RESERVATION_*: the scheduler's, never a record's
+        assert not chcodes.is_memory(code)
 
 
 @pytest.mark.parametrize(
