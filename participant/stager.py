@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,7 +60,7 @@ from participant.bad_records import (
     Letter, Refused, Remembered, has_joins, isolate, isolate_refused, json_problem, precheck, split_joined,
 )
 from participant.dead_letters import DeadLetterSink
-from protocol import insert_settings
+from protocol import insert_settings, naming
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
 from protocol.config import ClickHouseSection
@@ -237,7 +236,7 @@ class Stager:
                     letters.append(Letter(record, f"not one row: {problem}"))
                 else:
                     rest.append(record)
-        probe_table = f"{stage_table}__probe_{zlib.crc32(token.encode()):08x}"
+        probe_table = naming.probe_table(stage_table, token)
         db = _ident(self.section.database)
         settings = {k: v for k, v in self._chunk_settings().items() if k != "insert_deduplicate"}
 

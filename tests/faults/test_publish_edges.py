@@ -13,8 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from clients import failpoints
+from coordinator import leader as leader_module
 from coordinator.dead_letter_publisher import ensure_table
 from coordinator.dead_letter_view import read_letters
+from protocol import naming
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import committed_through, participants, produce_values
@@ -143,3 +145,79 @@ def test_a_stale_leader_never_stops_the_new_leaders_dead_letters(stack, tmp_path
     twice = {where: n for where, n in letters_in_topic(pipeline).items() if n > 1}
     assert twice == {}, f"letters published more than once: {twice}"
     assert_exactly_once(pipeline, 160 - len(bad | more_bad), pipeline.dead_letter_offsets(), nothing_lost=True)
+
+
+def test_take_over_drops_the_probe_tables_a_participant_left_mid_isolation(stack, tmp_path):
+    """Issue 29, defect 8: a participant that dies while isolating bad records leaves its probe
+    table (``<stage>__probe_<crc>``), of a txn that went on to commit or of one that never did.
+    The next take-over recognises and drops both."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("probes"))
+    produced = pipeline.produce(100)
+    db, name = pipeline.cfg.clickhouse.database, pipeline.cfg.name
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, leaders(e1):
+        e1.start()
+        wait_until(lambda: pipeline.target_count() == produced, WAIT_S, "every record published")
+    k = first_txn_with_rows(participants)
+    probes = [naming.probe_table(naming.stage_table("events", name, txn), f"{name}/{txn}/chunk") for txn in (k, "e1_t999")]
+    for probe in probes:
+        pipeline.client().command(f"CREATE TABLE `{db}`.`{probe}` AS `{db}`.events ENGINE = Null")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e2):
+        took_over = failpoints.arm("leader.after-take-over", "pause*1", who="E2")
+        e2.start()
+        assert took_over.reached.wait(WAIT_S), "E2 never took over"
+        assert [t for t in pipeline.stage_tables() if t in probes] == []
+        failpoints.release("leader.after-take-over")
+        more = pipeline.produce(100, start_id=100)
+        wait_until(lambda: pipeline.target_count() == produced + more, WAIT_S, "every record published")
+    assert_exactly_once(pipeline, produced + more, nothing_lost=True)
+
+
+def hold_publishes_until_committed(pipeline: Pipeline, leader: LeaderThread, txns: int) -> None:
+    """``leader`` commits txns but publishes none (its first publish pauses) until ``txns`` wait."""
+    held = failpoints.arm("leader.before-publish", "pause", who=leader.name)
+    leader.start()
+    assert held.reached.wait(WAIT_S), f"{leader.name} never reached a publish"
+    wait_until(lambda: len(pipeline.ledger().committed_unpublished()) >= txns, WAIT_S,
+               f"{txns} committed txns waiting for their publish")
+
+
+def test_a_long_roll_forward_keeps_the_new_leaders_lease(stack, tmp_path, monkeypatch, caplog):
+    """Issue 29, defect 8: a take-over that rolls many committed txns forward takes longer than
+    ``LOOP_STALL_LIMIT_S`` in all, but makes progress at every txn: the new leader keeps
+    heartbeating (a lapsed lease would let a standby roll forward beside it)."""
+    monkeypatch.setattr(leader_module, "LOOP_STALL_LIMIT_S", 3.0)
+    pipeline = make_pipeline(stack, tmp_path, unique_name("longroll"))
+    pipeline.produce(200)
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1, e2):
+        hold_publishes_until_committed(pipeline, e1, 6)
+        failpoints.arm("leader.before-publish", "stall(1)", who="E2")  # each roll-forward takes 1 s
+        took_over = failpoints.arm("leader.after-take-over", "pause*1", who="E2")
+        e2.start()
+        assert took_over.reached.wait(WAIT_S), "E2 never took over"
+        lapsed = [r for r in caplog.records if r.threadName == "leader-heartbeat-e2" and "no longer" in r.getMessage()]
+        assert lapsed == [], "E2's lease lapsed during its take-over"
+        failpoints.release("leader.after-take-over")
+        wait_until(lambda: not pipeline.ledger().committed_unpublished(), WAIT_S, "every committed txn published")
+    assert_exactly_once(pipeline, pipeline.target_count(), nothing_lost=True)
+
+
+def test_a_leader_whose_publishes_keep_failing_still_stops(stack, tmp_path, monkeypatch):
+    """Issue 29, defect 8: SIGTERM (``stop``) of a leader whose publishes fail every time ends it
+    after ``SHUTDOWN_GRACE_S``; the next leader publishes what it left."""
+    monkeypatch.setattr(leader_module, "SHUTDOWN_GRACE_S", 3.0)
+    pipeline = make_pipeline(stack, tmp_path, unique_name("wedgestop"))
+    produced = pipeline.produce(200)
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1, e2):
+        failing = failpoints.arm("leader.before-publish", "raise", who="E1")
+        e1.start()
+        assert failing.reached.wait(WAIT_S), "E1 never tried a publish"
+        wait_until(lambda: failing.fired >= 3, WAIT_S, "E1's publish failed three times")
+        e1.stop.set()
+        assert "gave up" in str(e1.ended(WAIT_S))
+        e2.start()
+        wait_until(lambda: pipeline.target_count() >= produced and not pipeline.ledger().committed_unpublished(),
+                   WAIT_S, "E2 publishes what E1 left")
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
