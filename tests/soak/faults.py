@@ -210,10 +210,23 @@ class Injector:
         record.detail = ", ".join(f"{k} {v}" for k, v in counts.items())
 
     def _alter_add_column(self, plan: FaultPlan, record: FaultRecord) -> None:
+        self._alter(record, f"ADD COLUMN IF NOT EXISTS `{plan.params['column']}` {plan.params['type']}")
+
+    def _alter_twice(self, plan: FaultPlan, record: FaultRecord) -> None:
+        """Two statements of one migration, ``gap_s`` apart: txns committed in between are
+        published across both (the stage table is aligned once, then again mid-publish)."""
+        column = plan.params["column"]
+        self._alter(record, f"ADD COLUMN IF NOT EXISTS `{column}` {plan.params['type']}")
+        time.sleep(plan.params["gap_s"])  # the fault itself: how far apart the two ALTERs land
+        if plan.params["then"] == "drop":
+            self._alter(record, f"DROP COLUMN IF EXISTS `{column}`")
+        else:
+            self._alter(record, f"ADD COLUMN IF NOT EXISTS `{column}_b` UInt8 DEFAULT 1")
+        record.detail = f"then {plan.params['then']} after {plan.params['gap_s']} s"
+
+    def _alter(self, record: FaultRecord, clause: str) -> None:
         ch = self.check.cfg.clickhouse
-        sql = (f"ALTER TABLE `{ch.database}`.`{ch.target_table}` "
-               f"ADD COLUMN IF NOT EXISTS `{plan.params['column']}` {plan.params['type']}")
-        self.check.client().command(sql)
+        self.check.client().command(f"ALTER TABLE `{ch.database}`.`{ch.target_table}` {clause}")
         record.target = f"{ch.database}.{ch.target_table}"
 
     def _leader(self) -> str:

@@ -36,6 +36,7 @@ KINDS: tuple[str, ...] = (
     "failpoint",          # a leader.* failpoint armed in the next leader (crash or stall)
     "bad-records",        # a burst of malformed records and records that are not one row
     "alter-add-column",   # ALTER TABLE target ADD COLUMN ... DEFAULT ...
+    "alter-twice",        # two ALTERs of the target in a row (ADD, then ADD or DROP), gap_s apart
 )
 
 #: The failpoints a soak arms: the leader's commit path.
@@ -117,6 +118,11 @@ def _draw(rng: random.Random, index: int, kind: str) -> FaultPlan:
     elif kind == "alter-add-column":
         params["column"] = f"soak_c{index}"
         params["type"] = rng.choice(ALTER_TYPES)
+    elif kind == "alter-twice":
+        params["column"] = f"soak_c{index}"
+        params["type"] = rng.choice(ALTER_TYPES)
+        params["then"] = rng.choice(("add", "drop"))
+        params["gap_s"] = round(rng.uniform(0.0, 1.5), 2)
     else:  # pragma: no cover - KINDS and this function change together
         raise ValueError(f"unknown fault kind {kind!r}")
     return FaultPlan(index=index, kind=kind, quiet_s=quiet, hold_s=round(hold, 2), params=params)
