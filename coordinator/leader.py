@@ -96,7 +96,7 @@ def _snapshot(action: Action) -> Action:
 
 
 class SteppedDown(ChtxnError):
-    """Take-over found a newer leader: this replica must not lead."""
+    """A newer leader exists (found by take-over, or by the dead-letter publisher): this replica must not lead."""
 
 
 class Leader:
@@ -315,8 +315,8 @@ class Leader:
         try:
             lost = self._publish(txn.id, txn.stage_table,
                                  lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq))
-        except NewerLeader as exc:
-            raise SteppedDown(str(exc)) from None
+        except SteppedDown:
+            raise
         except (ChtxnError, RuntimeError) as exc:
             log.error("publish failed; will retry", extra={"txn": txn.id, "error": str(exc)})
             return PublishResult(txn.id, ok=False, error=str(exc))
@@ -356,7 +356,10 @@ class Leader:
             return True
         row = published_row()
         failpoints.hit("leader.before-dead-letters", self.coordinator)
-        self._dead_letters.publish(txn_id, row.commit_seq)  # the txn's bad records, exactly once
+        try:
+            self._dead_letters.publish(txn_id, row.commit_seq)  # the txn's bad records, exactly once
+        except NewerLeader as exc:
+            raise SteppedDown(str(exc)) from None
         failpoints.hit("leader.before-published-row", self.coordinator)
         self.ledger.append(row)
         self._published.add(txn_id)

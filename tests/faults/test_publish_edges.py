@@ -136,7 +136,7 @@ def test_a_stale_leader_never_stops_the_new_leaders_dead_letters(stack, tmp_path
         wait_until(lambda: committed_through(pipeline, ends) and set(letters_in_topic(pipeline)) == bad, WAIT_S,
                    "E2 commits the first batch and publishes its letters")
         failpoints.release("leader.before-dead-letters")  # E1 goes on: its dead-letter publish comes last
-        e1.ended(WAIT_S)
+        assert "stepped down" in str(e1.ended(WAIT_S))
         more_ends, more_bad = produce_batch(pipeline, 40, 40)
         wait_until(lambda: committed_through(pipeline, more_ends)
                    and set(letters_in_topic(pipeline)) == bad | more_bad, WAIT_S,
