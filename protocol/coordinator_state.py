@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from protocol import naming
+from protocol import naming, size_trigger
 from protocol.chunk_sizing import ChunkSizer
 from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
@@ -351,13 +351,17 @@ class CoordinatorState:
         return actions
 
     def _end_due(self, txn: Txn, now: float) -> bool:
-        """Step 3's END: the interval passed or the size trigger is reached, and every older txn is
-        committed (participants go on reading meanwhile); at once when shutting down."""
+        """Step 3's END: the interval passed, the size trigger is reached or one partition is full
+        (``protocol.size_trigger``), and every older txn is committed (participants go on reading
+        meanwhile); at once when shutting down."""
         if self.stopping:
             return True
         if any(t.phase in _UNCOMMITTED for t in self.txns[:self.txns.index(txn)]):
             return False
-        return now - txn.started_at >= self.timing.interval_s or txn.buffered_rows >= self.timing.size_trigger_rows
+        trigger = self.timing.size_trigger_rows
+        full = size_trigger.full_rows(size_trigger.share(trigger, len(txn.start)))
+        return (now - txn.started_at >= self.timing.interval_s or txn.buffered_rows >= trigger
+                or (full > 0 and any(rows >= full for rows in txn.buffered.values())))
 
     def _end(self, txn: Txn, now: float) -> list[Action]:
         txn.phase = Phase.ENDING

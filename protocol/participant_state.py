@@ -6,10 +6,11 @@ The steps of one txn, for each partition the task holds (DESIGN.md section 3):
 1. START lists the partition: seek to its START offset only when the position differs, and
    consume.
 2. Records are cut into chunks (``protocol.chunking``) and each chunk is staged as it closes,
-   while consumption goes on. Once the rows read for the txn cross this partition's share of
-   ``size_trigger_rows`` (the trigger divided by the partitions in the txn), a heartbeat goes
-   out at once, so the coordinator sees the trigger reached without waiting for the next beat;
-   past the share by ``SIZE_SLACK`` the partition stops reading until END.
+   while consumption goes on. Each time the rows read for the txn cross a multiple of this
+   partition's share of ``size_trigger_rows`` (``protocol.size_trigger``), and once more when
+   they reach ``full_rows``, a heartbeat goes out at once, so the coordinator sees the trigger
+   reached, or this partition full, without waiting for the next beat; a full partition stops
+   reading until END (which a full partition brings at once, with the next START).
 3. END: cut the open chunk at the current position and stage it; once every chunk of the txn is
    staged, send one WRITE-STATUS (end offset = next offset to read; errors, if any, make the
    coordinator abort the txn). WRITE-STATUS of one partition go out in txn order. When END
@@ -43,6 +44,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from protocol import size_trigger
 from protocol.chunking import ChunkBuilder, RecordLike
 from protocol.messages import (
     CONTINUE, Abort, AckCommit, ControlMessage, EndCommit, Heartbeat, PartitionOffset, PartitionPosition,
@@ -57,8 +59,6 @@ log = logging.getLogger(__name__)
 
 #: Ended txns awaiting ACK-COMMIT remembered at most (older ones are forgotten, not failed).
 MAX_UNACKED = 16
-#: How far past its share of ``size_trigger_rows`` a partition reads before it waits for END.
-SIZE_SLACK = 0.2
 
 
 class Status(enum.Enum):
@@ -83,6 +83,7 @@ class Stint:
     dead_letters: int = 0
     errors: list[str] = field(default_factory=list)
     reported_share: int = 0  # how many shares read were already reported at once
+    reported_full: bool = False  # reaching ``full_rows`` was reported at once
 
 
 @dataclass
@@ -133,12 +134,12 @@ class ParticipantState:
     @property
     def consuming(self) -> bool:
         """True when some partition is being read into a txn and has room left in it (the runner
-        should poll data). A partition has read its fill once its rows pass its share of the size
-        trigger by ``SIZE_SLACK``: reading waits for END, so a txn ended by the trigger stays within
-        that slack of it (to a poll batch)."""
+        should poll data). A partition has read its fill at ``size_trigger.full_rows`` of its share:
+        reading waits for END, so a txn ended by the trigger stays within ``SIZE_SLACK`` of it (to a
+        poll batch)."""
         return any(
             p.open is not None and p.open.status is Status.STAGING
-            and not (p.open.share and p.open.builder.rows_read >= p.open.share + p.open.share * SIZE_SLACK)
+            and not (p.open.share and p.open.builder.rows_read >= size_trigger.full_rows(p.open.share))
             for p in self.parts.values()
         )
 
@@ -200,7 +201,7 @@ class ParticipantState:
             actions += self._drop([self.current])
         self.current, self.current_epoch, self.current_open = m.txn, m.epoch, True
         holders = {(h.topic, h.partition): h.sender for h in m.holders}
-        share = self.size_trigger_rows // max(1, len(m.offsets))
+        share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
         resume: list[TopicPartition] = []
         joined: set[TopicPartition] = set()
         for po in m.offsets:
@@ -331,6 +332,9 @@ class ParticipantState:
                 p.position = stint.builder.next_offset  # type: ignore[union-attr]
                 if stint.share and stint.builder.rows_read // stint.share > stint.reported_share:
                     stint.reported_share = stint.builder.rows_read // stint.share
+                    self._report_now = True
+                if stint.share and not stint.reported_full and stint.builder.rows_read >= size_trigger.full_rows(stint.share):
+                    stint.reported_full = True  # full: the coordinator ends the txn at once
                     self._report_now = True
             elif p is not None:  # delivered outside a txn: not staged; a later START seeks back
                 p.position = max(p.position, records[j - 1].offset() + 1)

@@ -5,8 +5,10 @@ what one interval brings."""
 
 from __future__ import annotations
 
+import json
+
 from tests.helpers import unique_name, wait_until
-from tests.integration.live_pipeline import coordinator, participants
+from tests.integration.live_pipeline import coordinator, participants, produce_values
 from tests.pipelines import make_pipeline
 
 TRIGGER = 4_000
@@ -24,5 +26,23 @@ def test_txns_ended_by_the_size_trigger_stay_within_a_quarter_of_it(stack, tmp_p
     by_trigger = rows[:-1]  # the last data txn ends by the interval, with what was left
     assert len(by_trigger) >= 5, rows
     assert all(TRIGGER <= r <= TRIGGER * 1.25 for r in by_trigger), rows
+    report = pipeline.oracle()
+    assert report.ok, report.anomalies
+
+
+def test_a_busy_partition_beside_idle_ones_is_not_held_to_its_share(stack, tmp_path):
+    """Issue 29, defect 7: every record on one of four partitions, an interval far longer than the
+    test's deadline. The busy partition fills its share (1,200 rows of a 4,000-row trigger), says
+    so at once, and the leader ends the txn then, not at the interval: ten txns in a row."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("skewtrig"), partitions=4, settings={
+        "transaction.size_trigger_rows": TRIGGER, "transaction.interval_s": 60.0,
+        "participant.chunk_rows": 500, "participant.poll_batch": 200,
+    })
+    values = [json.dumps({"id": i, "user": f"u{i}", "amount": i / 2}).encode() for i in range(12_000)]
+    produce_values(pipeline, 0, values)
+    with coordinator(pipeline), participants(pipeline, tasks=4):
+        wait_until(lambda: pipeline.target_count() >= 11_000, 60, "the busy partition's records committed")
+    rows = [c.total_rows for c in pipeline.ledger().commits() if c.total_rows]
+    assert len(rows) >= 9 and all(r <= TRIGGER * 1.25 for r in rows), rows
     report = pipeline.oracle()
     assert report.ok, report.anomalies

@@ -88,10 +88,20 @@ def test_end_after_the_interval() -> None:
 def test_end_early_when_heartbeats_report_the_size_trigger() -> None:
     d = Driver()
     d.started(T0)
-    assert d.at(T0 + 0.1, hb(P0, txn="e3_t1", buffered=60)) == []
+    assert d.at(T0 + 0.1, hb(P0, txn="e3_t1", buffered=59)) == []
     assert d.at(T0 + 0.2, hb(P1, txn="e3_t0", buffered=90)) == []  # rows of another txn do not count
-    assert d.at(T0 + 0.3, hb(P1, txn="e3_t1", buffered=39)) == []
-    assert d.at(T0 + 0.4, hb(P1, txn="e3_t1", buffered=40)) == [end(1)]  # 60 + 40 reaches 100
+    assert d.at(T0 + 0.3, hb(P1, txn="e3_t1", buffered=40)) == []
+    assert d.at(T0 + 0.4, hb(P1, txn="e3_t1", buffered=41)) == [end(1)]  # 59 + 41 reaches 100
+
+
+def test_end_at_once_when_one_partition_reports_itself_full() -> None:
+    """Issue 29, defect 7: trigger 100 over two partitions, a share of 50, full at 60. A hot
+    partition that is full ends the txn at once (its next txn follows the END), instead of
+    waiting with an idle partition beside it until the interval."""
+    d = Driver()
+    d.started(T0)
+    assert d.at(T0 + 0.1, hb(P0, txn="e3_t1", buffered=59), hb(P1, txn="e3_t1")) == []
+    assert d.at(T0 + 0.2, hb(P0, txn="e3_t1", buffered=60)) == [end(1)]
 
 
 # ---- steps 4-7: WRITE-STATUS, verify, commit point, ACK, publish ------------------------

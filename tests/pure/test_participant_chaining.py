@@ -215,3 +215,21 @@ def test_a_partition_past_its_share_of_the_size_trigger_by_the_slack_stops_readi
     assert not m.consuming  # both full: the runner polls no more
     m.handle(end_next("e1_t1", "e1_t2", {TP0: CONTINUE, TP1: CONTINUE}), 0.4)
     assert m.consuming  # the next txn reads on from the cut
+
+
+def test_a_full_partition_says_so_at_once_and_reads_on_into_the_next_txn():
+    """Issue 29, defect 7: one hot partition of four, trigger 40 (a share of 10 rows, full at
+    12). It reports its share and then its being full at once, so the leader ends the txn without
+    waiting for the interval; the END's next START lets it read on from the cut."""
+    tps = [TopicPartition(topic="src", partition=i) for i in range(4)]
+    m = ParticipantState(pipeline=P, sender="task-0", partitions=tps[:1], chunk_rows=100, chunk_bytes=10_000,
+                         heartbeat_interval_s=1.0, size_trigger_rows=40)  # a task per partition, as Spark runs them
+    m.handle(start("e1_t1", dict.fromkeys(tps, 0)), 0.0)
+    reports = []
+    for offset in range(12):
+        acts = m.handle(polled(tps[0], offset), 0.1 + offset / 1000)
+        reports += [a.message.partitions[0].buffered_rows for a in acts if isinstance(a, Send)]
+    assert reports == [10, 12]
+    assert not m.consuming  # full: it waits for END
+    m.handle(end_next("e1_t1", "e1_t2", dict.fromkeys(tps, CONTINUE)), 0.2)
+    assert m.consuming
