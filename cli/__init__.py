@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 
+from protocol import secrets
 from protocol.errors import ChtxnError, ConfigError
 
 #: Command modules, in the order ``chtxn --help`` lists them.
@@ -59,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"chtxn: config error: {exc}", file=sys.stderr)
+        print(f"chtxn: config error: {secrets.redact(str(exc))}", file=sys.stderr)
         return 2
     except ChtxnError as exc:
-        print(f"chtxn: {exc}", file=sys.stderr)
+        print(f"chtxn: {secrets.redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -21,7 +21,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import Error as DriverError
 from clickhouse_connect.driver.exceptions import OperationalError
 
-from protocol import chcodes
+from protocol import chcodes, secrets
 from protocol.config import ClickHouseSection
 from protocol.errors import ClickHouseError
 
@@ -62,7 +62,7 @@ def make_client(section: ClickHouseSection, **settings: Any) -> Client:
     except (DriverError, *_TRANSPORT_ERRORS) as exc:
         code = error_code(exc)
         raise ClickHouseError(
-            f"cannot connect to ClickHouse at {section.url} (database {section.database!r}, user "
+            f"cannot connect to ClickHouse at {secrets.mask_url(section.url)} (database {section.database!r}, user "
             f"{section.user!r}): {_describe(exc)}; check clickhouse.url, clickhouse.user and "
             "clickhouse.password, and that the server is running (embedded: chtxn embedded up)",
             code=code,

@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line on stderr, quiet (WARNING) by default."""
+"""Structured logs: one JSON object per line on stderr, quiet (WARNING) by default, secrets
+masked (``protocol.secrets.redact``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import logging
 import sys
 import time
+
+from protocol import secrets
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,7 +28,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return secrets.redact(json.dumps(entry, default=str))
 
 
 def setup_logging(level: str = "WARNING") -> None:

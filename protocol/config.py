@@ -13,10 +13,11 @@ import socket
 import os
 from collections.abc import Mapping
 from typing import Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import insert_settings
+from protocol import insert_settings, secrets
 from protocol.errors import ConfigError
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -38,7 +39,7 @@ class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     control_fetch_wait_ms: int = 25  # fetch.wait.max.ms of every control-topic consumer
 
     def __repr__(self) -> str:  # sasl.password, ssl.key.password, ...secret never reach a log
-        shown = {k: "***" if any(w in k for w in ("password", "secret")) else v for k, v in self.properties.items()}
+        shown = secrets.masked("properties", self.properties)
         return f"KafkaSection(bootstrap_servers={self.bootstrap_servers!r}, properties={shown!r})"
 
 
@@ -157,7 +158,8 @@ def _validate(config: PipelineConfig) -> None:
     import re
 
     def bad(key: str, value: object, why: str) -> ConfigError:
-        return ConfigError(f"{key} = {value!r}: {why}", key=key, value=value)
+        shown = secrets.masked(key, value)
+        return ConfigError(f"{key} = {shown!r}: {why}", key=key, value=shown)
 
     p, ch, tx, pa = config.pipeline, config.clickhouse, config.transaction, config.participant
     if not p.name or not re.match(_IDENT, p.name):
@@ -235,13 +237,37 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
             field = unknown[1].split("`", 1)[0]
             key = f"{key}.{field}" if key else field
             raise ConfigError(f"{source}: unknown key {key!r}: check its spelling against the docs", key=key) from None
-        value = _lookup(merged, key)
+        value = secrets.masked(key, _lookup(merged, key))
         raise ConfigError(f"{source}: {key} = {value!r}: {message.split(' - at ', 1)[0]}", key=key, value=value) from None
     try:
         _validate(config)
+        config = _credentials_from_url(config)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}", key=exc.key, value=exc.value) from None
+    secrets.remember([config.clickhouse.password,
+                      *(v for k, v in config.kafka.properties.items() if secrets.is_secret_key(k))])
     return config
+
+
+def _credentials_from_url(config: PipelineConfig) -> PipelineConfig:
+    """``clickhouse.url``'s user and password moved into ``clickhouse.user`` and ``.password``, so
+    they are used to connect and the URL holds none (every message may then show it). A URL whose
+    user or password differs from one also set on its own is refused."""
+    ch = config.clickhouse
+    parts = urlsplit(ch.url)
+    if parts.username is None and parts.password is None:
+        return config
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    shown = secrets.mask_url(ch.url)
+    if password and ch.password and password != ch.password:
+        raise ConfigError(f"clickhouse.url = {shown!r}: holds a password other than clickhouse.password; "
+                          "set it in one place", key="clickhouse.url", value=shown)
+    if user and ch.user not in ("default", user):
+        raise ConfigError(f"clickhouse.url = {shown!r}: holds user {user!r}, but clickhouse.user is {ch.user!r}; "
+                          "set it in one place", key="clickhouse.url", value=shown)
+    url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    section = msgspec.structs.replace(ch, url=url, user=user or ch.user, password=password or ch.password)
+    return msgspec.structs.replace(config, clickhouse=section)
 
 
 def _lookup(tree: dict, path: str) -> object:

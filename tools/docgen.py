@@ -69,7 +69,8 @@ SECTION_PROSE: dict[str, str] = {
         "How every chtxn process reaches Kafka. `[kafka.properties]` passes librdkafka properties "
         "through untouched to every client (consumers, producers, the admin client), after "
         "chtxn's defaults: put security settings here (`security.protocol`, `sasl.*`, `ssl.*`). "
-        "Keys containing `password` or `secret` are masked in logs. `bootstrap.servers` and "
+        "Keys that name a secret (`password`, `secret`, `token`, `jaas`, ...) are masked wherever "
+        "chtxn shows them. `bootstrap.servers` and "
         "`group.id` are refused there: the first has its own key, the group ids are chtxn's."
     ),
     "clickhouse": (
@@ -121,7 +122,10 @@ FIELD_NOTES: dict[str, str] = {
         "raise it to cut idle requests from many participant tasks). `[kafka.properties]` does not "
         "override it for the control topic."
     ),
-    "clickhouse.url": "`http://` or `https://` URL of the HTTP interface (port 8123 or 8443 when not given).",
+    "clickhouse.url": "`http://` or `https://` URL of the HTTP interface (port 8123 or 8443 when not given). "
+                      "Credentials in it (`https://user:password@host:8443`, percent-encoded) are used as "
+                      "`user` and `password`; a URL whose user or password differs from one also set on its "
+                      "own is refused.",
     "clickhouse.database": "Database of the target, the ledger and the stage tables.",
     "clickhouse.user": "ClickHouse user.",
     "clickhouse.password": "Never logged and never shown in `repr`. Prefer `CHTXN_CLICKHOUSE_PASSWORD`.",
@@ -319,8 +323,10 @@ def configuration_page() -> str:
         "e.g. `CHTXN_CLICKHOUSE_PASSWORD` or `CHTXN_KAFKA_BOOTSTRAP_SERVERS`; the variable wins over "
         "the file. Arrays take comma-separated values (`CHTXN_PIPELINE_TOPICS=orders,payments`). "
         "Tables (`kafka.properties`, `clickhouse.insert_settings`) can be set only in the file.",
-        "- **Secrets** (`clickhouse.password`, Kafka properties whose key contains `password` or "
-        "`secret`) never appear in logs.",
+        "- **Secrets** never appear in an error, a log line, a table or `--json` output: "
+        "`clickhouse.password`, the password in `clickhouse.url`, and every Kafka property whose key "
+        "names a secret (`password`, `secret`, `token`, `jaas`, `.pem`, `credential`, `apikey`; "
+        "`protocol/secrets.py`) show as `***`.",
         "- Only `[pipeline]` `name` and `topics` and `[clickhouse]` `target_table` are required; "
         "everything else has a default.",
         "",
