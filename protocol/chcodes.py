@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 
-
 #: Codes callers name: a table that does not exist, and a column (identifier) that does not.
 UNKNOWN_IDENTIFIER = 47
 UNKNOWN_TABLE = 60

@@ -1,6 +1,6 @@
 """Chunking rules and chunk bodies: pure, so the same offsets always give the same chunks.
 
-Rules (the deduplication of retried inserts depends on them; see DESIGN.md section 3):
+Rules (the deduplication of retried inserts depends on them; see docs/architecture.md §4):
 
 1. Chunks of one partition in one txn are numbered from 0; chunk ``n`` has the token
    ``naming.chunk_token(pipeline, txn, topic, partition, n, first, next)`` (its offset range binds
@@ -107,7 +107,7 @@ class ChunkBuilder:
             return self._add_each(records, lo, hi)
         taken = records[lo:hi]
         try:  # ends[k]: payload bytes of taken[:k]
-            ends = list(accumulate(map(len, [r.value() for r in taken]), initial=0))
+            ends = list(accumulate(map(len, [r.value() for r in taken]), initial=0))  # type: ignore[arg-type]  # len(None): below
         except TypeError:  # a null value (tombstone)
             return self._add_each(records, lo, hi)
         closed: list[Chunk] = []
@@ -233,14 +233,14 @@ class BodyBuilder:
     def body(self, records: Sequence[RecordLike]) -> bytes:
         """The insert body of ``records`` (each must have passed ``record_problem``)."""
         if not self.splice:
-            return b"\n".join([r.value() for r in records])  # type: ignore[misc]
+            return b"\n".join([r.value() for r in records])  # type: ignore[misc]  # never None: record_problem
         head = self._head.replace(b"%", b"%%")
         lines: list[bytes] = []
         append = lines.append
         if self.with_offset:
             fast = head + b"%d,%s"
             for r in records:
-                v: bytes = r.value()  # type: ignore[assignment]
+                v: bytes = r.value()  # type: ignore[assignment]  # never None: record_problem
                 if v[0] == _OPEN and v[1] == _QUOTE:  # '{"': a non-empty object, no leading blanks
                     append(fast % (r.offset(), v[1:]))
                 else:
@@ -248,7 +248,7 @@ class BodyBuilder:
         else:
             fast = head + b",%s"
             for r in records:
-                v = r.value()  # type: ignore[assignment]
+                v = r.value()  # type: ignore[assignment]  # never None: record_problem
                 if v[0] == _OPEN and v[1] == _QUOTE:
                     append(fast % v[1:])
                 else:

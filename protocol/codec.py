@@ -27,12 +27,15 @@ def encode(message: ControlMessage) -> bytes:
     return _encoder.encode(message)
 
 
-def decode(data: bytes) -> ControlMessage | None:
+def decode(data: bytes | None) -> ControlMessage | None:
     """The message in ``data``, or None (with a warning) for what this reader must skip.
 
-    Skipped: bytes that are not a message map, unknown kinds, versions newer than
-    ``PROTOCOL_VERSION``, and known kinds whose fields do not validate.
+    Skipped: a null value (a tombstone), bytes that are not a message map, unknown kinds,
+    versions newer than ``PROTOCOL_VERSION``, and known kinds whose fields do not validate.
     """
+    if data is None:
+        log.warning("skipping a control record with a null value (a tombstone)")
+        return None
     try:
         envelope = _envelope_decoder.decode(data)
     except msgspec.DecodeError as exc:

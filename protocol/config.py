@@ -3,91 +3,34 @@
 Every field can be overridden by an environment variable ``CHTXN_<SECTION>_<FIELD>``
 (e.g. ``CHTXN_CLICKHOUSE_PASSWORD``); lists take comma-separated values. Unknown keys are
 refused with their path. librdkafka properties pass through untouched under
-``[kafka.properties]``. Only the CLI reads files and the environment: this module takes text
-and a mapping.
+``[kafka.properties]``. The sections, each field with its description, are in
+``protocol.config_sections`` (re-exported here). ``parse_config`` takes text and a mapping;
+``load_config`` reads the file; neither reads the environment itself: the caller (the CLI, the
+Spark job's driver) passes ``os.environ``.
 """
 
 from __future__ import annotations
 
-import socket
 import os
+import socket
 from collections.abc import Mapping
-from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
 from protocol import insert_settings, secrets
+from protocol.config_sections import (
+    ClickHouseSection,
+    CoordinatorSection,
+    KafkaSection,
+    ParticipantSection,
+    PipelineSection,
+    TransactionSection,
+)
 from protocol.errors import ConfigError
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TOPIC = r"^[A-Za-z0-9._-]+$"
-
-
-class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: str = ""
-    topics: tuple[str, ...] = ()
-    control_topic: str = ""  # default "<name>.chtxn-control"
-    dead_letter_topic: str = ""  # default "<name>.chtxn-dlq"
-    start_from: Literal["earliest", "latest"] = "earliest"
-    on_gap: Literal["fail", "skip"] = "fail"
-
-
-class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    bootstrap_servers: str = "localhost:9092"
-    properties: dict[str, str] = {}
-    control_fetch_wait_ms: int = 25  # fetch.wait.max.ms of every control-topic consumer
-
-    def __repr__(self) -> str:  # sasl.password, ssl.key.password, ...secret never reach a log
-        shown = secrets.masked("properties", self.properties)
-        return f"KafkaSection(bootstrap_servers={self.bootstrap_servers!r}, properties={shown!r})"
-
-
-class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    url: str = "http://localhost:8123"
-    database: str = "default"
-    user: str = "default"
-    password: str = ""
-    target_table: str = ""
-    input_format: str = "JSONEachRow"
-    insert_settings: dict[str, str | int | float | bool] = {}
-    connect_timeout_s: float = 10.0
-    send_receive_timeout_s: float = 300.0
-
-    def __repr__(self) -> str:  # the password never reaches a log
-        fields = ", ".join(
-            f"{name}={'***' if name == 'password' and self.password else repr(getattr(self, name))}"
-            for name in self.__struct_fields__
-        )
-        return f"ClickHouseSection({fields})"
-
-
-class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    interval_s: float = 2.0
-    size_trigger_rows: int = 1_000_000
-    write_status_timeout_s: float = 30.0
-    heartbeat_interval_s: float = 0.5
-    heartbeat_misses: int = 6
-    publish_mode: Literal["move", "insert-select"] = "move"
-
-
-class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    chunk_rows: int = 20_000
-    chunk_bytes: int = 8 * 1024 * 1024
-    poll_batch: int = 5_000
-    insert_backlog_rows: int = 0  # 0: one chunk per partition being read, at the txn's chunk size
-    insert_retries: int = 8
-    task_slots: int = 0  # 0: ask Spark (defaultParallelism)
-
-
-class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    id: str = ""  # default "<hostname>-<pid>"
-    leader_lease_s: float = 2.0  # a standby claims leadership after this much leader silence
-    metrics_port: int = 0  # 0: no Prometheus endpoint
-    clickhouse_retries: int = 8
-    clickhouse_nice: int = -10  # -20 runs first, 19 last; 0 sends no setting
-    ledger_checkpoint_every: int = 1000  # commit slots between ledger checkpoints (reads start from the latest)
-    ledger_retention_days: float = 30.0  # ledger history older than this expires; the head never does
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -120,7 +63,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _SECTIONS: dict[str, type[msgspec.Struct]] = {
-    name: msgspec.structs.fields(PipelineConfig)[i].type  # type: ignore[misc]
+    name: msgspec.structs.fields(PipelineConfig)[i].type
     for i, name in enumerate(PipelineConfig.__struct_fields__)
 }
 
@@ -207,9 +150,9 @@ def _validate(config: PipelineConfig) -> None:
     if not -20 <= config.coordinator.clickhouse_nice <= 19:
         raise bad("coordinator.clickhouse_nice", config.coordinator.clickhouse_nice,
                   "a nice value is between -20 (first) and 19 (last); 0 leaves the server's default")
-    for setting, value in ch.insert_settings.items():
-        if why := insert_settings.problem(setting, value):
-            raise bad(f"clickhouse.insert_settings.{setting}", value, why)
+    for setting, setting_value in ch.insert_settings.items():
+        if why := insert_settings.problem(setting, setting_value):
+            raise bad(f"clickhouse.insert_settings.{setting}", setting_value, why)
 
 
 def _path_of(error: msgspec.ValidationError) -> str:

@@ -1,26 +1,28 @@
 """Events fed to the coordinator state machine, and the actions it returns.
 
-The runner (``coordinator/runner.py``) turns Kafka messages, timers and the outcomes of its
+The leader (``coordinator.leader.Leader``) turns Kafka messages, timers and the outcomes of its
 own I/O into events, and carries out actions in the order given. Offsets are next-to-read.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from enum import Enum
 
 from protocol.messages import ControlMessage, EndCommit, TopicPartition, WriteStatus
 
 Offsets = dict[TopicPartition, int]
 
 
-class Phase(Enum):
-    COLLECTING = "collecting"  # step 3: START sent, participants staging
-    ENDING = "ending"  # step 4: END sent, collecting WRITE-STATUS
+class Phase(enum.Enum):
+    """Where a txn is in the commit steps (``protocol.coordinator_state``), in the order it goes through them."""
+
+    COLLECTING = "collecting"  # commit step 3: START sent, participants staging
+    ENDING = "ending"  # commit step 4: END sent, collecting WRITE-STATUS
     COMPLETE = "complete"  # WRITE-STATUS set complete, waiting for the previous txn to commit
-    VERIFYING = "verifying"  # step 5
-    COMMITTING = "committing"  # step 6
-    PUBLISHING = "publishing"  # step 7 (committed)
+    VERIFYING = "verifying"  # commit step 5
+    COMMITTING = "committing"  # commit step 6
+    PUBLISHING = "publishing"  # commit step 7 (committed)
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Txn:
 
 @dataclass(frozen=True)
 class Ready:
-    """Step 1 done: this replica leads ``epoch``; the ledger head and the source partitions are read.
+    """Commit step 1 done: this replica leads ``epoch``; the ledger head and the source partitions are read.
 
     ``initial`` gives, for partitions never committed, where to start (earliest or latest).
     """
@@ -117,7 +119,7 @@ class PartitionStats:
 
 @dataclass(frozen=True)
 class Counted:
-    """Step 5 result: ``count()`` of the stage table, or None when it could not be read.
+    """Commit step 5 result: ``count()`` of the stage table, or None when it could not be read.
 
     ``partitions`` is the per-partition view when the target has the metadata columns (else
     None); ``altered`` describes how the target's structure now differs from the stage table's
@@ -141,7 +143,7 @@ class GapFound:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """Step 6 result: True won the slot, False lost it, None unknown (ClickHouse failed)."""
+    """Commit step 6 result: True won the slot, False lost it, None unknown (ClickHouse failed)."""
 
     txn: str
     won: bool | None
@@ -150,7 +152,7 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class PublishResult:
-    """Step 7 result. ``ok`` with ``lost``: the stage table was gone (an alarm, recorded as LOST)."""
+    """Commit step 7 result. ``ok`` with ``lost``: the stage table was gone (an alarm, recorded as LOST)."""
 
     txn: str
     ok: bool
@@ -206,7 +208,7 @@ class CountStage:
 
 @dataclass(frozen=True)
 class Commit:
-    """Step 6, the commit point: append COMMITTED claiming ``commit_seq`` by compare-and-set."""
+    """Commit step 6, the commit point: append COMMITTED claiming ``commit_seq`` by compare-and-set."""
 
     txn: Txn
     commit_seq: int
@@ -214,27 +216,48 @@ class Commit:
 
 @dataclass(frozen=True)
 class Publish:
-    """Step 7: move the stage table into the target, drop it, append PUBLISHED. Idempotent."""
+    """Commit step 7: move the stage table into the target, drop it, append PUBLISHED. Idempotent."""
 
     txn: Txn
+
+
+class AbortKind(str, enum.Enum):
+    """Why a txn aborted, in one word for metrics and logs (``AbortTxn.reason`` is for people).
+
+    A ``str`` enum: each kind equals, formats and prints as its value, the label chtxn has always used.
+    """
+
+    WRITE_STATUS_TIMEOUT = "write-status-timeout"
+    PARTICIPANT_DEAD = "participant-dead"
+    PARTICIPANT_ERROR = "participant-error"
+    OFFSET_MISMATCH = "offset-mismatch"
+    COUNT_FAILED = "count-failed"
+    ROW_COUNT_MISMATCH = "row-count-mismatch"
+    CASCADE = "cascade"
+    SHUTDOWN = "shutdown"
+    TARGET_ALTERED = "target-altered"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+#: Every abort kind's value, in declaration order (metrics create one series per kind up front).
+ABORT_KINDS: tuple[str, ...] = tuple(kind.value for kind in AbortKind)
 
 
 @dataclass(frozen=True)
 class AbortTxn:
     """Drop the stage table and append ABORTED (the ABORT broadcast is a separate action).
 
-    ``kind`` is one of ``ABORT_KINDS``, for metrics; ``reason`` is for people.
+    ``kind`` says why in one word, for metrics; ``reason`` is for people.
     """
 
     txn: Txn
     reason: str
-    kind: str
-
-
-ABORT_KINDS = (
-    "write-status-timeout", "participant-dead", "participant-error",
-    "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown", "target-altered",
-)
+    kind: AbortKind
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The coordinator's state machine: ``handle(event, now) -> [actions]``, no I/O.
 
-One transaction, as the leader of ``epoch`` runs it (DESIGN.md section 3):
+One transaction, as the leader of ``epoch`` runs it (docs/architecture.md §4); the code calls
+these "commit step N":
 
 1. Read the ledger head (the runner does, then feeds ``Ready``): the last committed offset of
    every partition is the source of truth.
@@ -40,18 +41,53 @@ commits happen strictly in txn order; while k commits, k+1 goes on reading.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from protocol import naming, size_trigger
+from protocol import coordinator_invariants, naming, size_trigger
 from protocol.chunk_sizing import ChunkSizer
-from protocol.leadership import COORDINATOR_KINDS
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, Commit, CommitResult, CountStage, Counted, CreateStage, DropStage, Event,
-    GapFound, Offsets, PartitionsChanged, PartitionStats, Phase, Publish, PublishResult, Ready, Received,
-    RecordStarted, Shutdown, StageCreated, StepDown, Stopped, Tick, Txn,
+    AbortKind,
+    AbortTxn,
+    Action,
+    Broadcast,
+    Commit,
+    CommitResult,
+    Counted,
+    CountStage,
+    CreateStage,
+    DropStage,
+    Event,
+    GapFound,
+    Offsets,
+    PartitionsChanged,
+    PartitionStats,
+    Phase,
+    Publish,
+    PublishResult,
+    Ready,
+    Received,
+    RecordStarted,
+    Shutdown,
+    StageCreated,
+    StepDown,
+    Stopped,
+    Tick,
+    Txn,
 )
+from protocol.errors import InvalidTransition
+from protocol.leadership import COORDINATOR_KINDS
 from protocol.messages import (
-    CONTINUE, Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, StartCommit, TopicPartition,
+    CONTINUE,
+    Abort,
+    AckCommit,
+    EndCommit,
+    Heartbeat,
+    PartitionHolder,
+    PartitionOffset,
+    StartCommit,
+    TopicPartition,
     WriteStatus,
 )
 
@@ -120,13 +156,21 @@ class CoordinatorState:
     # ---- public -----------------------------------------------------------------------
 
     def handle(self, event: Event, now: float) -> list[Action]:
+        """Take ``event`` at ``now``; the actions to carry out, in order. Nothing once stepped down."""
         if self.stepped_down:
             return []
-        handler = getattr(self, f"_on_{type(event).__name__}")
-        actions: list[Action] = handler(event, now)
+        handler = self._HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"CoordinatorState has no handler for {type(event).__name__} (not a coordinator event)")
+        actions = handler(self, event, now)
         if not self.stepped_down:
             actions += self._advance(now, judge_silence=isinstance(event, Tick))
         return actions
+
+    def validate(self) -> None:
+        """Raise ``InvalidTransition`` unless the invariants the module docstring promises hold
+        (``protocol.coordinator_invariants``). O(txns x partitions): for tests, not the hot path."""
+        coordinator_invariants.check(self)
 
     def txn(self, txn_id: str) -> Txn | None:
         return next((t for t in self.txns if t.id == txn_id), None)
@@ -167,13 +211,13 @@ class CoordinatorState:
 
     # ---- events -----------------------------------------------------------------------
 
-    def _on_GapFound(self, event: GapFound, now: float) -> list[Action]:
+    def _on_gap_found(self, event: GapFound, now: float) -> list[Action]:
         """Offsets below ``event.offset`` are gone: the partition goes on from there (``on_gap = skip``).
         Txns that started below it fail their start check and abort."""
         self.initial[event.tp] = max(self.initial.get(event.tp, 0), event.offset)
         return []
 
-    def _on_Ready(self, event: Ready, now: float) -> list[Action]:
+    def _on_ready(self, event: Ready, now: float) -> list[Action]:
         self.ready = True
         self.head_seq = event.head_seq
         self.head = dict(event.head)
@@ -181,42 +225,30 @@ class CoordinatorState:
         self.partitions = tuple(sorted(set(event.head) | set(event.initial)))
         return []
 
-    def _on_PartitionsChanged(self, event: PartitionsChanged, now: float) -> list[Action]:
+    def _on_partitions_changed(self, event: PartitionsChanged, now: float) -> list[Action]:
         self.partitions = tuple(sorted(event.partitions))
         # A partition's initial offset is fixed once known: a START may already have gone out from it.
         self.initial.update({tp: o for tp, o in event.initial.items() if tp not in self.head and tp not in self.initial})
         return []
 
-    def _on_Tick(self, event: Tick, now: float) -> list[Action]:
-        return []
+    def _on_tick(self, event: Tick, now: float) -> list[Action]:
+        return []  # ``handle`` advances every txn after each event, judging silence on Tick
 
-    def _on_Shutdown(self, event: Shutdown, now: float) -> list[Action]:
+    def _on_shutdown(self, event: Shutdown, now: float) -> list[Action]:
         self.stopping = True
         actions: list[Action] = []
         for txn in [t for t in self.txns if t.phase in _OPEN or t.phase is Phase.COMPLETE]:
             if txn in self.txns:
-                actions += self._abort(txn, "coordinator shutting down", now, "shutdown")
+                actions += self._abort(txn, "coordinator shutting down", now, AbortKind.SHUTDOWN)
         return actions + self._drop_spare()
 
-    def _on_Received(self, event: Received, now: float) -> list[Action]:
+    def _on_received(self, event: Received, now: float) -> list[Action]:
         msg = event.message
         if msg.pipeline != self.pipeline:
             self.ignored += 1
             return []
         if isinstance(msg, Heartbeat):
-            forget = now - 10 * self.timing.heartbeat_timeout_s
-            collecting = next((t for t in self.txns if t.phase is Phase.COLLECTING), None)
-            for pos in msg.partitions:
-                copies = self.alive.setdefault(pos.tp, {})
-                copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues,
-                                            pos.position)
-                if collecting is not None and collecting.holders.get(pos.tp) == msg.sender:
-                    rows = pos.buffered_rows if msg.txn == collecting.id else 0  # rows of another txn do not count
-                    collecting.buffered_rows += rows - collecting.buffered.get(pos.tp, 0)
-                    collecting.buffered[pos.tp] = rows
-                for sender in [s for s, c in copies.items() if c.seen_at < forget]:
-                    del copies[sender]
-            return []
+            return self._on_heartbeat(msg, now)
         kind = type(msg).__struct_config__.tag
         if kind in COORDINATOR_KINDS:
             if msg.epoch > self.epoch:
@@ -225,6 +257,21 @@ class CoordinatorState:
         if isinstance(msg, WriteStatus):
             return self._on_write_status(msg, now)
         self.ignored += 1
+        return []
+
+    def _on_heartbeat(self, msg: Heartbeat, now: float) -> list[Action]:
+        forget = now - 10 * self.timing.heartbeat_timeout_s
+        collecting = next((t for t in self.txns if t.phase is Phase.COLLECTING), None)
+        for pos in msg.partitions:
+            copies = self.alive.setdefault(pos.tp, {})
+            copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues,
+                                           pos.position)
+            if collecting is not None and collecting.holders.get(pos.tp) == msg.sender:
+                rows = pos.buffered_rows if msg.txn == collecting.id else 0  # rows of another txn do not count
+                collecting.buffered_rows += rows - collecting.buffered.get(pos.tp, 0)
+                collecting.buffered[pos.tp] = rows
+            for sender in [s for s, c in copies.items() if c.seen_at < forget]:
+                del copies[sender]
         return []
 
     def _on_write_status(self, ws: WriteStatus, now: float) -> list[Action]:
@@ -236,11 +283,14 @@ class CoordinatorState:
             self.ignored += 1  # not in this txn, or a fenced copy of the participant
             return []
         if ws.start_offset != txn.start[ws.tp]:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}", now, "offset-mismatch")
+            why = f"{ws.topic}-{ws.partition} staged from {ws.start_offset}, START said {txn.start[ws.tp]}"
+            return self._abort(txn, why, now, AbortKind.OFFSET_MISMATCH)
         if ws.errors:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} failed: {'; '.join(ws.errors)}", now, "participant-error")
+            why = f"{ws.topic}-{ws.partition} failed: {'; '.join(ws.errors)}"
+            return self._abort(txn, why, now, AbortKind.PARTICIPANT_ERROR)
         if ws.end_offset < ws.start_offset:
-            return self._abort(txn, f"{ws.topic}-{ws.partition} reported end {ws.end_offset} before start {ws.start_offset}", now, "offset-mismatch")
+            why = f"{ws.topic}-{ws.partition} reported end {ws.end_offset} before start {ws.start_offset}"
+            return self._abort(txn, why, now, AbortKind.OFFSET_MISMATCH)
         if ws.tp in txn.statuses:
             return []  # a repeated WRITE-STATUS (e.g. from a restarted participant) changes nothing
         txn.statuses[ws.tp] = ws
@@ -251,10 +301,10 @@ class CoordinatorState:
             self._completed(txn, now)
         return []
 
-    def _on_StageCreated(self, event: StageCreated, now: float) -> list[Action]:
+    def _on_stage_created(self, event: StageCreated, now: float) -> list[Action]:
         spare = self.spare
         if spare is None or spare.txn != event.txn:
-            return []
+            return []  # a spare dropped (shutdown, target altered) while the runner was creating it
         if not event.ok:  # the runner logged why; try again a little later
             self.spare = None
             self._spare_not_before = now + self.timing.publish_retry_s
@@ -262,32 +312,35 @@ class CoordinatorState:
         spare.ready = True
         return []
 
-    def _on_Counted(self, event: Counted, now: float) -> list[Action]:
-        txn = self.txn(event.txn)
-        if txn is None or txn.phase is not Phase.VERIFYING:
+    def _on_counted(self, event: Counted, now: float) -> list[Action]:
+        txn = self._expect(event, Phase.VERIFYING)
+        if txn is None:
             return []
         if event.count is None:
-            return self._abort(txn, f"could not count the stage table: {event.error}", now, "count-failed")
+            return self._abort(txn, f"could not count the stage table: {event.error}", now, AbortKind.COUNT_FAILED)
         if event.altered:  # the spare was made like the old target too
-            return self._abort(txn, f"the target table changed after the stage table was made ({event.altered}); "
-                               "the next txn stages in the new structure", now, "target-altered") + self._drop_spare()
+            why = (f"the target table changed after the stage table was made ({event.altered}); "
+                   "the next txn stages in the new structure")
+            return self._abort(txn, why, now, AbortKind.TARGET_ALTERED) + self._drop_spare()
         if event.count != txn.rows:
-            return self._abort(txn, f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}", now, "row-count-mismatch")
+            why = f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}"
+            return self._abort(txn, why, now, AbortKind.ROW_COUNT_MISMATCH)
         wrong = self._partition_mismatch(txn, event.partitions)
         if wrong:
-            return self._abort(txn, f"row-count mismatch: {wrong}", now, "row-count-mismatch")
+            return self._abort(txn, f"row-count mismatch: {wrong}", now, AbortKind.ROW_COUNT_MISMATCH)
         stale = {tp: o for tp, o in txn.start.items() if o != self.base(tp)}
         if stale:
             tp, o = next(iter(sorted(stale.items())))
-            return self._abort(txn, f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self.base(tp)}", now, "offset-mismatch")
-        # Step 6: the commit point.
+            why = f"{tp.topic}-{tp.partition} started at {o}, ledger head is {self.base(tp)}"
+            return self._abort(txn, why, now, AbortKind.OFFSET_MISMATCH)
+        # Commit step 6: the commit point.
         txn.phase = Phase.COMMITTING
         txn.commit_seq = self.head_seq + 1
         return [Commit(txn, txn.commit_seq)]
 
-    def _on_CommitResult(self, event: CommitResult, now: float) -> list[Action]:
-        txn = self.txn(event.txn)
-        if txn is None or txn.phase is not Phase.COMMITTING:
+    def _on_commit_result(self, event: CommitResult, now: float) -> list[Action]:
+        txn = self._expect(event, Phase.COMMITTING)
+        if txn is None:
             return []
         if event.won is None:
             return self._step_down(f"commit outcome of {txn.id} unknown ({event.error}); re-reading the ledger")
@@ -295,15 +348,15 @@ class CoordinatorState:
             return self._step_down(f"lost commit slot {txn.commit_seq} of {txn.id} to another leader")
         self.head_seq = txn.commit_seq
         self.head.update(txn.end)
-        # Step 7: ACK-COMMIT, then publish (``_advance`` publishes in commit order).
+        # Commit step 7: ACK-COMMIT, then publish (``_advance`` publishes in commit order).
         txn.phase = Phase.PUBLISHING
         offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.end.items()))
         ack = AckCommit(**self._envelope(txn.id), offsets=offsets, commit_seq=txn.commit_seq)
         return [Broadcast(ack)]
 
-    def _on_PublishResult(self, event: PublishResult, now: float) -> list[Action]:
-        txn = self.txn(event.txn)
-        if txn is None or txn.phase is not Phase.PUBLISHING:
+    def _on_publish_result(self, event: PublishResult, now: float) -> list[Action]:
+        txn = self._expect(event, Phase.PUBLISHING)
+        if txn is None:
             return []
         txn.publish_in_flight = False
         if event.ok:
@@ -312,7 +365,25 @@ class CoordinatorState:
             txn.publish_not_before = now + self.timing.publish_retry_s
         return []
 
-    # ---- the driver of every step -----------------------------------------------------
+    def _expect(self, event: Counted | CommitResult | PublishResult, phase: Phase) -> Txn | None:
+        """The txn an outcome of the runner's own action is for, or None when that txn is gone (a
+        cascade abort or a step-down dropped it while the runner worked: the answer is moot). The
+        runner answers each action once, and nothing but that answer moves a txn out of ``phase``:
+        a txn still here in another phase is a programming error."""
+        txn = self.txn(event.txn)
+        if txn is not None and txn.phase is not phase:
+            raise InvalidTransition(
+                f"{type(event).__name__} for {event.txn}: expected the txn {phase.value}, found {txn.phase.value}")
+        return txn
+
+    #: The handler of each event type, taken by ``handle``.
+    _HANDLERS: ClassVar[dict[type, Callable[[Any, Any, float], list[Action]]]] = {
+        Ready: _on_ready, PartitionsChanged: _on_partitions_changed, GapFound: _on_gap_found, Tick: _on_tick,
+        Received: _on_received, StageCreated: _on_stage_created, Counted: _on_counted,
+        CommitResult: _on_commit_result, PublishResult: _on_publish_result, Shutdown: _on_shutdown,
+    }
+
+    # ---- the driver of every commit step ----------------------------------------------
 
     def _advance(self, now: float, judge_silence: bool = False) -> list[Action]:
         actions: list[Action] = []
@@ -325,19 +396,21 @@ class CoordinatorState:
             if txn.phase in (Phase.COLLECTING, Phase.ENDING):
                 dead = self._dead_participants(txn, now, judge_silence)
                 if dead:
-                    actions += self._abort(txn, f"participant of {dead} stopped sending heartbeats", now, "participant-dead")
+                    why = f"participant of {dead} stopped sending heartbeats"
+                    actions += self._abort(txn, why, now, AbortKind.PARTICIPANT_DEAD)
                     continue
-            if txn.phase is Phase.ENDING and (unaware := self._missed_end(txn)):
+            if txn.phase is Phase.ENDING and txn.end_message is not None and (unaware := self._missed_end(txn)):
                 log.warning("%s still reads %s %.1f s after its END: sending the END again", unaware, txn.id,
                             now - txn.ended_at)
                 txn.end_sent_at = now
                 actions.append(Broadcast(txn.end_message))
             if txn.phase is Phase.ENDING and now - txn.ended_at > t.write_status_timeout_s:
                 missing = ", ".join(f"{tp.topic}-{tp.partition}" for tp in txn.missing)
-                actions += self._abort(txn, f"write-status timeout: nothing from {missing}", now, "write-status-timeout")
+                why = f"write-status timeout: nothing from {missing}"
+                actions += self._abort(txn, why, now, AbortKind.WRITE_STATUS_TIMEOUT)
                 continue
             if txn.phase is Phase.COMPLETE and self._is_oldest_uncommitted(txn):
-                txn.phase = Phase.VERIFYING  # Step 5
+                txn.phase = Phase.VERIFYING  # Commit step 5
                 actions.append(CountStage(txn.id, txn.stage_table))
             if (txn.phase is Phase.PUBLISHING and not txn.publish_in_flight and now >= txn.publish_not_before
                     and self._is_oldest_publishing(txn)):
@@ -351,7 +424,7 @@ class CoordinatorState:
         return actions
 
     def _end_due(self, txn: Txn, now: float) -> bool:
-        """Step 3's END: the interval passed, the size trigger is reached or one partition is full
+        """Commit step 3's END: the interval passed, the size trigger is reached or one partition is full
         (``protocol.size_trigger``), and every older txn is committed (participants go on reading
         meanwhile); at once when shutting down."""
         if self.stopping:
@@ -389,7 +462,7 @@ class CoordinatorState:
         return ""
 
     def _completed(self, txn: Txn, now: float) -> None:
-        """Every WRITE-STATUS of an ended txn is in: step 5 may begin."""
+        """Every WRITE-STATUS of an ended txn is in: commit step 5 may begin."""
         txn.phase, txn.complete_at = Phase.COMPLETE, now
         self.sizer.learn({tp: ws.rows for tp, ws in txn.statuses.items()}, txn.ended_at - txn.started_at)
 
@@ -423,7 +496,7 @@ class CoordinatorState:
         if len(uncommitted) > 1:
             return []
         if not set(self.partitions) <= self.live_partitions(now):
-            return []  # Step 3 needs every participant: START only when all partitions are held
+            return []  # Commit step 3 needs every participant: START only when all partitions are held
         previous = uncommitted[-1] if uncommitted else None
         start = {tp: self.base(tp) for tp in self.partitions}
         if previous is not None:
@@ -451,7 +524,7 @@ class CoordinatorState:
                            chunk_rows=self.sizer.chunk_rows(behind))
 
     def _prepare_spare(self, now: float) -> list[Action]:
-        """Step 2, one txn ahead: the next txn's stage table."""
+        """Commit step 2, one txn ahead: the next txn's stage table."""
         if self.spare is not None or not self.ready or self.stopping or not self.partitions or now < self._spare_not_before:
             return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
@@ -465,12 +538,13 @@ class CoordinatorState:
 
     # ---- helpers ----------------------------------------------------------------------
 
-    def _abort(self, txn: Txn, reason: str, now: float, kind: str) -> list[Action]:
-        """Step 4's ABORT, cascading to every txn pipelined after this one."""
+    def _abort(self, txn: Txn, reason: str, now: float, kind: AbortKind) -> list[Action]:
+        """Commit step 4's ABORT, cascading to every txn pipelined after this one."""
         actions: list[Action] = []
         doomed = [txn] + [t for t in self.txns if self._follows(t, txn)]
         for victim in doomed:
-            why, why_kind = (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})", "cascade")
+            why, why_kind = (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})",
+                                                                  AbortKind.CASCADE)
             actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
             actions.append(AbortTxn(victim, why, why_kind))
             self.txns.remove(victim)

@@ -1,7 +1,7 @@
 """Dead letters: the ClickHouse table that holds them per txn, and their form on the dead-letter topic.
 
 A letter travels in two steps, so that it becomes visible exactly once and only for a committed
-txn (DESIGN.md section 6, "bad record"):
+txn (docs/architecture.md §10):
 
 1. Participants insert the letters of a chunk into ``<database>.chtxn_dead_letters`` (shared by
    the pipelines of the database), synchronously and with a deduplication token derived from the
@@ -19,6 +19,7 @@ gets the headers ``HEADERS`` names. This module is pure: SQL is text, run by the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -102,14 +103,14 @@ def to_insert_values(letter: DeadLetter) -> list[object]:
 SELECT_COLUMNS = ", ".join(INSERT_COLUMNS)
 
 
-def from_result_row(values: Sequence[object]) -> DeadLetter:
+def from_result_row(values: Sequence[Any]) -> DeadLetter:
     """The ``DeadLetter`` of one row of ``SELECT {SELECT_COLUMNS}`` read with strings as bytes."""
     v = dict(zip(INSERT_COLUMNS, values))
     text = {name: _text(v[name]) for name in ("pipeline", "txn", "topic", "error")}
     return DeadLetter(
-        **text, partition=int(v["partition"]), offset=int(v["offset"]),  # type: ignore[arg-type]
-        key=v["key"], value=v["value"], headers=tuple((_text(k), bytes(h)) for k, h in v["headers"]),  # type: ignore[arg-type, union-attr]
-        timestamp_ms=int(v["timestamp_ms"]), error_code=int(v["error_code"]),  # type: ignore[arg-type]
+        **text, partition=int(v["partition"]), offset=int(v["offset"]),
+        key=v["key"], value=v["value"], headers=tuple((_text(k), bytes(h)) for k, h in v["headers"]),
+        timestamp_ms=int(v["timestamp_ms"]), error_code=int(v["error_code"]),
     )
 
 

@@ -1,6 +1,6 @@
 """The ledger: chtxn's commit log, one ClickHouse row per transaction event.
 
-Table ``<database>.chtxn_ledger`` (DESIGN.md section 5), shared by every pipeline in the
+Table ``<database>.chtxn_ledger`` (docs/architecture.md §5), shared by every pipeline in the
 database. Events:
 
 - ``EPOCH``: a coordinator claimed leadership generation ``epoch`` (token ``naming.epoch_token``);
@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from typing import Any
 
 import msgspec
 
@@ -209,7 +210,7 @@ SELECT_COLUMNS = ", ".join(
 )
 
 
-def from_result_row(values: Sequence[object]) -> LedgerRow:
+def from_result_row(values: Sequence[Any]) -> LedgerRow:
     """The ``LedgerRow`` of one result row of ``SELECT {SELECT_COLUMNS}``."""
     v = dict(zip((*INSERT_COLUMNS, "event_time"), values))
     ranges = tuple(

@@ -25,8 +25,9 @@ Checkpoints go first, so the oldest checkpoint left is always followed by every 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange, SELECT_COLUMNS, qualified
+from protocol.ledger import SELECT_COLUMNS, LedgerEvent, LedgerRow, PartitionRange, qualified
 from protocol.messages import TopicPartition
 
 #: Default number of commit slots between checkpoints.
@@ -49,16 +50,16 @@ def offsets_of(checkpoint: LedgerRow | None) -> dict[TopicPartition, int]:
 
 
 def overlay(checkpoint: LedgerRow | None,
-            head_rows: Sequence[Sequence[object]]) -> tuple[int, dict[TopicPartition, int]]:
+            head_rows: Sequence[Sequence[Any]]) -> tuple[int, dict[TopicPartition, int]]:
     """The head: ``checkpoint`` overlaid with ``head_rows`` (``protocol.ledger.head_sql`` rows of
     the commits after it: topic, partition, end offset, last slot). Returns the last slot and each
     partition's committed end offset."""
     seq = checkpoint.commit_seq if checkpoint else 0
     offsets = offsets_of(checkpoint)
     for topic, partition, end, last in head_rows:
-        seq = max(seq, int(last))  # type: ignore[call-overload]
+        seq = max(seq, int(last))
         if topic:
-            offsets[TopicPartition(topic=str(topic), partition=int(partition))] = int(end)  # type: ignore[call-overload]
+            offsets[TopicPartition(topic=str(topic), partition=int(partition))] = int(end)
     return seq, offsets
 
 

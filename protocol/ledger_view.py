@@ -79,6 +79,7 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
     aborted_at = aborted.event_time if aborted else 0.0
     finished = published_at or aborted_at or committed_at
     events = tuple(r.event.value for r in sorted(rows, key=lambda r: (r.event_time, _EVENT_ORDER[r.event])))
+    ended_by = lost or aborted
     return TxnSummary(
         txn=main.txn,
         state=state_of(events),
@@ -100,7 +101,7 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
         commit_ms=_ms(ended_at, committed_at),
         publish_ms=_ms(committed_at, published_at),
         total_ms=_ms(started_at, finished),
-        reason=(lost or aborted).reason if (lost or aborted) else "",
+        reason=ended_by.reason if ended_by else "",
         events=events,
         gaps=tuple(g for r in rows if r.event is LedgerEvent.GAP for g in r.ranges),
     )

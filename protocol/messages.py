@@ -18,7 +18,7 @@ Offsets everywhere are Kafka's "next offset to read".
 
 from __future__ import annotations
 
-from typing import Union
+from typing import get_args
 
 import msgspec
 
@@ -61,6 +61,7 @@ class PartitionPosition(msgspec.Struct, frozen=True, kw_only=True):
         return TopicPartition(topic=self.topic, partition=self.partition)
 
 
+# The kinds below repeat ``frozen=True``: msgspec would inherit it, type checkers do not.
 class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     """Fields every control message carries."""
 
@@ -79,7 +80,7 @@ class PartitionHolder(msgspec.Struct, frozen=True, kw_only=True):
     sender: str
 
 
-class StartCommit(_Control, tag="start-commit"):
+class StartCommit(_Control, frozen=True, tag="start-commit"):
     """Coordinator -> all: stage records from these offsets into ``stage_table``.
 
     ``holders`` fences participants: when it names a partition, only that sender stages it in
@@ -96,7 +97,7 @@ class StartCommit(_Control, tag="start-commit"):
     chunk_rows: int = 0
 
 
-class EndCommit(_Control, tag="end-commit"):
+class EndCommit(_Control, frozen=True, tag="end-commit"):
     """Coordinator -> all: cut at the current position, flush, report WRITE-STATUS for this txn.
 
     ``next`` chains the following txn: each participant goes straight on reading into it from
@@ -108,7 +109,7 @@ class EndCommit(_Control, tag="end-commit"):
     next: StartCommit | None = None
 
 
-class WriteStatus(_Control, tag="write-status"):
+class WriteStatus(_Control, frozen=True, tag="write-status"):
     """Participant -> coordinator: what one partition staged for ``txn``."""
 
     topic: str
@@ -126,31 +127,31 @@ class WriteStatus(_Control, tag="write-status"):
         return TopicPartition(topic=self.topic, partition=self.partition)
 
 
-class AckCommit(_Control, tag="ack-commit"):
+class AckCommit(_Control, frozen=True, tag="ack-commit"):
     """Coordinator -> all: ``txn`` is committed; its end offsets may go to the consumer group."""
 
     offsets: tuple[PartitionOffset, ...]
     commit_seq: int = 0
 
 
-class Abort(_Control, tag="abort"):
+class Abort(_Control, frozen=True, tag="abort"):
     """Coordinator -> all: drop ``txn`` at once."""
 
     reason: str
 
 
-class Heartbeat(_Control, tag="heartbeat"):
+class Heartbeat(_Control, frozen=True, tag="heartbeat"):
     """Participant -> coordinator: light and frequent."""
 
     partitions: tuple[PartitionPosition, ...]
     continues: bool = False  # understands ``EndCommit.next`` (older participants do not)
 
 
-class LeaderHeartbeat(_Control, tag="leader-heartbeat"):
+class LeaderHeartbeat(_Control, frozen=True, tag="leader-heartbeat"):
     """Leader -> standbys: the leader of ``epoch`` is alive (participants ignore it)."""
 
 
-ControlMessage = Union[StartCommit, EndCommit, WriteStatus, AckCommit, Abort, Heartbeat, LeaderHeartbeat]
+ControlMessage = StartCommit | EndCommit | WriteStatus | AckCommit | Abort | Heartbeat | LeaderHeartbeat
 
 #: Every kind this code knows, by tag.
-KINDS: dict[str, type] = {cls.__struct_config__.tag: cls for cls in ControlMessage.__args__}  # type: ignore[attr-defined]
+KINDS: dict[str, type] = {cls.__struct_config__.tag: cls for cls in get_args(ControlMessage)}

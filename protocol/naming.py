@@ -114,3 +114,34 @@ def publish_token(pipeline: str, txn: str) -> str:
 def consumer_group(pipeline: str) -> str:
     """Participants commit end offsets here after ACK-COMMIT (for lag tools; never read back)."""
     return pipeline
+
+
+def control_reader_group(pipeline: str) -> str:
+    """The group id a coordinator's control-topic consumer carries (it reads by ``assign``, commits nothing)."""
+    return f"{pipeline}.chtxn-control-reader"
+
+
+def participant_control_group(pipeline: str) -> str:
+    """The group id a participant's control-topic consumer carries (it reads by ``assign``, commits nothing)."""
+    return f"{pipeline}.chtxn-participant"
+
+
+def dead_letter_reader_group(pipeline: str) -> str:
+    """The group id of a consumer reading the dead-letter topic for people (``chtxn dlq``, ``verify``)."""
+    return f"{pipeline}.chtxn-dlq-reader"
+
+
+def status_group(pipeline: str) -> str:
+    """The group id of ``chtxn status``'s consumers (they read by ``assign``, commit nothing)."""
+    return f"{pipeline}.chtxn-status"
+
+
+def dead_letter_marker_group(pipeline: str) -> str:
+    """The consumer group whose committed offset on the dead-letter topic's partition 0 is the
+    dead-letter publisher's marker (``coordinator.dead_letter_publisher``)."""
+    return f"{pipeline}.chtxn-dlq"
+
+
+def dead_letter_transactional_id(pipeline: str) -> str:
+    """``transactional.id`` of the dead-letter publisher: a new leader's publisher fences the old one's."""
+    return f"{pipeline}.chtxn-dlq"

@@ -1,7 +1,8 @@
 """The participant of one Spark task as a pure state machine (no I/O, clock passed in).
 
 ``ParticipantState.handle(event, now)`` returns the actions the runner carries out in order.
-The steps of one txn, for each partition the task holds (DESIGN.md section 3):
+The steps of one txn, for each partition the task holds (docs/architecture.md §4 and §8); the
+code calls these "participant step N":
 
 1. START lists the partition: seek to its START offset only when the position differs, and
    consume.
@@ -41,18 +42,38 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from protocol import size_trigger
 from protocol.chunking import ChunkBuilder, RecordLike
 from protocol.messages import (
-    CONTINUE, Abort, AckCommit, ControlMessage, EndCommit, Heartbeat, PartitionOffset, PartitionPosition,
-    StartCommit, TopicPartition, WriteStatus,
+    CONTINUE,
+    Abort,
+    AckCommit,
+    EndCommit,
+    Heartbeat,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
 from protocol.participant_events import (
-    Action, ChunkStaged, CommitOffsets, DropTxn, Event, PartitionFailed, Pause, Polled, Received,
-    Resume, Seek, Send, StageChunk, Tick,
+    Action,
+    ChunkStaged,
+    CommitOffsets,
+    DropTxn,
+    Event,
+    PartitionFailed,
+    Pause,
+    Polled,
+    Received,
+    Resume,
+    Seek,
+    Send,
+    StageChunk,
+    Tick,
 )
 
 log = logging.getLogger(__name__)
@@ -156,24 +177,29 @@ class ParticipantState:
     # ---- events ---------------------------------------------------------------------------
 
     def handle(self, event: Event, now: float) -> list[Action]:
-        if isinstance(event, Polled):
-            actions = self._on_records(event.records)
-            if self._report_now:  # step 2: a share of the size trigger was crossed
-                actions += self._heartbeat(now)
-            return actions
-        if isinstance(event, Received):
-            return self._on_message(event.message)
-        if isinstance(event, ChunkStaged):
-            return self._on_staged(event)
-        if isinstance(event, Tick):
-            self.log_ends.update(event.log_ends)
-            return self._heartbeat(now) if now >= self.next_heartbeat else []
-        if isinstance(event, PartitionFailed):
-            return self._on_partition_failed(event)
-        raise TypeError(f"not a participant event: {event!r}")
+        """Take ``event`` at ``now``; the actions to carry out, in order."""
+        handler = self._HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"ParticipantState has no handler for {type(event).__name__} (not a participant event)")
+        return handler(self, event, now)
 
-    def _on_message(self, m: ControlMessage) -> list[Action]:
-        if not isinstance(m, (StartCommit, EndCommit, AckCommit, Abort)):
+    def validate(self) -> None:
+        """Raise ``InvalidTransition`` unless the invariants the module docstring promises hold
+        (``protocol.participant_invariants``). O(partitions x txns): for tests, not the hot path."""
+        from protocol import participant_invariants  # here: it imports this module
+
+        participant_invariants.check(self)
+
+    def _on_polled(self, event: Polled, now: float) -> list[Action]:
+        actions = self._on_records(event.records)
+        if self._report_now:  # Participant step 2: a share of the size trigger was crossed
+            actions += self._heartbeat(now)
+        return actions
+
+    def _on_received(self, event: Received, now: float) -> list[Action]:
+        m = event.message
+        handler = self._MESSAGE_HANDLERS.get(type(m))
+        if handler is None:
             return []  # heartbeats, WRITE-STATUS of others, leader heartbeats
         if m.pipeline != self.pipeline:
             log.warning("ignoring a control message of pipeline %r (this is %r)", m.pipeline, self.pipeline)
@@ -182,17 +208,15 @@ class ParticipantState:
             log.info("ignoring %s of stale epoch %d (seen %d)", type(m).__name__, m.epoch, self.epoch)
             return []
         self.epoch = m.epoch
-        if isinstance(m, StartCommit):
-            return self._on_start(m)
-        if isinstance(m, EndCommit):
-            return self._on_end(m)
-        if isinstance(m, AckCommit):
-            return self._on_ack(m)
-        return self._on_abort(m)
+        return handler(self, m)
+
+    def _on_tick(self, event: Tick, now: float) -> list[Action]:
+        self.log_ends.update(event.log_ends)
+        return self._heartbeat(now) if now >= self.next_heartbeat else []
 
     def _on_start(self, m: StartCommit, cuts: dict[TopicPartition, int] | None = None) -> list[Action]:
-        """Step 1. ``cuts``: where the END that carried this START cut each partition this copy
-        read to that END without an error (``CONTINUE`` goes on from there)."""
+        """Participant step 1: START. ``cuts``: where the END that carried this START cut each partition
+        this copy read to that END without an error (``CONTINUE`` goes on from there)."""
         if m.txn == self.current or m.txn in self.unacked:
             return []  # a START seen before
         actions: list[Action] = []
@@ -244,6 +268,7 @@ class ParticipantState:
         p.open = Stint(txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share)
 
     def _on_end(self, m: EndCommit) -> list[Action]:
+        """Participant step 3: END, then the START it carries, if any."""
         if m.txn != self.current or not self.current_open:
             if m.next is not None and m.next.epoch >= self.epoch:
                 return self._on_start(m.next)  # not in this txn: join the next where offsets are explicit
@@ -274,8 +299,9 @@ class ParticipantState:
         return actions
 
     def _on_ack(self, m: AckCommit) -> list[Action]:
+        """Participant step 4: ACK-COMMIT, for this txn and every older one ended here."""
         if m.txn not in self.unacked:
-            return []
+            return []  # a txn this task did not end, or one forgotten (``MAX_UNACKED``)
         txns = list(self.unacked)
         for txn in txns[: txns.index(m.txn) + 1]:
             del self.unacked[txn]
@@ -283,6 +309,7 @@ class ParticipantState:
         return [CommitOffsets(offsets)] if offsets else []
 
     def _on_abort(self, m: Abort) -> list[Action]:
+        """Participant step 5: ABORT."""
         if m.txn in self.unacked:  # txns of the same leader started after an aborted one abort too
             epoch, txns = self.unacked[m.txn], list(self.unacked)
             doomed = [t for t in txns[txns.index(m.txn):] if self.unacked[t] == epoch]
@@ -291,7 +318,7 @@ class ParticipantState:
         elif m.txn == self.current and self.current_open:
             doomed = [self.current]
         else:
-            return []
+            return []  # a txn this task took no part in, or already dropped
         log.info("txn %s aborted (%s): dropping %s", m.txn, m.reason, ", ".join(doomed))
         return self._drop(doomed)
 
@@ -325,11 +352,11 @@ class ParticipantState:
                 j += 1
             p = self.parts.get((topic, partition))
             stint = p.open if p is not None else None
-            if stint is not None and stint.status is Status.STAGING:
+            if p is not None and stint is not None and stint.status is Status.STAGING:
                 for chunk in stint.builder.add(records, i, j):
                     stint.pending.add(chunk.chunk_no)
                     actions.append(StageChunk(stint.stage_table, chunk))
-                p.position = stint.builder.next_offset  # type: ignore[union-attr]
+                p.position = stint.builder.next_offset
                 if stint.share and stint.builder.rows_read // stint.share > stint.reported_share:
                     stint.reported_share = stint.builder.rows_read // stint.share
                     self._report_now = True
@@ -341,24 +368,34 @@ class ParticipantState:
             i = j
         return actions
 
-    def _on_staged(self, e: ChunkStaged) -> list[Action]:
+    def _on_staged(self, e: ChunkStaged, now: float) -> list[Action]:
         p = self.parts.get((e.topic, e.partition))
         stint = p.stint(e.txn) if p is not None else None
-        if stint is None or e.chunk_no not in stint.pending:
-            return []  # a dropped txn
+        if p is None or stint is None or e.chunk_no not in stint.pending:
+            return []  # a chunk of a dropped txn: ``DropTxn`` leaves chunks in flight, and they report
         stint.pending.discard(e.chunk_no)
         stint.rows += e.rows
         stint.dead_letters += e.dead_letters
         if e.error:
-            return self._fail(p, stint, f"chunk {e.chunk_no}: {e.error}")  # type: ignore[arg-type]
-        return self._report_ready(p)  # type: ignore[arg-type]
+            return self._fail(p, stint, f"chunk {e.chunk_no}: {e.error}")
+        return self._report_ready(p)
 
-    def _on_partition_failed(self, e: PartitionFailed) -> list[Action]:
+    def _on_partition_failed(self, e: PartitionFailed, now: float) -> list[Action]:
         p = self.parts.get((e.topic, e.partition))
         if p is None or p.open is None:
             log.warning("cannot read %s/%d outside a txn: %s", e.topic, e.partition, e.error)
             return []
         return self._fail(p, p.open, e.error)
+
+    #: The handler of each event type, taken by ``handle``.
+    _HANDLERS: ClassVar[dict[type, Callable[[Any, Any, float], list[Action]]]] = {
+        Polled: _on_polled, Received: _on_received, ChunkStaged: _on_staged, Tick: _on_tick,
+        PartitionFailed: _on_partition_failed,
+    }
+    #: The handler of each control message this task acts on; ``_on_received`` ignores the others.
+    _MESSAGE_HANDLERS: ClassVar[dict[type, Callable[[Any, Any], list[Action]]]] = {
+        StartCommit: _on_start, EndCommit: _on_end, AckCommit: _on_ack, Abort: _on_abort,
+    }
 
     def _fail(self, p: Partition, stint: Stint, error: str) -> list[Action]:
         stint.errors.append(error)
@@ -368,7 +405,7 @@ class ParticipantState:
         return self._report_ready(p)
 
     def _report_ready(self, p: Partition) -> list[Action]:
-        """Step 3: one WRITE-STATUS per ended txn once nothing of it is in flight, oldest first."""
+        """Participant step 3: one WRITE-STATUS per ended txn once nothing of it is in flight, oldest first."""
         actions: list[Action] = []
         while p.ending and not p.ending[0].pending:
             stint = p.ending.pop(0)

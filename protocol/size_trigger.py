@@ -3,7 +3,7 @@
 Each partition of a txn stands for a share of the trigger (the trigger divided by the partitions
 its START lists). A participant reports at once each time its rows cross a multiple of its share,
 and once more when they reach ``full_rows``; there it stops reading until END. The coordinator
-ends the txn (step 3) as soon as the rows reported reach the trigger, or one partition reports
+ends the txn (commit step 3) as soon as the rows reported reach the trigger, or one partition reports
 itself full: a skewed topic then moves in txns of ``full_rows`` each, one after the other (the
 END carries the next START), instead of one such txn per interval. So a txn ended by the trigger
 holds at most the trigger plus ``SIZE_SLACK`` of it, to a poll batch per partition.

@@ -13,9 +13,9 @@ from protocol.messages import (
     EndCommit,
     Heartbeat,
     LeaderHeartbeat,
+    PartitionHolder,
     PartitionOffset,
     PartitionPosition,
-    PartitionHolder,
     StartCommit,
     WriteStatus,
 )

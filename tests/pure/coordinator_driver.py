@@ -1,7 +1,9 @@
 """A driver for ``CoordinatorState`` tests: builds events and the exact actions expected back.
 
 The machine has no clock of its own; ``Driver.at(now, *events)`` feeds events at ``now`` in
-order and returns every action they produced, so a test reads as a timeline.
+order and returns every action they produced, so a test reads as a timeline. After each event
+the machine's invariants are checked (``CoordinatorState.validate``, by ``tests/pure/conftest.py``
+for every pure test).
 """
 
 from __future__ import annotations
@@ -9,13 +11,33 @@ from __future__ import annotations
 from protocol import naming
 from protocol.chunk_sizing import MIN_CHUNK_ROWS
 from protocol.coordinator_events import (
-    AbortTxn, Action, Broadcast, CreateStage, DropStage, Event, Offsets, Ready, Received, RecordStarted,
-    StageCreated, Txn,
+    AbortKind,
+    AbortTxn,
+    Action,
+    Broadcast,
+    CreateStage,
+    DropStage,
+    Event,
+    Offsets,
+    Ready,
+    Received,
+    RecordStarted,
+    StageCreated,
+    Txn,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.messages import (
-    CONTINUE, Abort, AckCommit, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, PartitionPosition, StartCommit,
-    TopicPartition, WriteStatus,
+    CONTINUE,
+    Abort,
+    AckCommit,
+    EndCommit,
+    Heartbeat,
+    PartitionHolder,
+    PartitionOffset,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
 
 PIPE = "orders"
@@ -128,8 +150,8 @@ def ack(n: int, offsets: Offsets, commit_seq: int) -> Broadcast:
 
 def abort(txn: Txn, reason: str, kind: str) -> list[Action]:
     """ABORT of a started txn: the broadcast, then the stage table dropped and ABORTED appended
-    (every txn is started: none exists before its stage table)."""
-    return [Broadcast(Abort(**_coordinator(txn.id), reason=reason)), AbortTxn(txn, reason, kind)]
+    (every txn is started: none exists before its stage table). ``kind``: an ``AbortKind`` value."""
+    return [Broadcast(Abort(**_coordinator(txn.id), reason=reason)), AbortTxn(txn, reason, AbortKind(kind))]
 
 
 # ---- the driver -----------------------------------------------------------------------

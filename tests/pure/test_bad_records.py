@@ -8,12 +8,22 @@ import pytest
 
 import participant.bad_records as bad_records
 from participant.bad_records import (
-    EMPTY, TOMBSTONE, TOO_BIG_FOR_MEMORY, Letter, Refused, Remembered, has_joins, isolate, isolate_refused,
-    json_problem, precheck, split_joined,
+    EMPTY,
+    TOMBSTONE,
+    TOO_BIG_FOR_MEMORY,
+    Letter,
+    Refused,
+    Remembered,
+    has_joins,
+    isolate,
+    isolate_refused,
+    json_problem,
+    precheck,
+    split_joined,
 )
 from protocol.chunking import BodyBuilder
 from protocol.errors import ClickHouseError
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
 TWO_OBJECTS = [b'{"id":1}{"id":2}', b'{"id": 3} {"id": 4}', b'{"id":5},{"id":6}', b'{"id":7}\n{"id":8}',
                b'{"a":{"b":1}}{"c":2}']
@@ -34,7 +44,7 @@ def test_a_tombstone_and_an_empty_value_get_distinct_errors() -> None:
     for json_objects in (True, False):
         kept, letters = precheck(records, json_objects=json_objects)
         assert [r.offset() for r in kept] == [0, 3]
-        assert [(l.record.offset(), l.error, l.code) for l in letters] == [(1, TOMBSTONE, 0), (2, EMPTY, 0)]
+        assert [(letter.record.offset(), letter.error, letter.code) for letter in letters] == [(1, TOMBSTONE, 0), (2, EMPTY, 0)]
     assert TOMBSTONE.startswith("tombstone: null value") and EMPTY.startswith("empty record: zero-length value")
 
 
@@ -67,8 +77,8 @@ def test_objects_back_to_back_are_found_by_one_scan_and_set_aside(columns: tuple
         assert has_joins(bodies.body([good(0), Rec("src", 0, 1, bad), good(2)]), 3), bad
     kept, letters = split_joined(records)
     assert [r.offset() for r in kept] == [0, 9]
-    assert [l.record.offset() for l in letters] == [1, 2, 3, 4, 5]
-    assert all(l.error.startswith("not one JSON object but several") and l.code == 0 for l in letters)
+    assert [letter.record.offset() for letter in letters] == [1, 2, 3, 4, 5]
+    assert all(letter.error.startswith("not one JSON object but several") and letter.code == 0 for letter in letters)
 
 
 def test_a_join_inside_a_string_is_a_false_alarm_never_a_letter() -> None:
@@ -78,12 +88,12 @@ def test_a_join_inside_a_string_is_a_false_alarm_never_a_letter() -> None:
     assert split_joined(records) == (records, [])
 
 
-def rows_of(values: dict[int, int | None]):  # noqa: ANN201 - a probe
+def rows_of(values: dict[int, int | None]):  # a probe
     """A probe of a table that keeps nothing: ``values[offset]`` rows per record; None refuses the record
     alone, but two neighbours refused alone make one row together (a JSON string left open)."""
     probes: list[list[int]] = []
 
-    def probe(part) -> int:  # noqa: ANN001
+    def probe(part) -> int:
         offsets = [r.offset() for r in part]
         probes.append(offsets)
         rows = 0
@@ -96,11 +106,11 @@ def rows_of(values: dict[int, int | None]):  # noqa: ANN201 - a probe
                     i += 2
                     continue
                 raise Refused(f"Cannot parse input at offset {o}", code=27)
-            rows += values.get(o, 1)  # type: ignore[operator]
+            rows += values.get(o, 1)  # type: ignore[operator]  # None handled above
             i += 1
         return rows
 
-    probe.calls = probes  # type: ignore[attr-defined]
+    probe.calls = probes  # type: ignore[attr-defined]  # the test reads it back
     return probe
 
 
@@ -111,7 +121,7 @@ def test_bisection_finds_a_record_of_two_rows() -> None:
 
 def test_bisection_finds_both_records_of_a_pair_that_made_one_row() -> None:
     letters = isolate([good(o) for o in range(16)], rows_of({7: None, 8: None}))
-    assert [(l.record.offset(), l.code) for l in letters] == [(7, 27), (8, 27)]
+    assert [(letter.record.offset(), letter.code) for letter in letters] == [(7, 27), (8, 27)]
     assert "offset 7" in letters[0].error
 
 
@@ -123,7 +133,7 @@ def test_errors_that_cancel_out_in_a_part_are_not_seen_by_counting() -> None:
 def test_bisection_of_a_sound_part_costs_one_probe() -> None:
     probe = rows_of({})
     assert isolate([good(o) for o in range(8)], probe) == []
-    assert probe.calls == [list(range(8))]  # type: ignore[attr-defined]
+    assert probe.calls == [list(range(8))]  # type: ignore[attr-defined]  # set by rows_of
 
 
 def test_remembered_letters_are_dead_lettered_when_read_again() -> None:
@@ -136,7 +146,7 @@ def test_remembered_letters_are_dead_lettered_when_read_again() -> None:
     again = [Rec("src", 0, o, b"%d,x" % o, b"k%d" % o) for o in range(3)] + [Rec("src", 0, 3, b"2,b\n3,c", b"k3")]
     kept, letters = precheck(again, json_objects=False, remembered=memory.recall("src", 0, 0, 4))
     assert [r.offset() for r in kept] == [0, 1, 2]
-    assert [(l.record, l.error) for l in letters] == [(again[3], "not one row: ClickHouse made 2 rows of this record")]
+    assert [(letter.record, letter.error) for letter in letters] == [(again[3], "not one row: ClickHouse made 2 rows of this record")]
 
 
 def test_a_remembered_offset_with_other_content_is_not_taken_for_it() -> None:
@@ -213,7 +223,7 @@ def test_a_deep_record_cut_short_is_not_an_object_without_raising() -> None:
     cut = Rec("src", 0, 1, b'{"id": 1, "nested": ' + b"[" * 1500)
     kept, letters = precheck([good(0), cut], json_objects=True)
     assert [r.offset() for r in kept] == [0]
-    assert [(l.record.offset(), l.code) for l in letters] == [(1, 0)] and letters[0].error.startswith("not a JSON object")
+    assert [(letter.record.offset(), letter.code) for letter in letters] == [(1, 0)] and letters[0].error.startswith("not a JSON object")
 
 
 # ---- records ClickHouse refuses: isolate_refused ---------------------------------------------------
@@ -232,7 +242,7 @@ class Server:
         self.staged: list[int] = []
         self.controls = 0
 
-    def insert(self, part, retry_memory: bool) -> int:  # noqa: ANN001
+    def insert(self, part, retry_memory: bool) -> int:
         offsets = [r.offset() for r in part]
         self.inserts.append((offsets, retry_memory))
         if self.down_after is not None and len(self.inserts) > self.down_after:
@@ -256,7 +266,7 @@ def refused_by(code: int) -> ClickHouseError:
     return ClickHouseError(f"ClickHouse error {code}: the chunk", code=code, retryable=code == 241)
 
 
-def malformed(record) -> bool:  # noqa: ANN001
+def malformed(record) -> bool:
     return json_problem(record.value()) is not None
 
 
@@ -266,7 +276,7 @@ def test_a_refused_chunk_keeps_what_clickhouse_takes_and_letters_what_it_refuses
     server = Server({3: 306, 9: 27})
     rows, letters = isolate_refused(records, refused_by(306), server.insert, server.has_memory, suspect=malformed)
     assert rows == 14 and sorted(server.staged) == [o for o in range(16) if o not in (3, 9)]
-    assert [(l.record.offset(), l.code) for l in letters] == [(3, 306), (9, 27)]
+    assert [(letter.record.offset(), letter.code) for letter in letters] == [(3, 306), (9, 27)]
     assert server.controls == 0, "a DATA refusal needs no control"
 
 
@@ -276,7 +286,7 @@ def test_what_the_precheck_flags_is_tried_alone_and_clickhouse_decides() -> None
                Rec("src", 0, 4, b'{"id": 4, "user": "a\nb"}'), good(5)]
     server = Server({2: 26})
     rows, letters = isolate_refused(records, refused_by(26), server.insert, server.has_memory, suspect=malformed)
-    assert [(l.record.offset(), l.code) for l in letters] == [(2, 26)]
+    assert [(letter.record.offset(), letter.code) for letter in letters] == [(2, 26)]
     assert rows == 5 and sorted(server.staged) == [0, 1, 3, 4, 5]
     assert [offsets for offsets, _ in server.inserts] == [[0, 3, 5], [1], [2], [4]], "no bisection of the rest"
 

@@ -154,9 +154,9 @@ def test_steady_state_leaves_out_the_last_data_txn_which_waits_out_its_interval(
                           committed_at=100.0 + i + 1.4)
 
     txns = [txn(0, 0), *(txn(i, 240_000) for i in range(1, 5)), txn(5, 40_000), txn(6, 0), txn(7, 0, "ABORTED")]
-    got = figures_from_ledger(None, txns=txns)  # type: ignore[arg-type] - the config is read only without txns
+    got = figures_from_ledger(None, txns=txns)  # type: ignore[arg-type]  # the config is read only without txns
     assert (got.rows, got.steady_rows) == (1_000_000, 960_000)
     assert got.rows_per_s == pytest.approx(240_000)
     assert got.drain_rows_per_s == pytest.approx(1_000_000 / 5.4)
-    single = figures_from_ledger(None, txns=[txn(1, 240_000)])  # type: ignore[arg-type]
+    single = figures_from_ledger(None, txns=[txn(1, 240_000)])  # type: ignore[arg-type]  # as above
     assert single.rows_per_s == pytest.approx(240_000 / 1.4)

@@ -124,8 +124,8 @@ def test_retrying_retries_retryable_errors_then_succeeds(caplog: pytest.LogCaptu
     assert flaky.calls == 3
     assert len(waits) == 2 and all(w >= 0 for w in waits)
     logged = [r for r in caplog.records if r.name == "clients.clickhouse"]
-    assert [r.code for r in logged] == [202, 0]  # type: ignore[attr-defined]
-    assert all(r.operation == "read the head" for r in logged)  # type: ignore[attr-defined]
+    assert [r.code for r in logged] == [202, 0]  # type: ignore[attr-defined]  # set by the log call's extra=
+    assert all(r.operation == "read the head" for r in logged)  # type: ignore[attr-defined]  # set by the log call's extra=
 
 
 def test_retrying_gives_up_with_a_clickhouse_error_naming_the_operation() -> None:

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import msgspec
 
+from protocol import coordinator_events
 from protocol.chunk_sizing import CHUNKS_PER_TXN, MIN_CHUNK_ROWS, ChunkSizer
-from protocol.messages import Heartbeat, PartitionPosition, StartCommit
 from protocol.coordinator_events import Broadcast, Tick
+from protocol.messages import Heartbeat, PartitionPosition, StartCommit
 from protocol.participant_events import Received
 from tests.pure.coordinator_driver import P0, P1, PIPE, T0, TIMING, Driver, participant, ws
 from tests.pure.test_participant_state import TP0, machine, polled, stages, start
@@ -65,7 +66,8 @@ def test_the_coordinator_sizes_the_next_start_from_the_last_complete_txn() -> No
     t1 = d.started(T0)
     d.spare_ready(2, T0 + 0.5)
     at = PartitionPosition(topic=P0.topic, partition=P0.partition, position=8_040, log_end=10_040)
-    d.at(T0 + 0.9, Received(Heartbeat(pipeline=PIPE, epoch=3, txn=t1.id, sender=participant(P0), partitions=(at,))))
+    beat = Heartbeat(pipeline=PIPE, epoch=3, txn=t1.id, sender=participant(P0), partitions=(at,))
+    d.at(T0 + 0.9, coordinator_events.Received(beat))
     d.at(T0 + 1.0, Tick())  # END of txn 1: its 1 s interval is up
     d.at(T0 + 1.1, ws(t1.id, P0, 40, 8_040, 8_000))
     actions = d.at(T0 + 1.2, ws(t1.id, P1, 0, 400, 400))

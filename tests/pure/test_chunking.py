@@ -4,38 +4,11 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
-
 import pytest
 
 from protocol.chunking import BodyBuilder, ChunkBuilder, check_format, json_problem, record_problem
 from protocol.errors import SetupError
-
-
-@dataclass(frozen=True)
-class Rec:
-    """The accessors of a confluent-kafka Message."""
-
-    t: str
-    p: int
-    o: int
-    v: bytes | None
-    k: bytes | None = None
-
-    def topic(self) -> str:
-        return self.t
-
-    def partition(self) -> int:
-        return self.p
-
-    def offset(self) -> int:
-        return self.o
-
-    def key(self) -> bytes | None:
-        return self.k
-
-    def value(self) -> bytes | None:
-        return self.v
+from tests.records import Rec
 
 
 def records(offsets: list[int], size: int = 10, topic: str = "src", partition: int = 0) -> list[Rec]:
@@ -194,7 +167,7 @@ def test_without_metadata_columns_the_body_is_the_values_joined():
 
 
 def test_metadata_columns_with_a_non_json_format_fail_clearly():
-    with pytest.raises(SetupError, match="input_format is 'CSV'.*JSONEachRow"):
+    with pytest.raises(SetupError, match=r"input_format is 'CSV'.*JSONEachRow"):
         check_format("CSV", ["x", "_offset"])
     check_format("CSV", ["x"])
     check_format("NDJSON", ["_offset"])

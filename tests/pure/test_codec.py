@@ -127,3 +127,9 @@ def test_a_known_kind_with_bad_fields_is_skipped(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING, logger="protocol.codec"):
         assert decode(msgspec.msgpack.encode(fields)) is None
     assert any("invalid write-status" in r.getMessage() for r in caplog.records)
+
+
+def test_a_null_value_is_skipped_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="protocol.codec"):
+        assert decode(None) is None
+    assert any("null value" in r.getMessage() for r in caplog.records)

@@ -1,6 +1,6 @@
 """The coordinator state machine when things go wrong: aborts, ignored messages, stepping down.
 
-DESIGN.md section 3 steps 4-6 and section 6: every abort broadcasts ABORT (a txn exists only
+docs/architecture.md §4 steps 4-6 and §13: every abort broadcasts ABORT (a txn exists only
 once its START went out), drops the stage table with ``AbortTxn``, and the next txn starts from
 the ledger head; a stage table that cannot be made aborts nothing and is retried; a lost or
 unknown commit slot, or a newer coordinator, makes the leader step down and go inert.
@@ -13,14 +13,46 @@ from dataclasses import replace
 import pytest
 
 from protocol.coordinator_events import (
-    Commit, CommitResult, CountStage, Counted, Phase, Publish, PublishResult, Ready, Received, RecordStarted,
-    Shutdown, StageCreated, StepDown, Stopped, Tick,
+    Commit,
+    CommitResult,
+    Counted,
+    CountStage,
+    Phase,
+    Publish,
+    PublishResult,
+    Ready,
+    Received,
+    RecordStarted,
+    Shutdown,
+    StageCreated,
+    StepDown,
+    Stopped,
+    Tick,
 )
 from protocol.messages import Abort, AckCommit, EndCommit, LeaderHeartbeat, StartCommit
-
 from tests.pure.coordinator_driver import (
-    EPOCH, HEAD, HEAD_SEQ, INITIAL, LEARNT, ME, P0, P1, PIPE, START_1, T0, TIMING, Driver, abort, ack, beats, create, drop,
-    hb, start, txn_id, ws,
+    EPOCH,
+    HEAD,
+    HEAD_SEQ,
+    INITIAL,
+    LEARNT,
+    ME,
+    P0,
+    P1,
+    PIPE,
+    START_1,
+    T0,
+    TIMING,
+    Driver,
+    abort,
+    ack,
+    beats,
+    create,
+    drop,
+    hb,
+    start,
+    txn_id,
+    ws,
 )
 
 

@@ -12,14 +12,43 @@ from __future__ import annotations
 from dataclasses import replace
 
 from protocol.coordinator_events import (
-    Commit, CommitResult, CountStage, Counted, PartitionsChanged, Phase, Publish, PublishResult, RecordStarted,
-    Shutdown, StageCreated, Stopped, Tick,
+    Commit,
+    CommitResult,
+    Counted,
+    CountStage,
+    PartitionsChanged,
+    Phase,
+    Publish,
+    PublishResult,
+    RecordStarted,
+    Shutdown,
+    StageCreated,
+    Stopped,
+    Tick,
 )
 from protocol.messages import CONTINUE
-
 from tests.pure.coordinator_driver import (
-    HEAD_SEQ, LEARNT, P0, P1, P2, START_1, T0, TIMING, Driver, abort, ack, beats, chained_end, continuing, create, drop,
-    end, hb, start, txn_id, ws,
+    HEAD_SEQ,
+    LEARNT,
+    P0,
+    P1,
+    P2,
+    START_1,
+    T0,
+    TIMING,
+    Driver,
+    abort,
+    ack,
+    beats,
+    chained_end,
+    continuing,
+    create,
+    drop,
+    end,
+    hb,
+    start,
+    txn_id,
+    ws,
 )
 
 END_1 = {P0: 50, P1: 5}

@@ -1,6 +1,6 @@
 """The coordinator state machine on its happy paths: events in, the exact actions out.
 
-Walks DESIGN.md section 3: the stage table made one txn ahead (the spare), START only once every
+Walks docs/architecture.md §4: the stage table made one txn ahead (the spare), START only once every
 partition is held, END by interval or size, verify, commit point, ACK and publish, empty commits,
 pipelining (END only after the previous txn is committed), shutdown and new partitions. Here the
 participants are older ones (no ``continues``), so END goes alone; continuous txns are in
@@ -10,14 +10,45 @@ participants are older ones (no ``continues``), so END goes alone; continuous tx
 from __future__ import annotations
 
 from protocol.coordinator_events import (
-    Commit, CommitResult, CountStage, Counted, GapFound, PartitionsChanged, PartitionStats, Phase, Publish,
-    PublishResult, Ready, RecordStarted, Shutdown, StageCreated, Stopped, Tick,
+    Commit,
+    CommitResult,
+    Counted,
+    CountStage,
+    GapFound,
+    PartitionsChanged,
+    PartitionStats,
+    Phase,
+    Publish,
+    PublishResult,
+    Ready,
+    RecordStarted,
+    Shutdown,
+    StageCreated,
+    Stopped,
+    Tick,
 )
 from protocol.messages import TopicPartition
-
 from tests.pure.coordinator_driver import (
-    HEAD, HEAD_SEQ, INITIAL, LEARNT, P0, P1, P2, START_1, T0, Driver, abort, ack, beats, create, drop, end, hb, start,
-    txn_id, ws,
+    HEAD,
+    HEAD_SEQ,
+    INITIAL,
+    LEARNT,
+    P0,
+    P1,
+    P2,
+    START_1,
+    T0,
+    Driver,
+    abort,
+    ack,
+    beats,
+    create,
+    drop,
+    end,
+    hb,
+    start,
+    txn_id,
+    ws,
 )
 
 END_1 = {P0: 50, P1: 5}

@@ -10,7 +10,7 @@ def letter(**changes: object) -> DeadLetter:
     fields = dict(pipeline="orders", txn="e2_t7", topic="src", partition=3, offset=41, key=b"k", value=None,
                   headers=(("trace", b"\x00\x01"),), timestamp_ms=1_700_000_000_123, error="tombstone: null value",
                   error_code=0)
-    return DeadLetter(**{**fields, **changes})  # type: ignore[arg-type]
+    return DeadLetter(**{**fields, **changes})  # type: ignore[arg-type]  # fields of mixed types
 
 
 def test_the_table_is_ordered_by_txn_and_coordinates_deduplicates_and_expires() -> None:

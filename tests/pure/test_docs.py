@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
+import os
 import re
 from pathlib import Path
 
@@ -20,7 +22,11 @@ from tools import docgen
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: Pages this repository's docs consist of and that must link only inside it.
-OWN_PAGES = ("README.md", "docs/architecture.md", "docs/configuration.md", "docs/cli.md", "docs/troubleshooting.md")
+OWN_PAGES = ("README.md", "docs/architecture.md", "docs/configuration.md", "docs/cli.md", "docs/operations.md",
+             "docs/troubleshooting.md", "benchmarks/README.md")
+#: Notes kept outside the repository, which its users never see ("DESIGN" ".md" split, so that a grep of the
+#: repository for the name finds nothing, this file included).
+OUTSIDE_NOTES = ("DESIGN" ".md", "../" "shared")
 #: Packages whose strings are the messages users see.
 PRODUCT_PACKAGES = ("protocol", "coordinator", "participant", "clients", "cli", "embedded", "procs")
 
@@ -56,17 +62,11 @@ def test_a_generated_page_matches_the_code(page: str) -> None:
         pytest.fail(f"{page} is stale: run `{docgen.REGENERATE}` and commit the result\n{diff}")
 
 
-def test_every_config_field_is_described_and_every_note_names_a_field() -> None:
-    import protocol.config as config_module
-
-    comments = docgen.field_comments(Path(config_module.__file__).read_text(encoding="utf-8"))
-    keys = {f"{s}.{f.name}": (cls.__name__, f.name)
-            for s, cls in docgen.config_sections().items() for f in msgspec.structs.fields(cls)}
-    undescribed = sorted(k for k, where in keys.items() if k not in docgen.FIELD_NOTES and where not in comments)
-    assert not undescribed, (f"config fields without a description: {undescribed}; add a comment next to the "
-                             "field in protocol/config.py or a FIELD_NOTES entry in tools/docgen.py")
-    stale = sorted(set(docgen.FIELD_NOTES) - set(keys))
-    assert not stale, f"tools/docgen.py FIELD_NOTES describes fields that no longer exist: {stale}"
+def test_every_config_field_carries_its_description() -> None:
+    undescribed = sorted(f"{s}.{name}" for s, cls in docgen.config_sections().items()
+                         for name, (description, _) in docgen.field_docs(cls).items() if not description)
+    assert not undescribed, (f"config fields without a description: {undescribed}; give each an "
+                             "Annotated[type, msgspec.Meta(description=...)] in protocol/config_sections.py")
 
 
 def test_the_documented_environment_variables_are_the_ones_the_config_reads() -> None:
@@ -132,7 +132,7 @@ def mermaid_problems(block: str) -> list[str]:
 
 
 def mermaid_blocks() -> list[tuple[str, str]]:
-    pages = sorted(p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md")) + ["README.md"]
+    pages = [*sorted(p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md")), "README.md"]
     return [(page, block) for page in pages for block in fenced_blocks(read(page), "mermaid")]
 
 
@@ -203,6 +203,41 @@ def test_every_row_of_the_fault_table_names_tests_that_exist() -> None:
     assert not missing, "\n".join(missing)
 
 
+HANDLER_REF = re.compile(r"`([\w.]+):([\w.]+)`")
+
+
+def fault_rows() -> list[dict[str, str]]:
+    """The rows of the fault table of docs/architecture.md, as {column: cell}."""
+    faults = section(read("docs/architecture.md"), "13. Faults")
+    lines = [line for line in faults.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
+    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split(" | ")))) for line in lines[1:]]
+
+
+def resolve(module: str, qualname: str) -> object:
+    """The object ``module:qualname`` names (``ImportError`` or ``AttributeError`` if there is none)."""
+    found: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def test_every_row_of_the_fault_table_names_code_that_handles_it_and_imports() -> None:
+    rows = fault_rows()
+    assert len(rows) >= 13 and all("handled in" in row for row in rows), "the fault table lost its handled-in column"
+    problems = []
+    for row in rows:
+        refs = HANDLER_REF.findall(row["handled in"])
+        if not refs:
+            problems.append(f"{row['fault']!r}: names no handler as `module:qualname`")
+        for module, qualname in refs:
+            try:
+                resolve(module, qualname)
+            except (ImportError, AttributeError) as exc:
+                problems.append(f"{row['fault']!r}: `{module}:{qualname}` does not resolve ({exc})")
+    assert not problems, "docs/architecture.md section 13, handled in:\n" + "\n".join(problems)
+
+
 def test_every_test_named_in_any_page_exists() -> None:
     missing = [f"{page}: {path}::{name}" for page in OWN_PAGES for path, name in TEST_REF.findall(read(page))
                if not (ROOT / path).is_file() or name not in test_functions(ROOT / path)]
@@ -263,9 +298,9 @@ def uncovered(fragment: str, corpus: str, piece: int = 6) -> str:
             else:
                 hi = mid - 1
         while lo - i >= piece:  # then the longest that is whole words, here and in the corpus
-            if not (lo < len(fragment) and fragment[lo - 1].isalnum() and fragment[lo].isalnum()):
-                if _as_words(fragment[i:lo], corpus):
-                    break
+            if (not (lo < len(fragment) and fragment[lo - 1].isalnum() and fragment[lo].isalnum())
+                    and _as_words(fragment[i:lo], corpus)):
+                break
             lo -= 1
         if lo - i >= piece:
             i = lo
@@ -307,6 +342,29 @@ def test_every_troubleshooting_message_is_one_the_code_shows() -> None:
 
 # ---- links ----------------------------------------------------------------------------------
 
+#: Directories of the working tree that are not the repository's own text.
+NOT_OURS = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".chtxn", "results",
+            "node_modules"}
+
+
+def own_text_files() -> list[Path]:
+    """Every ``.py`` and ``.md`` file of the repository (environments, caches and results skipped)."""
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in NOT_OURS and not d.endswith(".egg-info")]
+        found += [Path(folder) / f for f in files if f.endswith((".py", ".md"))]
+    return found
+
+
+def test_no_file_cites_notes_outside_the_repository() -> None:
+    files = own_text_files()
+    assert ROOT / "protocol" / "config.py" in files and ROOT / "README.md" in files
+    citing = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in files
+              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if any(note in line for note in OUTSIDE_NOTES)]
+    assert not citing, ("cite docs/architecture.md (its section numbers) instead of notes users never see:\n"
+                        + "\n".join(citing))
+
 
 def github_anchors(text: str) -> set[str]:
     """The anchors GitHub makes for the headings of ``text`` (fenced code skipped)."""
@@ -333,7 +391,8 @@ def test_links_stay_inside_the_repository_and_resolve(page: str) -> None:
     text = read(page)
     body = prose(text)
     problems = []
-    assert "DESIGN.md" not in text and "shared/" not in text, f"{page} refers to notes users never see"
+    assert not any(note in text for note in OUTSIDE_NOTES) and "shared/" not in text, \
+        f"{page} refers to notes users never see"
     for url in re.findall(r"(?:https?:|mailto:|ftp:)//?\S+|www\.\S+", body):
         problems.append(f"a link that leaves the repository: {url}")
     for target in re.findall(r"\]\(([^)\s]+)\)", body):

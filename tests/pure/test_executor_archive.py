@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 
 import cli
-from cli.participant import is_local, spark_submit_command
-from participant.job import too_few_slots
 from cli.packaging import (
     EXECUTOR_PYTHON,
     SHIPPED_PACKAGES,
@@ -27,6 +25,8 @@ from cli.packaging import (
     ensure_archive,
     executor_spec,
 )
+from cli.participant import is_local, spark_submit_command
+from participant.job import too_few_slots
 from protocol.config import parse_config
 from protocol.errors import SetupError
 from tests.pure.test_layering import imported_packages, modules_of

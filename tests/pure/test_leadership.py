@@ -10,7 +10,14 @@ import pytest
 
 from protocol.leadership import COORDINATOR_KINDS, LeaseWatch
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, LeaderHeartbeat, PartitionPosition, StartCommit, WriteStatus,
+    Abort,
+    AckCommit,
+    EndCommit,
+    Heartbeat,
+    LeaderHeartbeat,
+    PartitionPosition,
+    StartCommit,
+    WriteStatus,
 )
 
 LEASE = 5.0
@@ -39,7 +46,7 @@ def participant_messages(epoch: int) -> list:
 
 
 def test_the_coordinator_kinds_are_exactly_the_messages_a_coordinator_sends() -> None:
-    assert COORDINATOR_KINDS == {type(m).__struct_config__.tag for m in coordinator_messages(1)}
+    assert {type(m).__struct_config__.tag for m in coordinator_messages(1)} == COORDINATOR_KINDS
 
 
 def test_a_fresh_watch_gives_an_existing_leader_one_lease_to_show_itself() -> None:

@@ -16,7 +16,7 @@ def rng(partition: int, start: int, end: int, rows: int | None = None, topic: st
 
 
 def row(event: LedgerEvent, txn: str = "e1_t1", **fields: object) -> LedgerRow:
-    return LedgerRow(pipeline="orders", txn=txn, event=event, epoch=fields.pop("epoch", 1), **fields)  # type: ignore[arg-type]
+    return LedgerRow(pipeline="orders", txn=txn, event=event, epoch=fields.pop("epoch", 1), **fields)  # type: ignore[arg-type]  # fields of mixed types
 
 
 def commit(seq: int, *ranges: PartitionRange, txn: str | None = None) -> LedgerRow:

@@ -9,15 +9,37 @@ partition to that END. Events in, exact action lists out.
 from __future__ import annotations
 
 from protocol.messages import (
-    CONTINUE, EndCommit, Heartbeat, PartitionHolder, PartitionOffset, PartitionPosition, StartCommit, TopicPartition,
+    CONTINUE,
+    EndCommit,
+    Heartbeat,
+    PartitionHolder,
+    PartitionOffset,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
 )
 from protocol.participant_events import (
-    DropTxn, PartitionFailed, Pause, Received, Seek, Send, Tick,
+    DropTxn,
+    PartitionFailed,
+    Pause,
+    Received,
+    Seek,
+    Send,
+    Tick,
 )
 from protocol.participant_state import ParticipantState
-
 from tests.pure.test_participant_state import (
-    P, TP0, TP1, abort, end, machine, polled, stages, staged, start, status,
+    TP0,
+    TP1,
+    P,
+    abort,
+    end,
+    machine,
+    polled,
+    staged,
+    stages,
+    start,
+    status,
 )
 
 

@@ -5,15 +5,33 @@ from __future__ import annotations
 import pytest
 
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, LeaderHeartbeat, PartitionHolder, PartitionOffset, PartitionPosition,
-    StartCommit, TopicPartition, WriteStatus,
+    Abort,
+    AckCommit,
+    EndCommit,
+    Heartbeat,
+    LeaderHeartbeat,
+    PartitionHolder,
+    PartitionOffset,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
 from protocol.participant_events import (
-    ChunkStaged, CommitOffsets, DropTxn, PartitionFailed, Pause, Polled, Received, Resume, Seek, Send,
-    StageChunk, Tick,
+    ChunkStaged,
+    CommitOffsets,
+    DropTxn,
+    PartitionFailed,
+    Pause,
+    Polled,
+    Received,
+    Resume,
+    Seek,
+    Send,
+    Tick,
 )
 from protocol.participant_state import ParticipantState
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
 P = "pl"
 TP0, TP1 = TopicPartition(topic="src", partition=0), TopicPartition(topic="src", partition=1)
@@ -21,6 +39,7 @@ TP9 = TopicPartition(topic="src", partition=9)  # held by another task
 
 
 def machine(chunk_rows: int = 2) -> ParticipantState:
+    """A task of TP0 and TP1; its invariants are checked after every event (``tests/pure/conftest.py``)."""
     return ParticipantState(
         pipeline=P, sender="task-0", partitions=[TP1, TP0], chunk_rows=chunk_rows, chunk_bytes=10_000,
         heartbeat_interval_s=1.0,
@@ -263,7 +282,7 @@ def test_mixed_batches_are_split_by_partition():
 
 def test_unknown_events_are_a_bug():
     with pytest.raises(TypeError):
-        machine().handle(object(), 0)  # type: ignore[arg-type]
+        machine().handle(object(), 0)  # type: ignore[arg-type]  # not an Event, on purpose
 
 
 def test_a_copy_not_named_as_holder_stands_down_for_that_partition():
