@@ -3,7 +3,7 @@
 Starts the embedded broker and ClickHouse, creates a 4-partition topic and a target table with
 the metadata columns, produces realistic JSON events, runs a coordinator and the Spark
 participant job, shows progress, then prints the transaction summary and the exactly-once
-check of DESIGN.md section 8, and stops everything it started.
+check (docs/architecture.md §11), and stops everything it started.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import time
 from pathlib import Path
 
 import msgspec
-from confluent_kafka import Producer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.verify import dead_letter_offsets, verify_deep
+from clients.kafka import KafkaClientFactory
+from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
+from coordinator.verify import dead_letter_offsets, verify_deep
 from embedded.stack import EmbeddedStack
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 ("coordinator", ["coordinator", "--config", str(config_path)]),
                 ("participant", ["participant", "--config", str(config_path)]),
             ):
-                log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+                log = open(work / f"{name}.log", "w")  # noqa: SIM115 -- closed with the process
                 procs.append(subprocess.Popen([sys.executable, "-m", "cli", *argv], stdout=log,
                                               stderr=subprocess.STDOUT, env=env, start_new_session=True))
             elapsed = _follow(cfg, produced, procs, args.timeout, console, work)
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prepare(cfg: PipelineConfig, partitions: int, console: Console) -> None:
-    admin = kafka_clients.admin(cfg)
+    admin = KafkaClientFactory(cfg).admin()
     kafka_clients.create_topics(admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1,
                                         cfg.dead_letter_topic: 1})
     client = make_client(msgspec.structs.replace(cfg.clickhouse, database="default"))
@@ -167,7 +168,7 @@ def _prepare(cfg: PipelineConfig, partitions: int, console: Console) -> None:
 
 
 def _produce(cfg: PipelineConfig, count: int, console: Console) -> int:
-    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "linger.ms": 20, "batch.size": 1_000_000})
+    producer = KafkaClientFactory(cfg).producer(**{"linger.ms": 20, "batch.size": 1_000_000})
     with Progress(TextColumn("producing events"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("produce", total=count)
@@ -202,7 +203,7 @@ def _follow(cfg: PipelineConfig, produced: int, procs: list[subprocess.Popen], t
                     raise ChtxnError(f"the {name} exited with code {proc.returncode}:\n{tail}")
             if time.monotonic() - started > timeout:
                 raise ChtxnError(f"only {committed:,} of {produced:,} rows committed after {timeout:g} s; logs in {work}")
-            committed = int(client.command("SELECT count() FROM demo.events"))
+            committed = int(client.command("SELECT count() FROM demo.events"))  # type: ignore[arg-type]  # count(): an int
             elapsed = time.monotonic() - started
             progress.update(task, completed=committed, rate=f"{committed / elapsed:,.0f} rows/s")
             time.sleep(0.5)  # a progress display's refresh period, not a synchronisation
@@ -211,7 +212,7 @@ def _follow(cfg: PipelineConfig, produced: int, procs: list[subprocess.Popen], t
 
 def _throughput(cfg: PipelineConfig, console: Console) -> None:
     """Steady-state figures from the ledger: first data txn's START to the last commit."""
-    ledger = LedgerStore(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.name)
+    ledger = LedgerHistory(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.name)
     data = [t for t in ledger.history(limit=10_000, state="PUBLISHED") if t.total_rows]
     if not data:
         return
@@ -227,7 +228,7 @@ def _throughput(cfg: PipelineConfig, console: Console) -> None:
 
 def _verify(cfg: PipelineConfig, console: Console) -> bool:
     client = make_client(cfg.clickhouse)
-    ledger = LedgerStore(client, cfg.clickhouse.database, cfg.name)
+    ledger = LedgerHistory(client, cfg.clickhouse.database, cfg.name)
     report = verify_deep(client, cfg.clickhouse.database, cfg.clickhouse.target_table, ledger.commits(),
                          dead_letter_offsets(cfg), ledger.audit())
     for check in report.partitions:

@@ -201,7 +201,7 @@ def _copy_distribution(dist: importlib.metadata.Distribution, site: Path) -> int
     for file in dist.files:
         if file.parts[0] == ".." or "__pycache__" in file.parts or file.suffix == ".pyc":
             continue  # scripts in bin/, and bytecode the executors compile themselves
-        source = Path(dist.locate_file(file))
+        source = Path(dist.locate_file(file))  # type: ignore[arg-type]  # a Path here; typeshed says SimplePath
         if not source.is_file():
             continue
         destination = site / file

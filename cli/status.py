@@ -7,16 +7,16 @@ import os
 import time
 
 import msgspec
-from confluent_kafka import Consumer, TopicPartition as KafkaTP
+from confluent_kafka import TopicPartition as KafkaTP
 from rich.console import Console
 from rich.table import Table
 
-from clients import kafka as kafka_clients
 from cli.txn import _missing_ledger, open_ledger
-from protocol import codec
+from clients import kafka as kafka_clients
+from protocol import codec, naming
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError
-from protocol.messages import Heartbeat, LeaderHeartbeat
+from protocol.messages import Heartbeat, LeaderHeartbeat, TopicPartition
 
 #: How far back the control topic is read for heartbeats.
 CONTROL_TAIL = 2_000
@@ -68,7 +68,7 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
     leader, holders = _heartbeats(cfg)
-    consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-status"}))
+    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(**{"group.id": naming.status_group(cfg.name)})
     try:
         partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
         rows = []
@@ -89,7 +89,7 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
     )
 
 
-def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
+def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict[TopicPartition, str]]:
     """The leader and the holder of each partition heard within their timeouts, from the control topic.
 
     Reads the last ``CONTROL_TAIL`` records up to the end as it was when called: it stops at the
@@ -97,12 +97,13 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
     whichever comes first. It never waits for an end-of-partition event, which a broker whose high
     watermark trails the log (Tansu) never sends while heartbeats keep coming.
     """
-    consumer = Consumer(kafka_clients.consumer_conf(cfg, **{"group.id": f"{cfg.name}.chtxn-status",
-                                                             "enable.partition.eof": True}))
+    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(**{"group.id": naming.status_group(cfg.name),
+                                                                  "enable.partition.eof": True})
     try:
         control = KafkaTP(cfg.control_topic, 0)
         low, high = consumer.get_watermark_offsets(control, timeout=10)
-        leader, holders = "", {}
+        leader = ""
+        holders: dict[TopicPartition, str] = {}
         if high <= low:
             return leader, holders
         consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, high - CONTROL_TAIL))])
@@ -115,7 +116,7 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict]:
                 if record.error() is not None:
                     done = True  # partition EOF
                     continue
-                if record.offset() >= high - 1 or record.timestamp()[1] >= now_ms:
+                if record.offset() >= high - 1 or record.timestamp()[1] >= now_ms:  # type: ignore[operator]  # None only on an error record
                     done = True  # the end as it was when called
                 message = codec.decode(record.value())
                 age_s = (now_ms - record.timestamp()[1]) / 1000

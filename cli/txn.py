@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger_history import LedgerHistory
 from protocol import ledger
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig, load_config
@@ -63,9 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shower.set_defaults(func=run_show)
 
 
-def open_ledger(cfg: PipelineConfig, retries: int = 3) -> LedgerStore:
+def open_ledger(cfg: PipelineConfig, retries: int = 3) -> LedgerHistory:
     """The ledger of ``cfg``'s pipeline, with few retries (a person is waiting)."""
-    return LedgerStore(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.name, retries=retries)
+    return LedgerHistory(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.name, retries=retries)
 
 
 def _missing_ledger(exc: ClickHouseError, cfg: PipelineConfig, config_path: str) -> SetupError | ClickHouseError:

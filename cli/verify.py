@@ -9,8 +9,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from clients.clickhouse import make_client
 from cli.txn import open_ledger
+from clients.clickhouse import make_client
 from coordinator.verify import dead_letter_offsets, verify_deep
 from protocol.config import load_config
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -18,8 +18,7 @@ import clickhouse_connect
 import tenacity
 import urllib3.exceptions
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import Error as DriverError
-from clickhouse_connect.driver.exceptions import OperationalError
+from clickhouse_connect.driver.exceptions import Error as DriverError, OperationalError
 
 from protocol import chcodes, secrets
 from protocol.config import ClickHouseSection
@@ -34,6 +33,7 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     socket.timeout,
     urllib3.exceptions.HTTPError,
 )
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (DriverError, *_TRANSPORT_ERRORS)
 
 
 def make_client(section: ClickHouseSection, **settings: Any) -> Client:
@@ -59,7 +59,7 @@ def make_client(section: ClickHouseSection, **settings: Any) -> Client:
             connect_timeout=section.connect_timeout_s,
             send_receive_timeout=section.send_receive_timeout_s,
         )
-    except (DriverError, *_TRANSPORT_ERRORS) as exc:
+    except _CONNECT_ERRORS as exc:
         code = error_code(exc)
         raise ClickHouseError(
             f"cannot connect to ClickHouse at {secrets.mask_url(section.url)} (database {section.database!r}, user "
@@ -151,7 +151,7 @@ class ClickHouseRetrying(tenacity.Retrying):
     def _attempts(self) -> int:
         return int(self.statistics.get("attempt_number", 1))
 
-    def __iter__(self) -> Iterator[tenacity.AttemptManager]:
+    def __iter__(self) -> Generator[tenacity.AttemptManager, None, None]:
         try:
             yield from super().__iter__()
         except BaseException as exc:

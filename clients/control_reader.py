@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import Consumer, KafkaError, TopicPartition as KafkaTP
 
 from clients import failpoints
 from protocol import codec
@@ -106,7 +105,7 @@ class ControlReader:
             message = codec.decode(record.value())
             if message is not None and self._hidden(message):
                 continue
-            offsets.append(record.offset())
+            offsets.append(record.offset())  # type: ignore[arg-type]  # None only on an error record
             messages.append(message)
         skipped, found = len(self.holes.skipped), self.holes.found
         deliver, again = self.holes.take(offsets, self.clock())

@@ -1,4 +1,5 @@
-"""confluent-kafka configurations and the topic checks every chtxn process shares.
+"""confluent-kafka configurations, the client factory (``KafkaClientFactory``) and the topic checks
+every chtxn process shares.
 
 Precedence of properties: chtxn's defaults, then ``[kafka.properties]`` from the pipeline
 config (passed through untouched, as every Kafka tool does), then the caller's ``extra``
@@ -13,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from protocol import naming
@@ -60,6 +61,31 @@ def producer_conf(cfg: PipelineConfig, **extra: Any) -> dict[str, Any]:
 def admin(cfg: PipelineConfig, **extra: Any) -> AdminClient:
     """An admin client; creating it does no network I/O."""
     return AdminClient({**_common(cfg), **cfg.kafka.properties, **extra})
+
+
+class KafkaClientFactory:
+    """Makes every Kafka client of one pipeline, so that each applies the bootstrap servers and
+    ``[kafka.properties]`` (the precedence of the module docstring): ``consumer(**overrides)``,
+    ``producer(**overrides)``, ``admin()``.
+
+    Built once from the pipeline config and handed to the components that make clients. It holds
+    nothing but the config: making it does no I/O, and it pickles (Spark ships participants).
+    """
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+
+    def consumer(self, **overrides: Any) -> Consumer:
+        """A consumer per ``consumer_conf``; ``overrides`` are librdkafka properties."""
+        return Consumer(consumer_conf(self.cfg, **overrides))
+
+    def producer(self, **overrides: Any) -> Producer:
+        """A producer per ``producer_conf``; ``overrides`` are librdkafka properties."""
+        return Producer(producer_conf(self.cfg, **overrides))
+
+    def admin(self) -> AdminClient:
+        """An admin client; making it does no network I/O."""
+        return admin(self.cfg)
 
 
 def cluster_metadata(

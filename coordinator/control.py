@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from confluent_kafka import OFFSET_END, Consumer, Producer
+from confluent_kafka import OFFSET_END, Producer
 
 from clients import kafka as kafka_clients
 from clients.control_reader import ControlReader
-from clients.kafka import BrokerUnreachable
-from protocol import codec
+from clients.kafka import BrokerUnreachable, KafkaClientFactory
+from protocol import codec, naming
 from protocol.config import PipelineConfig
 from protocol.messages import ControlMessage
 
@@ -23,8 +23,9 @@ class ControlChannel:
     """
 
     def __init__(self, cfg: PipelineConfig, *, client_id: str, who: str = "",
-                 on_hole: Callable[[], None] | None = None) -> None:
+                 on_hole: Callable[[], None] | None = None, kafka: KafkaClientFactory | None = None) -> None:
         self.cfg = cfg
+        self.kafka = kafka or KafkaClientFactory(cfg)
         self.on_hole = on_hole  # called per hole in the control topic's offsets (``ControlReader``)
         self.topic = cfg.control_topic
         self.client_id = client_id
@@ -33,15 +34,14 @@ class ControlChannel:
         self._producer: Producer | None = None
 
     def open(self) -> None:
-        admin = kafka_clients.admin(self.cfg)
-        kafka_clients.check_control_topic(admin, self.topic)
-        self._reader = ControlReader(Consumer(kafka_clients.consumer_conf(
-            self.cfg, **{"group.id": f"{self.cfg.name}.chtxn-control-reader", "enable.auto.commit": False,
-                         "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
-                         "auto.offset.reset": "latest"})), self.topic, who=self.who, on_hole=self.on_hole)
+        kafka_clients.check_control_topic(self.kafka.admin(), self.topic)
+        self._reader = ControlReader(self.kafka.consumer(**{
+            "group.id": naming.control_reader_group(self.cfg.name), "enable.auto.commit": False,
+            "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
+            "auto.offset.reset": "latest"}), self.topic, who=self.who, on_hole=self.on_hole)
         self._reader.assign(OFFSET_END)
-        self._producer = Producer(kafka_clients.producer_conf(
-            self.cfg, **{"client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True}))
+        self._producer = self.kafka.producer(**{
+            "client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True})
 
     def close(self) -> None:
         if self._producer is not None:

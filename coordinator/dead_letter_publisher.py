@@ -9,7 +9,7 @@ row; and by a new leader rolling a committed txn forward). Dead-letter steps:
    Kafka transaction aborted. Then read the marker, the committed offset of group
    ``<pipeline>.chtxn-dlq`` on partition 0 of the dead-letter topic: every slot up to it is
    published. (The marker may be gone: Kafka expires the offsets of a group without members
-   after ``offsets.retention.minutes``; it then reads as 0, and step 3's ledger check decides.)
+   after ``offsets.retention.minutes``; it then reads as 0, and dead-letter step 3's ledger check decides.)
 2. At or below the marker: done.
 3. Find the committed txns of slots (marker, ``commit_seq``] that hold letters and have no
    PUBLISHED ledger row (a PUBLISHED row is written only after the txn's letters went out), so
@@ -36,13 +36,12 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaTP
 
-from clients import kafka as kafka_clients
 from clients.clickhouse import retrying
+from clients.kafka import KafkaClientFactory
 from coordinator.ledger_store import LedgerStore
-from protocol import dead_letters
+from protocol import dead_letters, naming
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig
 from protocol.dead_letters import DeadLetter
@@ -73,21 +72,13 @@ def ensure_table(client: Any, database: str, *, replicated: bool = False, attemp
     )
 
 
-def transactional_id(pipeline: str) -> str:
-    return f"{pipeline}.chtxn-dlq"
-
-
-def marker_group(pipeline: str) -> str:
-    """The consumer group whose committed offset on the dead-letter topic's partition 0 is the marker."""
-    return f"{pipeline}.chtxn-dlq"
-
-
 class DeadLetterPublisher:
     """Publishes letters for one leader. The constructor does no I/O; ``close`` when done."""
 
     def __init__(self, cfg: PipelineConfig, client: Any, ledger: LedgerStore, *, epoch: int, timeout_s: float = 30.0,
-                 retries: int = 8) -> None:
+                 retries: int = 8, kafka: KafkaClientFactory | None = None) -> None:
         self.cfg, self.client, self.ledger, self.epoch = cfg, client, ledger, epoch
+        self.kafka = kafka or KafkaClientFactory(cfg)
         self.topic = cfg.dead_letter_topic
         self.timeout_s, self.retries = timeout_s, retries
         self._producer: Any = None
@@ -111,20 +102,20 @@ class DeadLetterPublisher:
         if self._newer is not None:
             raise NewerLeader(f"the dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) stopped for good: "
                               f"epoch {self._newer} leads")
-        # Dead-letter step 1
+        # Dead-letter step 1: start (fencing any other publisher), read the marker
         self._start()
         if self._through is None:
             self._through = self._read_marker()
-        # Dead-letter step 2
+        # Dead-letter step 2: at or below the marker, done
         if commit_seq <= self._through:
             return 0
-        # Dead-letter step 3
+        # Dead-letter step 3: the letters of the unpublished committed slots up to this one
         slots = self._committed_with_letters(self._through, commit_seq, txn)
         letters = [(seq, letter) for seq, row in slots for letter in self._letters_of(row)]
-        if not letters:  # Dead-letter step 4
+        if not letters:  # Dead-letter step 4: no letters, done
             self._through = commit_seq
             return 0
-        self._produce(letters, commit_seq)  # Dead-letter step 5
+        self._produce(letters, commit_seq)  # Dead-letter step 5: letters and marker in one Kafka transaction
         self._through = commit_seq
         log.info("published %d dead letters", len(letters), extra={"txn": txn, "commit_seq": commit_seq})
         return len(letters)
@@ -148,18 +139,19 @@ class DeadLetterPublisher:
             self._newer = newest
             raise NewerLeader(f"the dead-letter publisher of {cfg.name} (epoch {self.epoch}) does not start: "
                               f"epoch {newest} leads")
-        producer = Producer(kafka_clients.producer_conf(cfg, **{
-            "transactional.id": transactional_id(cfg.name), "client.id": f"chtxn-dlq-{cfg.coordinator_id}",
-        }))
+        producer = self.kafka.producer(**{
+            "transactional.id": naming.dead_letter_transactional_id(cfg.name),
+            "client.id": f"chtxn-dlq-{cfg.coordinator_id}",
+        })
         try:
             producer.init_transactions(self.timeout_s)
         except KafkaException as exc:
             raise DeadLetterPublishError(f"cannot start the dead-letter publisher of {cfg.name}: {_reason(exc)}") from None
         self._producer = producer
         if self._marker_reader is None:
-            self._marker_reader = Consumer(kafka_clients.consumer_conf(cfg, **{
-                "group.id": marker_group(cfg.name), "isolation.level": "read_committed",
-            }))
+            self._marker_reader = self.kafka.consumer(**{
+                "group.id": naming.dead_letter_marker_group(cfg.name), "isolation.level": "read_committed",
+            })
         self._through = None
 
     def _read_marker(self) -> int:
@@ -229,7 +221,7 @@ class DeadLetterPublisher:
     def _failed(self, exc: Exception, commit_seq: int, count: int) -> DeadLetterPublishError:
         error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
         if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
-            self._producer = None  # unusable: the next call makes a new one (step 1 asks the ledger first)
+            self._producer = None  # unusable: the next call makes a new one (dead-letter step 1 asks the ledger first)
             if error.code() in _FENCED:
                 return PublisherFenced(f"dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) fenced by "
                                        f"another publisher: {error.str()}; the next publish asks the ledger who leads")

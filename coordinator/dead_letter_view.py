@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaTP
 
 from clients import kafka as kafka_clients
+from clients.kafka import KafkaClientFactory
+from protocol import naming
 from protocol.config import PipelineConfig
 from protocol.dead_letters import PublishedLetter, published
 from protocol.errors import SetupError
@@ -28,12 +29,13 @@ def _order(letter: PublishedLetter) -> tuple:
 class DeadLetterReader:
     """Reads the dead-letter topic of ``cfg``; ``close`` when done."""
 
-    def __init__(self, cfg: PipelineConfig, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, cfg: PipelineConfig, *, timeout_s: float = 30.0,
+                 kafka: KafkaClientFactory | None = None) -> None:
         self.cfg, self.topic, self.timeout_s = cfg, cfg.dead_letter_topic, timeout_s
-        self.consumer: Any = Consumer(kafka_clients.consumer_conf(cfg, **{
-            "group.id": f"{cfg.name}.chtxn-dlq-reader", "isolation.level": "read_committed",
+        self.consumer: Any = (kafka or KafkaClientFactory(cfg)).consumer(**{
+            "group.id": naming.dead_letter_reader_group(cfg.name), "isolation.level": "read_committed",
             "enable.partition.eof": True, "auto.offset.reset": "earliest",
-        }))
+        })
 
     def __enter__(self) -> DeadLetterReader:
         return self

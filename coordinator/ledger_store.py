@@ -1,4 +1,5 @@
-"""Reads and writes of the ledger table (``protocol.ledger``) through a clickhouse-connect client.
+"""Claims, writes and the leader's reads of the ledger table (``protocol.ledger``) through a
+clickhouse-connect client; the history reads for people are ``coordinator.ledger_history``.
 
 Guarantees:
 - Every insert is synchronous (``async_insert = 0``) and carries a deduplication token, so a
@@ -9,10 +10,11 @@ Guarantees:
 - Reads resolve a duplicated slot by the first claim (``protocol.ledger``), so every reader
   sees the same single chain of commits, and a late claim never rewrites it.
 - ``seal`` lets a new leader fence every older one out of the next commit slot.
-- Every ``checkpoint_every``-th won slot and every won seal are followed by a checkpoint and an
-  expiry run (``protocol.ledger_checkpoint``): reads start from the latest checkpoint, and history
-  older than ``retention_s`` goes, never the head. Their failures are logged, never raised: the
-  commit stands, and the next checkpoint covers what this one missed.
+- ``claim_commit`` only commits. Its winner then calls ``after_won_slot``: every
+  ``checkpoint_every``-th won slot and every won seal are followed by a checkpoint and an expiry
+  run (``protocol.ledger_checkpoint``): reads start from the latest checkpoint, and history older
+  than ``retention_s`` goes, never the head. Their failures are logged, never raised: the commit
+  stands, and the next checkpoint covers what this one missed.
 - On replicated ClickHouse (``replicated=True``) inserts wait for a quorum and reads see every
   quorum insert (``insert_quorum``, ``select_sequential_consistency``).
 Calls retry retryable ClickHouse errors and then raise ``protocol.errors.ClickHouseError``.
@@ -29,23 +31,17 @@ from typing import Any
 
 import msgspec
 
-from clients.clickhouse import retrying
+from clients.clickhouse import ClickHouseRetrying, retrying
 from protocol import dead_letters, ledger, ledger_checkpoint, naming
 from protocol.errors import ChtxnError
 from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow
-from protocol.ledger_view import TxnSummary, audit, summarize
+from protocol.ledger_view import TxnSummary, summarize
 from protocol.messages import TopicPartition
 
 log = logging.getLogger(__name__)
 
 #: Default ``retention_s``: 30 days.
 DEFAULT_RETENTION_S = 30 * 86400.0
-#: Extra txns a txn-list window query returns, for txns with rows older than the window.
-_SLACK = 8
-#: Txn-list windows start at the 1st, 4th, 16th, ... latest checkpoint, or an hour, a day, a week
-#: ago, narrowest first, and then take everything.
-_WINDOW_STEPS = (0, 3, 15, 63, 255, 1023)
-_WINDOW_AGES_S = (3600.0, 86400.0, 7 * 86400.0)
 
 
 class LedgerStore:
@@ -162,18 +158,24 @@ class LedgerStore:
         mine = msgspec.structs.replace(row, pipeline=self._pipeline, claim_id=row.claim_id or uuid.uuid4().hex)
         self._insert(mine, naming.commit_token(self._pipeline, row.commit_seq), f"claim commit slot {row.commit_seq}")
         winner = self.commit_at(row.commit_seq)
-        won = (
+        return (
             winner is not None
             and winner.claim_id == mine.claim_id
             and (winner.txn, winner.epoch, winner.coordinator) == (row.txn, row.epoch, row.coordinator)
         )
-        if won and (row.commit_seq % self._checkpoint_every == 0 or row.txn == naming.seal_txn(row.epoch)):
-            try:
-                self.checkpoint(epoch=row.epoch, coordinator=row.coordinator)
-                self.expire()
-            except ChtxnError as exc:
-                log.warning("could not checkpoint or expire the ledger", extra={"error": str(exc)})
-        return won
+
+    def after_won_slot(self, commit_seq: int, *, epoch: int, coordinator: str, seal: bool = False) -> None:
+        """Upkeep for the claimer that just won slot ``commit_seq`` (by its seal, with ``seal``), called
+        right after ``claim_commit`` or ``seal`` returned True: every ``checkpoint_every``-th slot and
+        every seal are followed by a checkpoint and an expiry run. Failures are logged, never raised:
+        the commit stands, and the next checkpoint covers what this one missed."""
+        if commit_seq % self._checkpoint_every != 0 and not seal:
+            return
+        try:
+            self.checkpoint(epoch=epoch, coordinator=coordinator)
+            self.expire()
+        except ChtxnError as exc:
+            log.warning("could not checkpoint or expire the ledger", extra={"error": str(exc)})
 
     def checkpoint(self, *, epoch: int, coordinator: str) -> int:
         """Write a checkpoint for the longest decided and settled prefix of the chain past the
@@ -235,15 +237,6 @@ class LedgerStore:
                 chosen.setdefault(g.tp, g.start)
         return chosen
 
-    def gaps(self) -> list[LedgerRow]:
-        """Every GAP row of the pipeline, oldest first."""
-        return [ledger.from_result_row(r) for r in self._query("read gaps", ledger.gap_rows_sql(self._database))]
-
-    def lost(self) -> list[LedgerRow]:
-        """Committed txns whose rows could not be published (stage table gone): alarms."""
-        sql = ledger.event_rows_sql(self._database, LedgerEvent.LOST)
-        return [ledger.from_result_row(r) for r in self._query("read lost txns", sql)]
-
     def commit_at(self, commit_seq: int) -> LedgerRow | None:
         """The COMMITTED row owning slot ``commit_seq``; None if the slot is free, or if its owner's
         row has expired (a claim stored after a checkpoint covered the slot owns nothing)."""
@@ -254,11 +247,6 @@ class LedgerStore:
         rows = self._query("read the latest checkpoint", ledger_checkpoint.checkpoints_sql(self._database, newest_first=True),
                            limit=1)
         return ledger.from_result_row(rows[0]) if rows else None
-
-    def checkpoints(self) -> list[LedgerRow]:
-        """Every retained checkpoint, oldest first."""
-        sql = ledger_checkpoint.checkpoints_sql(self._database, newest_first=False)
-        return [ledger.from_result_row(r) for r in self._query("read the checkpoints", sql, limit=2**32 - 1)]
 
     def epoch_owner(self, epoch: int) -> str | None:
         """The coordinator that claimed ``epoch``, or None if nobody did."""
@@ -279,11 +267,6 @@ class LedgerStore:
                            through=ALL_SLOTS["through"])
         return ledger_checkpoint.overlay(latest, rows)
 
-    def commits(self) -> list[LedgerRow]:
-        """The retained chain: one resolved COMMITTED row per slot, in slot order."""
-        sql = ledger.resolved_commits_sql(self._database)
-        return [ledger.from_result_row(r) for r in self._query("read the commits", sql, **ALL_SLOTS)]
-
     def committed_unpublished(self, *, after: int | None = None) -> list[LedgerRow]:
         """COMMITTED txns without a PUBLISHED row, in slot order: any leader must publish them.
         All lie after the latest checkpoint (the default ``after``)."""
@@ -294,56 +277,10 @@ class LedgerStore:
         rows = self._query("read unpublished commits", sql, after=after, through=ALL_SLOTS["through"])
         return [ledger.from_result_row(r) for r in rows]
 
-    def history(self, limit: int = 20, state: str | None = None) -> list[TxnSummary]:
-        """The latest ``limit`` txns, newest first (by their first row), optionally only those in ``state``.
-
-        Reads a window of recent rows, from the latest checkpoint on, and widens it (the 4th,
-        16th, ... latest checkpoint, an hour, a day, a week, then everything) only while it holds
-        fewer than ``limit`` txns whose rows all lie inside it: those are ranked and judged exactly.
-        """
-        if state and state.upper() not in ledger.STATE_PRECEDENCE:
-            raise ValueError(f"unknown txn state {state!r}: use one of {', '.join(ledger.STATE_PRECEDENCE)}")
-        if limit <= 0:
-            return []
-        for since_ms in self._windows():
-            picked = self._query(
-                "list txns", ledger.history_txns_sql(self._database),
-                limit=limit + _SLACK, state=(state or "").upper(), since_ms=since_ms,
-            )
-            grouped = self._rows_of([r[0] for r in picked])
-            inside = [t for t, _, _ in picked
-                      if t in grouped and min(round(r.event_time * 1000) for r in grouped[t]) >= since_ms]
-            if len(inside) >= limit or since_ms == 0:
-                return [summarize(grouped[t]) for t in inside[:limit]]
-        raise AssertionError("the last window takes every row")
-
-    def last_abort(self) -> LedgerRow | None:
-        """The newest ABORTED row (reads only ABORTED rows)."""
-        rows = self._query("read the last abort", ledger.latest_event_sql(self._database, LedgerEvent.ABORTED))
-        return ledger.from_result_row(rows[0]) if rows else None
-
     def txn(self, txn_id: str) -> TxnSummary | None:
         """Everything the ledger says of ``txn_id``, or None if it has no row."""
         rows = self._rows_of([txn_id]).get(txn_id)
         return summarize(rows) if rows else None
-
-    def audit(self) -> list[str]:
-        """Anomalies of the commit chain per partition (overlap, backward, gap), checkpoints that
-        disagree with it, and committed txns lost before publish; empty if sound.
-
-        When the first slots have expired, the chain is checked from the oldest checkpoint left."""
-        start, commits, checkpoints = self.retained_chain()
-        return audit(commits, self.gaps(), self.lost(), start=start, checkpoints=checkpoints)
-
-    def retained_chain(self) -> tuple[LedgerRow | None, list[LedgerRow], list[LedgerRow]]:
-        """(start, commits, checkpoints): the checkpoint the retained chain continues from (None
-        while slot 1 is retained), the resolved commits after it, and every retained checkpoint."""
-        commits = self.commits()
-        checkpoints = self.checkpoints()
-        if checkpoints and (not commits or commits[0].commit_seq > 1):
-            start = checkpoints[0]
-            return start, [c for c in commits if c.commit_seq > start.commit_seq], checkpoints
-        return None, commits, checkpoints
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -356,14 +293,6 @@ class LedgerStore:
             grouped.setdefault(row.txn, []).append(row)
         return grouped
 
-    def _windows(self) -> list[int]:
-        """Lower bounds (unix ms) of the txn-list windows, narrowest first; the last is 0 (all rows)."""
-        sql = ledger_checkpoint.checkpoint_times_sql(self._database)
-        times = [int(r[0]) for r in self._query("read checkpoint times", sql, limit=_WINDOW_STEPS[-1] + 1)]
-        now_ms = self._wall_clock() * 1000
-        bounds = {times[i] for i in _WINDOW_STEPS if i < len(times)} | {int(now_ms - age * 1000) for age in _WINDOW_AGES_S}
-        return sorted(bounds, reverse=True) + [0]
-
     def _slot_winner(self, event: LedgerEvent, slot: int) -> LedgerRow | None:
         rows = self._query(f"read {event.value} slot {slot}", ledger.slot_winner_sql(self._database, event), slot=slot)
         if not rows:
@@ -374,7 +303,7 @@ class LedgerStore:
                 return None  # a late claim of a slot whose owner has expired
         return ledger.from_result_row(rows[0])
 
-    def _retry(self, what: str):  # noqa: ANN202 - a ClickHouseRetrying
+    def _retry(self, what: str) -> ClickHouseRetrying:
         return retrying(self._retries, what, sleep=self._sleep)
 
     def _command(self, what: str, sql: str, **params: Any) -> None:

@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from protocol.coordinator_events import (
-    ABORT_KINDS, AbortTxn, Commit, CountStage, CreateStage, DropStage, Publish, RecordStarted,
+    ABORT_KINDS,
+    AbortTxn,
+    Commit,
+    CountStage,
+    CreateStage,
+    DropStage,
+    Publish,
+    RecordStarted,
 )
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-#: The leader's ClickHouse steps, as its lanes run them (``coordinator.leader.LANES``), by action:
-#: step 5's check, step 6's commit point, step 7's publish, and the work around them.
+#: The leader's ClickHouse steps, as its lanes run them (``coordinator.lanes.LANES``), by action:
+#: commit step 5's check, commit step 6's commit point, commit step 7's publish, and the work around them.
 LEADER_STEPS: dict[type, str] = {
     CountStage: "check", Commit: "commit", Publish: "publish", CreateStage: "create-stage", DropStage: "drop-stage",
     RecordStarted: "record-started", AbortTxn: "abort",
 }
+
+
+class _PipelineLabel(TypedDict):
+    """The keyword arguments of a metric labelled by pipeline alone."""
+
+    labelnames: list[str]
+    registry: CollectorRegistry
 
 
 class CoordinatorMetrics:
@@ -22,7 +38,7 @@ class CoordinatorMetrics:
 
     def __init__(self, pipeline: str) -> None:
         self.registry = CollectorRegistry()
-        labels = {"labelnames": ["pipeline"], "registry": self.registry}
+        labels: _PipelineLabel = {"labelnames": ["pipeline"], "registry": self.registry}
         self.transactions = Counter("chtxn_transactions", "Transactions by outcome", ["pipeline", "outcome"], registry=self.registry)
         self.aborts = Counter("chtxn_aborts", "Aborted transactions by reason", ["pipeline", "reason"], registry=self.registry)
         self.commit_latency = Histogram(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from clients.clickhouse import make_client
-from clients.kafka import BrokerUnreachable
+from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.ledger_store import LedgerStore
@@ -42,6 +42,7 @@ class CoordinatorService:
         self.epoch = 0  # the epoch this replica leads, 0 as standby
         self.leaderships = 0
         self.leader_class = leader_class  # tests inject faults with a subclass
+        self.kafka = KafkaClientFactory(cfg)
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -67,7 +68,7 @@ class CoordinatorService:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
         control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}", who=self.id,
-                                 on_hole=self.metrics.control_holes.labels(self.cfg.name).inc)
+                                 on_hole=self.metrics.control_holes.labels(self.cfg.name).inc, kafka=self.kafka)
         control.open()
         try:
             watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
@@ -94,7 +95,7 @@ class CoordinatorService:
         self.metrics.epoch.labels(self.cfg.name).set(epoch)
         try:
             leader = self.leader_class(self.cfg, epoch=epoch, coordinator=self.id, control=control, ledger=ledger,
-                            stages=stages, metrics=self.metrics, clock=self.clock)
+                            stages=stages, metrics=self.metrics, clock=self.clock, kafka=self.kafka)
             outcome = leader.run(stop)
             log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
         finally:

@@ -1,4 +1,6 @@
-"""Stage tables: create (step 2), count (step 5), publish (step 7), drop, and find orphans.
+"""Stage tables: create (commit step 2), count (commit step 5), publish (commit step 7), drop, and
+find orphans. Their shapes are compared by ``protocol.table_shape``; the target itself is checked
+at take-over by ``coordinator.target_checks``.
 
 Every call here is idempotent, so a new leader can roll any of them forward after a crash.
 Guarantees:
@@ -23,18 +25,37 @@ Guarantees:
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from clients import failpoints
 from clients.clickhouse import error_code
 from protocol import naming
 from protocol.chcodes import INCOMPATIBLE_COLUMNS, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
-from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
+from protocol.table_shape import (
+    COLUMN_DEFS_SQL,
+    MERGING_ENGINES,
+    PARTITION_IDS_SQL,
+    SHAPES_SQL,
+    TABLE_ENGINE_SQL,
+    TABLE_EXISTS_SQL,
+    TABLES_STARTING_WITH_SQL,
+    Shape,
+    alignment,
+    columns_sql,
+    difference,
+    engine_clause_as,
+    has_metadata,
+    ident,
+    partition_rows_sql,
+    partition_stats,
+    publish_reads_sql,
+    shapes_of,
+    staged_sql,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,129 +65,17 @@ ALIGN_ATTEMPTS = 3
 STAGE_DEDUP_WINDOW = 100_000
 
 
-#: Engines that merge rows away; their stage tables are plain MergeTree (see the module docstring).
-MERGING_ENGINES = frozenset({
-    "ReplacingMergeTree", "SummingMergeTree", "CollapsingMergeTree", "VersionedCollapsingMergeTree",
-    "AggregatingMergeTree", "GraphiteMergeTree", "CoalescingMergeTree",
-})
-
-
 class StageTableMissing(ChtxnError):
     """A committed txn's stage table is gone before its rows reached the target."""
 
 
-def _window(engine_full: str, setting: str) -> int | None:
-    match = re.search(rf"\b{setting}\s*=\s*(\d+)", engine_full)
-    return int(match.group(1)) if match else None
-
-
-def _deduplicates(engine: str, engine_full: str) -> bool:
-    """Whether a MergeTree table drops a block it has seen (a deduplication window above 0)."""
-    if "Replicated" in engine or "Shared" in engine:
-        return _window(engine_full, "replicated_deduplication_window") != 0  # the default window is > 0
-    return (_window(engine_full, "non_replicated_deduplication_window") or 0) > 0
-
-
-def _engine_clause_as(engine_full: str, engine: str) -> str:
-    """``engine_full`` with its engine call (name and arguments) replaced by plain ``MergeTree``."""
-    rest = engine_full[len(engine):] if engine_full.startswith(engine) else engine_full
-    if rest.startswith("("):
-        depth, quote, i = 0, "", 0
-        for i, ch in enumerate(rest):
-            if quote:
-                quote = "" if ch == quote and rest[i - 1] != "\\" else quote
-            elif ch in "'`\"":
-                quote = ch
-            elif ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-        rest = rest[i + 1:]
-    return "MergeTree" + rest
-
-
 @dataclass(frozen=True)
 class StageCheck:
-    """What step 5 reads of a stage table."""
+    """What commit step 5 reads of a stage table."""
 
     altered: str  # how the target's structure now differs from the stage table's, "" if it does not
     count: int
     partitions: dict[TopicPartition, PartitionStats] | None  # None without the metadata columns
-
-
-@dataclass
-class _Shape:
-    """A table's engine, keys and columns (name, type) in order."""
-
-    engine: str
-    partition: str
-    sorting: str
-    primary: str
-    columns: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _difference(stage: _Shape | None, target: _Shape | None) -> str:
-    """How ``target`` differs from ``stage``, "" when a move would work.
-
-    Columns and keys are compared; for targets whose engine merges rows, only the partition
-    key: their engines extend the sorting key implicitly (VersionedCollapsing adds its version
-    column), which the plain MergeTree stage table does not, and a move between them works.
-    """
-    if stage is None or target is None:
-        return "the stage table or the target is gone"
-    keys = (stage.partition,) if target.engine in MERGING_ENGINES else (stage.partition, stage.sorting, stage.primary)
-    theirs = (target.partition,) if target.engine in MERGING_ENGINES else (target.partition, target.sorting, target.primary)
-    if stage.columns == target.columns and keys == theirs:
-        return ""
-    if stage.columns != target.columns:
-        mine, other = dict(stage.columns), dict(target.columns)
-        added = [n for n, _ in target.columns if n not in mine]
-        gone = [n for n, _ in stage.columns if n not in other]
-        parts = ([f"columns added: {', '.join(added)}"] if added else []) + (
-            [f"columns dropped: {', '.join(gone)}"] if gone else [])
-        return "; ".join(parts) or "column types or order changed"
-    return "partition, sorting or primary key changed"
-
-
-#: Columns and keys of the tables ``{names:Array(String)}`` of ``{db:String}``, as tagged rows of six
-#: strings: ('c', table, position, column, type, '') and ('t', table, engine, partition key,
-#: sorting key, primary key). Other reads are appended to it with UNION ALL under tags of their
-#: own: one round trip, and cheaper in ClickHouse than a JOIN or scalar subqueries.
-_SHAPES_SQL = (
-    "SELECT 'c', table, toString(position), name, type, '' FROM system.columns "
-    "WHERE database = {db:String} AND table IN {names:Array(String)} "
-    "UNION ALL SELECT 't', name, engine, partition_key, sorting_key, primary_key FROM system.tables "
-    "WHERE database = {db:String} AND name IN {names:Array(String)}"
-)
-
-
-def _shapes_of(rows: list[tuple]) -> dict[str, _Shape]:
-    """The shapes in ``_SHAPES_SQL``'s rows, by table, columns in their order (other tags ignored)."""
-    tables = {r[1]: r for r in rows if r[0] == "t"}
-    shapes: dict[str, _Shape] = {}
-    for _, table, position, name, kind, _ in sorted((r for r in rows if r[0] == "c"), key=lambda r: (r[1], int(r[2]))):
-        if table in tables:
-            _, _, engine, partition, sorting, primary = tables[table]
-            shapes.setdefault(table, _Shape(engine, partition, sorting, primary)).columns.append((name, kind))
-    return shapes
-
-
-def _has_metadata(shape: _Shape) -> bool:
-    return set(METADATA_COLUMNS) <= {name for name, _ in shape.columns}
-
-
-def _partition_stats(rows: list[tuple]) -> dict[TopicPartition, PartitionStats]:
-    """(topic, partition, rows, min offset, max offset) rows by source partition."""
-    return {
-        TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
-        for t, p, n, lo, hi in rows
-    }
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class StageTables:
@@ -189,77 +98,9 @@ class StageTables:
         self._metadata: bool | None = None  # whether the last stage table checked had the metadata columns
 
     def _q(self, table: str) -> str:
-        return f"{_ident(self.database)}.{_ident(table)}"
+        return f"{ident(self.database)}.{ident(table)}"
 
-    # ---- checks done once at take-over ----------------------------------------------------
-
-    def check_target(self) -> None:
-        """Refuse what cannot work: a missing target, ``move`` into a table with views, and
-        ``insert-select`` into a target (or a view's table) that would store a repeated publish twice."""
-        rows = self.client.query(
-            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": self.target},
-        ).result_rows
-        if not rows:
-            raise SetupError(
-                f"target table {self.database}.{self.target} does not exist: create it (with optional "
-                "_topic String, _partition Int32, _offset Int64 columns for exactly-once checks), then restart"
-            )
-        engine, engine_full = rows[0]
-        if "MergeTree" not in engine:
-            raise SetupError(f"target table {self.database}.{self.target} has engine {engine}; chtxn needs a MergeTree-family table")
-        views = self.dependent_views()
-        if views and self.publish_mode == "move":
-            raise SetupError(
-                f"target table {self.database}.{self.target} has dependent materialized views ({', '.join(views)}), "
-                "which do not fire on ALTER TABLE ... MOVE PARTITION: set transaction.publish_mode = \"insert-select\""
-            )
-        if self.publish_mode == "insert-select" and not _deduplicates(engine, engine_full):
-            raise SetupError(
-                f"publish_mode insert-select needs deduplication on {self.database}.{self.target} so that a repeated "
-                f"publish stores rows once: ALTER TABLE {self.database}.{self.target} MODIFY SETTING "
-                "non_replicated_deduplication_window = 1000"
-            )
-        unsafe = self._view_tables_without_dedup(views) if self.publish_mode == "insert-select" else []
-        if unsafe:
-            view, table = unsafe[0]
-            raise SetupError(
-                f"materialized view {view} on {self.database}.{self.target} writes to {table}, which does not "
-                "deduplicate, so a repeated publish would count its rows twice there: ALTER TABLE "
-                f"{table} MODIFY SETTING non_replicated_deduplication_window = 1000"
-            )
-
-    def dependent_views(self) -> list[str]:
-        """Materialized views that read from the target (``db.view``), which fire on INSERT only."""
-        rows = self.client.query(
-            "SELECT dependencies_database, dependencies_table FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": self.target},
-        ).result_rows
-        return sorted(f"{db}.{name}" for dbs, names in rows for db, name in zip(dbs, names))
-
-    def _view_tables_without_dedup(self, views: list[str]) -> list[tuple[str, str]]:
-        """(view, its table) for each view whose table would store a repeated publish twice.
-
-        Newer ClickHouse servers (26.x at least) pass a block deduplicated in the target on to the
-        views, where only the view's own table can drop it again. Servers whose ``system.tables``
-        has no ``target_table`` column are not checked.
-        """
-        if not views or not int(self.client.command(
-            "SELECT count() FROM system.columns WHERE database = 'system' AND table = 'tables' AND name = 'target_table'"
-        )):
-            return []
-        rows = self.client.query(
-            "SELECT concat(v.database, '.', v.name), concat(t.database, '.', t.name), t.engine, t.engine_full "
-            "FROM system.tables AS v INNER JOIN system.tables AS t "
-            "ON t.database = v.target_database AND t.name = v.target_table "
-            "WHERE concat(v.database, '.', v.name) IN {views:Array(String)}",
-            parameters={"views": views},
-        ).result_rows
-        return [(view, table) for view, table, engine, full in sorted(rows)
-                if "MergeTree" in engine and not _deduplicates(engine, full)]
-
-    # ---- step 2 -----------------------------------------------------------------------------
+    # ---- commit step 2 ----------------------------------------------------------------------
 
     def create(self, stage: str) -> None:
         """A clone of the target (columns, keys, storage policy, indices, projections), with dedup
@@ -268,49 +109,42 @@ class StageTables:
 
     def _create_like_target(self, table: str) -> None:
         engine, engine_full = self._engine(self.target)
-        clause = f" ENGINE = {_engine_clause_as(engine_full, engine)}" if engine in MERGING_ENGINES else ""
+        clause = f" ENGINE = {engine_clause_as(engine_full, engine)}" if engine in MERGING_ENGINES else ""
         self.client.command(f"CREATE TABLE IF NOT EXISTS {self._q(table)} AS {self._q(self.target)}{clause}")
         self.client.command(
             f"ALTER TABLE {self._q(table)} MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
         )
 
     def _engine(self, table: str) -> tuple[str, str]:
-        rows = self.client.query(
-            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": table},
-        ).result_rows
+        rows = self.client.query(TABLE_ENGINE_SQL, parameters={"db": self.database, "t": table}).result_rows
         if not rows:
             raise SetupError(f"table {self.database}.{table} does not exist")
         return rows[0][0], rows[0][1]
 
-    # ---- step 5 -----------------------------------------------------------------------------
+    # ---- commit step 5 ----------------------------------------------------------------------
 
     def check(self, stage: str) -> StageCheck:
-        """Step 5's reads in one query: how the target's structure now differs from ``stage``'s,
+        """Commit step 5's reads in one query: how the target's structure now differs from ``stage``'s,
         and the rows staged (per source partition when the stage table has the metadata columns).
         A stage table that is gone, or whose metadata columns are not what the last one had, is
         read again by ``_check_slowly``, which says what is missing."""
         per_partition = self._metadata is not False
-        staged = (
-            "SELECT 's', toString(_topic), toString(_partition), toString(count()), toString(min(_offset)), "
-            f"toString(max(_offset)) FROM {self._q(stage)} GROUP BY _topic, _partition"
-            if per_partition else f"SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)}"
-        )
+        staged = staged_sql(self._q(stage), per_partition=per_partition)
         try:
             rows = self.client.query(
-                f"{_SHAPES_SQL} UNION ALL {staged}", parameters={"db": self.database, "names": [stage, self.target]},
+                f"{SHAPES_SQL} UNION ALL {staged}", parameters={"db": self.database, "names": [stage, self.target]},
             ).result_rows
         except Exception as exc:
             if error_code(exc) not in (UNKNOWN_TABLE, UNKNOWN_IDENTIFIER):
                 raise
             return self._check_slowly(stage)
-        shapes = _shapes_of(rows)
-        if stage not in shapes or _has_metadata(shapes[stage]) != per_partition:
+        shapes = shapes_of(rows)
+        if stage not in shapes or has_metadata(shapes[stage]) != per_partition:
             return self._check_slowly(stage)
-        altered = _difference(shapes[stage], shapes.get(self.target))
+        altered = difference(shapes[stage], shapes.get(self.target))
         if not per_partition:
             return StageCheck(altered, sum(int(r[2]) for r in rows if r[0] == "n"), None)
-        partitions = _partition_stats([r[1:] for r in rows if r[0] == "s"])
+        partitions = partition_stats([r[1:] for r in rows if r[0] == "s"])
         return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
 
     def _check_slowly(self, stage: str) -> StageCheck:
@@ -318,34 +152,27 @@ class StageTables:
         shapes = self._shapes(stage, self.target)
         if stage not in shapes:
             raise StageTableMissing(f"stage table {self.database}.{stage} does not exist")
-        altered = _difference(shapes[stage], shapes.get(self.target))
-        self._metadata = _has_metadata(shapes[stage])
+        altered = difference(shapes[stage], shapes.get(self.target))
+        self._metadata = has_metadata(shapes[stage])
         if not self._metadata:
             return StageCheck(altered, self.count(stage), None)
-        partitions = _partition_stats(self.client.query(
-            f"SELECT _topic, _partition, count(), min(_offset), max(_offset) FROM {self._q(stage)} "
-            "GROUP BY _topic, _partition"
-        ).result_rows)
+        partitions = partition_stats(self.client.query(partition_rows_sql(self._q(stage))).result_rows)
         return StageCheck(altered, sum(s.rows for s in partitions.values()), partitions)
 
     def count(self, stage: str) -> int:
         return int(self.client.command(f"SELECT count() FROM {self._q(stage)}"))
 
-    def _shapes(self, *tables: str) -> dict[str, _Shape]:
+    def _shapes(self, *tables: str) -> dict[str, Shape]:
         """Columns and keys of those of ``tables`` that exist, in one query."""
-        return _shapes_of(self.client.query(
-            _SHAPES_SQL, parameters={"db": self.database, "names": list(tables)},
+        return shapes_of(self.client.query(
+            SHAPES_SQL, parameters={"db": self.database, "names": list(tables)},
         ).result_rows)
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
-        kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
-        return [(n, t) for n, t in self.client.query(
-            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}"
-            f"{kinds} ORDER BY position",
-            parameters={"db": self.database, "t": table},
-        ).result_rows]
+        sql = columns_sql(insertable=insertable)
+        return [(n, t) for n, t in self.client.query(sql, parameters={"db": self.database, "t": table}).result_rows]
 
-    # ---- step 7 -----------------------------------------------------------------------------
+    # ---- commit step 7 ----------------------------------------------------------------------
 
     def publish(self, stage: str, txn: str, on_move: Any = None) -> int:
         """Put the stage table's rows into the target; returns the rows the stage table held.
@@ -363,7 +190,7 @@ class StageTables:
             self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
             return rows
         for attempt in range(1, ALIGN_ATTEMPTS + 1):
-            altered = _difference(shapes[stage], shapes.get(self.target))
+            altered = difference(shapes[stage], shapes.get(self.target))
             if altered:
                 log.warning("the target changed after txn %s was staged (%s): aligning its stage table", txn, altered)
                 self._align(stage, shapes[stage], shapes.get(self.target))
@@ -380,7 +207,7 @@ class StageTables:
                                             "does not exist") from None
         raise AssertionError("unreachable")
 
-    def _align(self, stage: str, mine: _Shape, target: _Shape | None) -> None:
+    def _align(self, stage: str, mine: Shape, target: Shape | None) -> None:
         """Make ``stage``'s columns those of the target (names, types, order, default
         expressions), and its sorting key too unless the target's engine merges rows, so that its
         partitions can be moved. Each statement is idempotent; rows keep their values, and a column
@@ -392,42 +219,22 @@ class StageTables:
             raise SetupError(f"the partition key of {self.database}.{self.target} changed after {stage} was staged "
                              f"({mine.partition!r} -> {target.partition!r}); ClickHouse cannot move partitions "
                              "between them: restore the key, or move the stage table's rows by hand")
-        ours = dict(mine.columns)
-        defs = self._column_defs(self.target)
-        adds = []
-        for i, (name, kind, default_kind, default) in enumerate(defs):
-            if name in ours:
-                continue
-            where = f"AFTER {_ident(defs[i - 1][0])}" if i else "FIRST"
-            expression = f" {default_kind} {default}" if default_kind else ""
-            adds.append(f"ADD COLUMN IF NOT EXISTS {_ident(name)} {kind}{expression} {where}")
-        if target.engine not in MERGING_ENGINES and target.sorting != mine.sorting:
-            adds.append(f"MODIFY ORDER BY ({target.sorting})")
-        theirs = {name: kind for name, kind, _, _ in defs}
-        changes = [f"MODIFY COLUMN {_ident(name)} {theirs[name]}" for name, kind in mine.columns
-                   if name in theirs and theirs[name] != kind]
-        drops = [f"DROP COLUMN IF EXISTS {_ident(name)}" for name, _ in mine.columns if name not in theirs]
-        for clauses in (adds, changes, drops):
+        for clauses in alignment(mine, target, self._column_defs(self.target)):
             if clauses:
                 self.client.command(f"ALTER TABLE {self._q(stage)} {', '.join(clauses)}",
                                     settings={"mutations_sync": 2, "alter_sync": 2})
 
     def _column_defs(self, table: str) -> list[tuple[str, str, str, str]]:
         """(name, type, default kind, default expression) of ``table``'s columns, in order."""
-        return [tuple(r) for r in self.client.query(  # type: ignore[misc] # rows of four strings
-            "SELECT name, type, default_kind, default_expression FROM system.columns "
-            "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
-            parameters={"db": self.database, "t": table},
-        ).result_rows]
+        rows = self.client.query(COLUMN_DEFS_SQL, parameters={"db": self.database, "t": table}).result_rows
+        return [tuple(r) for r in rows]  # rows of four strings
 
-    def _publish_reads(self, stage: str, txn: str) -> tuple[dict[str, _Shape], int, list[str] | None]:
+    def _publish_reads(self, stage: str, txn: str) -> tuple[dict[str, Shape], int, list[str] | None]:
         """Before publishing, in one query: the shapes of ``stage`` and the target, the rows
         ``stage`` holds and its partition ids (None when read the long way)."""
         try:
             rows = self.client.query(
-                f"{_SHAPES_SQL} UNION ALL SELECT 'n', '', toString(count()), '', '', '' FROM {self._q(stage)} "
-                "UNION ALL SELECT DISTINCT 'p', partition_id, '', '', '', '' FROM system.parts "
-                "WHERE database = {db:String} AND table = {stage:String} AND active",
+                publish_reads_sql(self._q(stage)),
                 parameters={"db": self.database, "names": [stage, self.target], "stage": stage},
             ).result_rows
         except Exception as exc:
@@ -435,7 +242,7 @@ class StageTables:
                 raise
             shapes, count, partition_ids = self._shapes(stage, self.target), None, None
         else:
-            shapes = _shapes_of(rows)
+            shapes = shapes_of(rows)
             count = sum(int(r[2]) for r in rows if r[0] == "n")
             partition_ids = sorted(r[1] for r in rows if r[0] == "p")
         if stage not in shapes:
@@ -457,7 +264,7 @@ class StageTables:
     def _insert_select(self, into: str, source: str, token: str) -> None:
         """A deduplicated copy of ``source`` into ``into``, by the columns they share (by name)."""
         theirs = {name for name, _ in self._columns(source)}
-        columns = ", ".join(_ident(n) for n, _ in self._columns(into, insertable=True) if n in theirs)
+        columns = ", ".join(ident(n) for n, _ in self._columns(into, insertable=True) if n in theirs)
         self.client.command(
             f"INSERT INTO {self._q(into)} ({columns}) SELECT {columns} FROM {self._q(source)} ORDER BY ALL",
             settings={
@@ -479,17 +286,11 @@ class StageTables:
             self.drop(table)
 
     def _side_tables(self, stage: str) -> list[str]:
-        rows = self.client.query(
-            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
-            parameters={"db": self.database, "p": stage},
-        ).result_rows
+        rows = self.client.query(TABLES_STARTING_WITH_SQL, parameters={"db": self.database, "p": stage}).result_rows
         return [name for (name,) in rows if naming.is_side_table(stage, name)]
 
     def _partition_ids(self, stage: str) -> list[str]:
-        rows = self.client.query(
-            "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} AND active",
-            parameters={"db": self.database, "t": stage},
-        ).result_rows
+        rows = self.client.query(PARTITION_IDS_SQL, parameters={"db": self.database, "t": stage}).result_rows
         return sorted(r[0] for r in rows)
 
     # ---- clean-up ---------------------------------------------------------------------------
@@ -498,19 +299,13 @@ class StageTables:
         self.client.command(f"DROP TABLE IF EXISTS {self._q(stage)}")
 
     def exists(self, stage: str) -> bool:
-        return bool(int(self.client.command(
-            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": stage},
-        )))
+        return bool(int(self.client.command(TABLE_EXISTS_SQL, parameters={"db": self.database, "t": stage})))
 
     def existing(self) -> dict[str, str]:
         """Every stage table of this pipeline into this target now in the database, by txn id
         (tables named after a stage table, ``naming.is_side_table``, are found through its txn)."""
         prefix = naming.stage_table_prefix(self.target, self.pipeline)
-        rows = self.client.query(
-            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
-            parameters={"db": self.database, "p": prefix},
-        ).result_rows
+        rows = self.client.query(TABLES_STARTING_WITH_SQL, parameters={"db": self.database, "p": prefix}).result_rows
         found = {}
         for (name,) in rows:
             txn = naming.txn_of_stage_table(self.target, self.pipeline, name)

@@ -1,4 +1,4 @@
-"""The exactly-once oracle of DESIGN.md section 8, used by tests, the demo and ``chtxn verify --deep``.
+"""The exactly-once oracle (docs/architecture.md §11), used by tests, the demo and ``chtxn verify --deep``.
 
 With the metadata columns ``_topic``, ``_partition``, ``_offset`` in the target, for every
 partition the target holds each offset of every committed range exactly once (less the offsets
@@ -15,7 +15,6 @@ import msgspec
 from clients import kafka as kafka_clients
 from coordinator.dead_letter_view import DeadLetterReader, offsets_of
 from protocol.errors import SetupError
-
 from protocol.ledger import LedgerRow
 from protocol.messages import TopicPartition
 

@@ -2,7 +2,8 @@
 
 A txn commits only if its stage table holds exactly one row per record staged (the coordinator
 compares ``count()`` with the rows reported), so a record ClickHouse would read as two rows, or as
-none, must never reach a stage table. Three lines of defence, cheapest first:
+none, must never reach a stage table. Three lines of defence, cheapest first (the code calls them
+"bad records step N"):
 
 1. ``precheck``, per record without parsing: tombstones (null values), zero-length values, in JSON
    object formats values that do not start with ``{`` and end with ``}``, and records this process
@@ -90,7 +91,7 @@ class Refused(Exception):
 def precheck(
     records: Sequence[RecordLike], *, json_objects: bool, remembered: Mapping[int, Remembrance] | None = None,
 ) -> tuple[Sequence[RecordLike], list[Letter]]:
-    """Step 1: (records that may each be one row, letters for the others), in offset order.
+    """Bad records step 1: (records that may each be one row, letters for the others), in offset order.
 
     ``remembered`` maps offsets of this chunk's partition to letters found before
     (``Remembered.recall``). Fast path, nothing suspect: ``records`` itself, no letters.
@@ -125,7 +126,7 @@ def _all_objects(records: Sequence[RecordLike]) -> bool:
     False says nothing: the per-record check then decides."""
     try:
         for r in records:
-            v: bytes = r.value()  # type: ignore[assignment]
+            v: bytes = r.value()  # type: ignore[assignment]  # None raises TypeError: caught below
             if v[0] != _OPEN or v[-1] != _CLOSE:
                 return False
     except (TypeError, IndexError):  # a null or empty value
@@ -144,18 +145,20 @@ def _one_row_problem(value: bytes | None, json_objects: bool) -> str | None:
 
 
 def has_joins(body: bytes, records: int) -> bool:
-    """Step 2: whether a JSON body of ``records`` prechecked records may hold a record of two objects."""
+    """Bad records step 2: whether a JSON body of ``records`` prechecked records may hold a record of two
+    objects."""
     if body.count(b"}") <= records:  # one closing brace per record: no record can hold a join
         return False
     return len(_JOIN.findall(body)) > records - 1
 
 
 def split_joined(records: Sequence[RecordLike]) -> tuple[list[RecordLike], list[Letter]]:
-    """Step 2, after ``has_joins``: records holding a join that are not one JSON object become letters."""
+    """Bad records step 2, after ``has_joins``: records holding a join that are not one JSON object become
+    letters."""
     kept: list[RecordLike] = []
     letters: list[Letter] = []
     for record in records:
-        value: bytes = record.value()  # type: ignore[assignment]
+        value: bytes = record.value()  # type: ignore[assignment]  # prechecked: never None
         problem = json_problem(value) if _JOIN.search(value) else None
         if problem:
             letters.append(Letter(record, f"not one JSON object but several back to back, which ClickHouse "
@@ -166,7 +169,7 @@ def split_joined(records: Sequence[RecordLike]) -> tuple[list[RecordLike], list[
 
 
 def isolate(records: Sequence[RecordLike], probe: Callable[[Sequence[RecordLike]], int]) -> list[Letter]:
-    """Step 3: the records that are not one row each, by bisection; ``probe(part)`` returns the rows
+    """Bad records step 3: the records that are not one row each, by bisection; ``probe(part)`` returns the rows
     ClickHouse made of ``part`` (into a table that keeps nothing) or raises ``Refused``.
 
     A part whose row count matches is taken as sound; one that does not, or is refused, is split
@@ -284,7 +287,7 @@ def json_problem(value: bytes) -> str | None:
         return None
     except msgspec.DecodeError as exc:
         return f"malformed JSON: {exc}"
-    except Exception:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, MemoryError...: cannot tell
+    except Exception:  # RecursionError, UnicodeDecodeError, MemoryError...: cannot tell
         return None
     if not isinstance(decoded, dict):
         return f"not a JSON object but a {type(decoded).__name__}"

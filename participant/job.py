@@ -33,7 +33,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:  # run as a script from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protocol.messages import TopicPartition  # noqa: E402
+from protocol.messages import TopicPartition
 
 log = logging.getLogger("chtxn.participant.job")
 
@@ -86,13 +86,13 @@ class ParticipantJob:
     def run(self) -> int:
         from pyspark import SparkConf, SparkContext
 
-        from clients.kafka import admin
+        from clients.kafka import KafkaClientFactory
 
         conf = SparkConf().setIfMissing("spark.app.name", f"chtxn-participant-{self.cfg.name}")
         conf.set("spark.speculation", "false")  # two copies of a participant would fight over a partition
         self._preflight()
         sc = SparkContext.getOrCreate(conf)
-        self._admin = admin(self.cfg)
+        self._admin = KafkaClientFactory(self.cfg).admin()
         self._install_signal_handlers()
         backoff = BACKOFF_INITIAL_S
         try:
@@ -161,7 +161,7 @@ class ParticipantJob:
             try:
                 sc.parallelize(groups, len(groups)).foreachPartition(run_task)
                 outcome["error"] = None
-            except BaseException as exc:  # noqa: BLE001 - reported by the watching thread
+            except BaseException as exc:  # reported by the watching thread
                 outcome["error"] = exc
             finally:
                 done.set()

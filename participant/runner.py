@@ -32,22 +32,36 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, Producer
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import KafkaError, Message, TopicPartition as KafkaTP
 
 from clients import failpoints
 from clients.clickhouse import make_client
 from clients.control_reader import ControlReader
-from clients.kafka import check_control_topic, consumer_conf, producer_conf
+from clients.kafka import KafkaClientFactory, check_control_topic
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager, check_target
+from protocol import naming
+from protocol.chunking import RecordLike
 from protocol.codec import encode
 from protocol.config import PipelineConfig
-from protocol.messages import TopicPartition
+from protocol.messages import TopicPartition, WriteStatus
 from protocol.participant_events import (
-    Action, ChunkStaged, CommitOffsets, DropTxn, Event, PartitionFailed, Pause, Polled, Received, Resume, Seek,
-    Send, StageChunk, Tick,
+    Action,
+    ChunkStaged,
+    CommitOffsets,
+    DropTxn,
+    Event,
+    PartitionFailed,
+    Pause,
+    Polled,
+    Received,
+    Resume,
+    Seek,
+    Send,
+    StageChunk,
+    Tick,
 )
 from protocol.participant_state import ParticipantState
 
@@ -71,6 +85,7 @@ class TaskRunner:
         self.participant_id = participant_id
         self.workers, self.clock = workers, clock
         self.backlog_rows = cfg.participant.insert_backlog_rows  # 0: ParticipantState.insert_backlog_rows
+        self.kafka = KafkaClientFactory(cfg)  # plain data: the runner stays picklable
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Take part in txns until ``stop`` is set (Spark: until the task is killed)."""
@@ -99,14 +114,15 @@ class _Loop:
             size_trigger_rows=cfg.transaction.size_trigger_rows,
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
-        self.producer = Producer(producer_conf(cfg, **{"linger.ms": 2}))
-        self.control = ControlReader(Consumer(consumer_conf(cfg, **{
-            "group.id": f"{cfg.name}.chtxn-participant", "enable.partition.eof": False,
+        kafka = runner.kafka
+        self.producer = kafka.producer(**{"linger.ms": 2})
+        self.control = ControlReader(kafka.consumer(**{
+            "group.id": naming.participant_control_group(cfg.name), "enable.partition.eof": False,
             "fetch.wait.max.ms": cfg.kafka.control_fetch_wait_ms,
-        })), cfg.control_topic, who=self.sender, clock=self.clock)
-        self.data = Consumer(consumer_conf(cfg, **{
+        }), cfg.control_topic, who=self.sender, clock=self.clock)
+        self.data = kafka.consumer(**{
             "isolation.level": "read_committed", "auto.offset.reset": "error", "enable.partition.eof": False,
-        }))
+        })
         self.stager = Stager(
             client=self.client, section=cfg.clickhouse, attempts=cfg.participant.insert_retries,
             dead_letters=DeadLetterSink(self.client, database=cfg.clickhouse.database, pipeline=cfg.name,
@@ -156,15 +172,15 @@ class _Loop:
         records = [m for m in batch if m.error() is None]
         if len(records) < len(batch):
             for m in batch:
-                if m.error() is not None:
-                    self._on_data_error(m)
-        if records:
-            self._feed(Polled(records))
+                if (error := m.error()) is not None:
+                    self._on_data_error(m, error)
+        if records:  # without an error, a record has its topic, partition and offset:
+            self._feed(Polled(cast("list[RecordLike]", records)))
 
-    def _on_data_error(self, m: object) -> None:
-        error: KafkaError = m.error()  # type: ignore[attr-defined]
-        topic, partition = m.topic(), m.partition()  # type: ignore[attr-defined]
-        if (topic, partition) in self.machine.parts and not error.retriable():
+    def _on_data_error(self, m: Message, error: KafkaError) -> None:
+        topic, partition = m.topic(), m.partition()
+        if (topic is not None and partition is not None and (topic, partition) in self.machine.parts
+                and not error.retriable()):
             self._feed(PartitionFailed(topic, partition, f"cannot read {topic}/{partition}: {error.str()}"))
         else:
             log.warning("data consumer: %s", error.str(), extra={"topic": topic, "partition": partition})
@@ -180,7 +196,7 @@ class _Loop:
             self.in_flight_rows += a.chunk.rows
             self.pool.submit(self._stage, a)
         elif isinstance(a, Send):
-            if type(a.message).__name__ == "WriteStatus":
+            if isinstance(a.message, WriteStatus):
                 failpoints.hit("participant.before-write-status", self.sender)
             self.producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=encode(a.message))
         elif isinstance(a, Seek):

@@ -1,6 +1,7 @@
 """Staging one chunk into ClickHouse, and isolating the records ClickHouse refuses.
 
-``Stager.stage(stage_table, chunk)`` guarantees, for the chunk's records:
+``Stager.stage(stage_table, chunk)`` guarantees, for the chunk's records (the code calls these
+"stager step N"):
 
 1. Records that cannot be one row become dead letters without being sent to ClickHouse
    (``participant.bad_records``): tombstones (null values, error ``tombstone: null value ...``),
@@ -51,13 +52,21 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import tenacity
 
 from clients.clickhouse import error_code, is_retryable, retrying
 from participant.bad_records import (
-    Letter, Refused, Remembered, has_joins, isolate, isolate_refused, json_problem, precheck, split_joined,
+    Letter,
+    Refused,
+    Remembered,
+    has_joins,
+    isolate,
+    isolate_refused,
+    json_problem,
+    precheck,
+    split_joined,
 )
 from participant.dead_letters import DeadLetterSink
 from protocol import insert_settings, naming
@@ -80,6 +89,15 @@ class NotOneRow(ChtxnError):
     def __init__(self, message: str, *, records: Sequence[RecordLike], written: int) -> None:
         super().__init__(message)
         self.records, self.written = records, written
+
+
+class _ChunkKey(TypedDict):
+    """The fields of a ``ChunkStaged`` that name its chunk."""
+
+    txn: str
+    topic: str
+    partition: int
+    chunk_no: int
 
 
 class Stager:
@@ -124,13 +142,13 @@ class Stager:
 
     def stage(self, stage_table: str, chunk: Chunk) -> ChunkStaged:
         """Stage ``chunk`` into ``stage_table``; never raises for what ClickHouse or the data did."""
-        result = {"txn": chunk.txn, "topic": chunk.topic, "partition": chunk.partition, "chunk_no": chunk.chunk_no}
+        result: _ChunkKey = {"txn": chunk.txn, "topic": chunk.topic, "partition": chunk.partition, "chunk_no": chunk.chunk_no}
         try:
             bodies = BodyBuilder(
                 topic=chunk.topic, partition=chunk.partition, input_format=self.section.input_format,
                 columns=self.metadata_columns(stage_table),
             )
-            # Step 1: records that cannot be one row, and those remembered
+            # Stager step 1: records that cannot be one row, and those remembered
             remembered = self.remembered.recall(chunk.topic, chunk.partition, chunk.first_offset, chunk.next_offset)
             good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
             try:
@@ -143,7 +161,7 @@ class Stager:
                     "%d bad records of chunk %s are dead letters", len(letters), chunk.token,
                     extra={"txn": chunk.txn, "first_error": letters[0].error[:500]},
                 )
-                # Step 4
+                # Stager step 4: the letters are stored before the chunk counts as staged
                 assert self.dead_letters is not None, "a Stager without a dead-letter sink cannot stage bad records"
                 self.dead_letters.write(chunk, letters)
             return ChunkStaged(**result, rows=rows, dead_letters=len(letters))
@@ -157,7 +175,7 @@ class Stager:
         if not records:
             return 0
         body = bodies.body(records)
-        if bodies.json_objects and has_joins(body, len(records)):  # Step 2: objects back to back
+        if bodies.json_objects and has_joins(body, len(records)):  # Stager step 2: objects back to back
             records, joined = split_joined(records)
             if joined:
                 letters += joined
@@ -170,14 +188,14 @@ class Stager:
             if classify(exc.code) is not ErrorClass.DATA and not is_memory(exc.code):
                 raise
             refused = exc
-        # Step 3: isolate the records ClickHouse refuses
+        # Stager step 3: isolate the records ClickHouse refuses
 
         def insert(part: Sequence[RecordLike], retry_memory: bool) -> int:
             sub = f"{token}/{part[0].offset()}-{part[-1].offset()}"
             return self._insert(table, part, sub, bodies.body(part), retry_memory=retry_memory)
 
         def malformed(record: RecordLike) -> bool:
-            return json_problem(record.value()) is not None  # type: ignore[arg-type]
+            return json_problem(record.value()) is not None  # type: ignore[arg-type]  # prechecked: never None
 
         rows, refused_letters = isolate_refused(
             records, refused, insert, self._has_memory, suspect=malformed if bodies.json_objects else None,
@@ -188,8 +206,8 @@ class Stager:
     def _insert(
         self, table: str, records: Sequence[RecordLike], token: str, body: bytes, *, retry_memory: bool = True,
     ) -> int:
-        """Step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
-        Without ``retry_memory``, a memory error is raised at once (step 3 splits the part instead)."""
+        """Stager step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
+        Without ``retry_memory``, a memory error is raised at once (stager step 3 splits the part instead)."""
         settings = {**self._chunk_settings(), "insert_deduplication_token": token}
         policy = self._retrying(f"insert chunk {token} into {table}")
         if not retry_memory:
@@ -205,7 +223,7 @@ class Stager:
             )
         return len(records)
 
-    # ---- step 5: records that are not one row, found after their insert ----------------------
+    # ---- stager step 5: records that are not one row, found after their insert ---------------
 
     def _set_aside(self, stage_table: str, chunk: Chunk, exc: NotOneRow, bodies: BodyBuilder) -> str:
         """Find the records of ``exc`` that are not one row, remember them; the chunk's error."""
@@ -232,7 +250,7 @@ class Stager:
         if bodies.json_objects:
             rest = []
             for record in records:
-                if problem := json_problem(record.value()):  # type: ignore[arg-type]
+                if problem := json_problem(record.value()):  # type: ignore[arg-type]  # prechecked: never None
                     letters.append(Letter(record, f"not one row: {problem}"))
                 else:
                     rest.append(record)
@@ -264,7 +282,7 @@ class Stager:
         return sorted(letters, key=lambda letter: letter.record.offset())
 
     def _has_memory(self) -> bool:
-        """Step 3's control after a memory error: whether a query gets ``CONTROL_BYTES`` now.
+        """Stager step 3's control after a memory error: whether a query gets ``CONTROL_BYTES`` now.
         Asked once, not retried; any failure (unreachable included) is a no."""
         try:
             retrying(1, "control query after a memory error")(

@@ -1,0 +1,63 @@
+"""The leader's lease: its heartbeat, sent from a thread and a producer of its own.
+
+So a leader blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop, or a lane
+action, stuck for longer than ``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take
+over (the seal keeps that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from clients.kafka import KafkaClientFactory
+from protocol import codec
+from protocol.config import PipelineConfig
+from protocol.messages import LeaderHeartbeat
+
+log = logging.getLogger(__name__)
+
+#: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
+LOOP_STALL_LIMIT_S = 120.0
+
+
+class Lease:
+    """Heartbeats of the leader of ``epoch`` every third of ``coordinator.leader_lease_s``, between
+    ``start`` and ``stop``, while ``last_progress()`` (when the loop, or its oldest lane action,
+    last made progress) is recent. The constructor does no I/O."""
+
+    def __init__(self, cfg: PipelineConfig, kafka: KafkaClientFactory, *, epoch: int, coordinator: str,
+                 clock: Callable[[], float], last_progress: Callable[[], float]) -> None:
+        self.cfg, self.kafka, self.epoch, self.coordinator = cfg, kafka, epoch, coordinator
+        self.clock, self.last_progress = clock, last_progress
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeats, name=f"leader-heartbeat-e{epoch}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(10)
+
+    def _heartbeats(self) -> None:
+        """The lease, on its own thread and producer: never waits on the loop's ClickHouse or Kafka I/O."""
+        producer = self.kafka.producer(**{"client.id": f"chtxn-coordinator-{self.coordinator}-lease", "linger.ms": 0})
+        beat = codec.encode(LeaderHeartbeat(pipeline=self.cfg.name, epoch=self.epoch, txn="", sender=self.coordinator))
+        interval = self.cfg.coordinator.leader_lease_s / 3
+        try:
+            while not self._done.is_set():
+                progress_at = self.last_progress()
+                if self.clock() - progress_at <= LOOP_STALL_LIMIT_S:
+                    try:
+                        producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=beat)
+                    except BufferError:
+                        pass  # the broker is unreachable: the lease lapses, as it should
+                else:
+                    log.error("the leader loop is stuck; no longer heartbeating",
+                              extra={"stuck_s": round(self.clock() - progress_at, 1)})
+                producer.poll(0)
+                self._done.wait(interval)
+        finally:
+            producer.flush(1)
