@@ -39,7 +39,7 @@ class TestStack:
         self._embedded = None
         self._lock = threading.Lock()
 
-    def _stack(self):  # noqa: ANN202 - EmbeddedStack, imported lazily
+    def _stack(self):  # EmbeddedStack, imported lazily
         if self._embedded is None:
             from embedded.stack import EmbeddedStack
 
@@ -47,7 +47,7 @@ class TestStack:
         return self._embedded
 
     @property
-    def embedded(self):  # noqa: ANN201 - EmbeddedStack
+    def embedded(self):  # EmbeddedStack
         """The embedded stack behind this session (its servers may not be started)."""
         with self._lock:
             return self._stack()
@@ -76,7 +76,7 @@ class TestStack:
         url = urlsplit(self.clickhouse_url)
         return url.port or (8443 if url.scheme == "https" else 8123)
 
-    def clickhouse_client(self, database: str | None = None, **kwargs: object):  # noqa: ANN201
+    def clickhouse_client(self, database: str | None = None, **kwargs: object):
         """A clickhouse-connect client for this session's ClickHouse (credentials from the URL)."""
         import clickhouse_connect
 
@@ -101,7 +101,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestStack]:
 
 
 @pytest.fixture(scope="session")
-def kafka_admin(stack: TestStack):  # noqa: ANN201 - confluent_kafka.admin.AdminClient
+def kafka_admin(stack: TestStack):  # confluent_kafka.admin.AdminClient
     """An AdminClient on the session's broker."""
     from confluent_kafka.admin import AdminClient
 
@@ -121,7 +121,7 @@ def ch_database(stack: TestStack, request: pytest.FixtureRequest) -> Iterator[st
 
 
 @pytest.fixture(scope="module")
-def ch_client(stack: TestStack, ch_database: str):  # noqa: ANN201 - clickhouse_connect Client
+def ch_client(stack: TestStack, ch_database: str):  # clickhouse_connect Client
     """A clickhouse-connect client whose default database is the module's fresh database."""
     client = stack.clickhouse_client(ch_database)
     yield client
@@ -139,7 +139,7 @@ def executor_archive_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def spark_cluster_of_module(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - SparkCluster
+def spark_cluster_of_module(tmp_path_factory: pytest.TempPathFactory):  # SparkCluster
     """A Spark standalone master and two workers of 2 cores on loopback, for the tests of one module."""
     from tests.spark_cluster import SparkCluster
 
@@ -151,7 +151,7 @@ def spark_cluster_of_module(tmp_path_factory: pytest.TempPathFactory):  # noqa: 
 
 
 @pytest.fixture
-def spark_cluster(spark_cluster_of_module):  # noqa: ANN001, ANN201 - SparkCluster
+def spark_cluster(spark_cluster_of_module):  # SparkCluster
     """The module's Spark cluster with every worker running and registered (killed ones restarted)."""
     spark_cluster_of_module.ensure_workers()
     return spark_cluster_of_module

@@ -13,11 +13,12 @@ from confluent_kafka.admin import AdminClient
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
+from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from coordinator.verify import DeepReport, dead_letter_offsets, verify_deep
 from protocol import codec
 from protocol.config import PipelineConfig, parse_config
-from protocol.messages import TopicPartition
+from protocol.messages import EndCommit, TopicPartition
 
 TARGET_DDL = """
 CREATE TABLE {db}.{table}
@@ -45,11 +46,11 @@ class Pipeline:
     def topic(self) -> str:
         return self.cfg.pipeline.topics[0]
 
-    def client(self):  # noqa: ANN201 - a clickhouse-connect client
+    def client(self):  # a clickhouse-connect client
         return make_client(self.cfg.clickhouse)
 
-    def ledger(self) -> LedgerStore:
-        return LedgerStore(self.client(), self.cfg.clickhouse.database, self.cfg.name)
+    def ledger(self) -> LedgerHistory:
+        return LedgerHistory(self.client(), self.cfg.clickhouse.database, self.cfg.name)
 
     def produce(self, count: int, *, start_id: int = 0, bad_every: int = 0) -> int:
         """``count`` JSON events spread over the partitions by key; every ``bad_every``-th is malformed."""
@@ -103,7 +104,7 @@ class Pipeline:
         return dead_letter_offsets(self.cfg)
 
     def oracle(self, dead_letters: dict[TopicPartition, set[int]] | None = None) -> DeepReport:
-        """DESIGN.md section 8: every committed offset exactly once in the target, nothing else."""
+        """docs/architecture.md §11: every committed offset exactly once in the target, nothing else."""
         ledger = self.ledger()
         return verify_deep(self.client(), self.cfg.clickhouse.database, self.cfg.clickhouse.target_table,
                            ledger.commits(), dead_letters, ledger.audit(), topics=self.cfg.pipeline.topics)
@@ -148,6 +149,16 @@ def _toml_section(name: str, fields: dict) -> str:
     for key, value in fields.items():
         lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"
+
+
+def control_messages(pipeline: Pipeline) -> list:
+    """Every control message of the pipeline so far, in order."""
+    return [message for _, message in pipeline.control_records()]
+
+
+def chained_ends(pipeline: Pipeline) -> dict[str, str]:
+    """``{txn k: txn k+1}`` for every END on the control topic that carried the next START."""
+    return {m.txn: m.next.txn for m in control_messages(pipeline) if isinstance(m, EndCommit) and m.next is not None}
 
 
 def all_offsets(counts: Iterable[tuple[TopicPartition, int]]) -> dict[TopicPartition, set[int]]:

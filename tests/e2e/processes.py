@@ -1,6 +1,6 @@
 """The processes of an end-to-end test: a coordinator and the Spark participant job started the way
 an operator starts them (``python -m cli ...``), each in its own process group, stopped at the end;
-and waits on what they commit.
+waits on what they commit; and the machine's process tree as ``ps`` lists it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers import wait_until
@@ -27,7 +28,7 @@ class Processes:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
+        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 -- closed with the process
         env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, **(env or {})}
         proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -92,3 +93,39 @@ def python_workers() -> list[int]:
         if "pyspark.daemon" in args:
             daemons[int(pid)] = int(ppid)
     return sorted(pid for pid, ppid in daemons.items() if ppid in daemons)
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A line of ``ps``: a process, its parent and its process group, and its command line."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    args: str
+
+
+def live_processes() -> list[Proc]:
+    """Every process on the machine but zombies (exited, waiting to be reaped)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True,
+                         check=True).stdout
+    found = []
+    for line in out.splitlines():
+        pid, ppid, pgid, stat, *args = line.split(None, 4)
+        if not stat.startswith("Z"):
+            found.append(Proc(int(pid), int(ppid), int(pgid), args[0] if args else ""))
+    return found
+
+
+def descendants(root: int) -> list[Proc]:
+    """The live processes started by ``root``, recursively (children of reparented orphans are lost)."""
+    procs = live_processes()
+    children: dict[int, list[Proc]] = {}
+    for proc in procs:
+        children.setdefault(proc.ppid, []).append(proc)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child.pid)
+    return found

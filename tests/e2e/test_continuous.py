@@ -1,7 +1,7 @@
 """Continuous txns end to end: a participant killed between the END of txn k (which started
 k+1) and its WRITE-STATUS for k. The coordinator aborts k once the holder falls silent, k+1 with
 it; Spark restarts the task, which re-reads both from the ledger head. The exactly-once oracle
-holds (DESIGN.md section 8).
+holds (docs/architecture.md §11).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import signal
 import pytest
 
 from tests.e2e.processes import Processes, committed, python_workers
-from tests.faults.test_continuous_txns import chained_ends
 from tests.helpers import unique_name, wait_until
-from tests.pipelines import assert_exactly_once, make_pipeline
+from tests.pipelines import assert_exactly_once, chained_ends, make_pipeline
 
 pytestmark = pytest.mark.e2e
 

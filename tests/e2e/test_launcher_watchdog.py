@@ -7,49 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.processes import Proc, descendants, live_processes
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import make_pipeline
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    args: str
-
-
-def live_processes() -> list[Proc]:
-    """Every process on the machine but zombies (exited, waiting to be reaped)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True,
-                         check=True).stdout
-    found = []
-    for line in out.splitlines():
-        pid, ppid, pgid, stat, *args = line.split(None, 4)
-        if not stat.startswith("Z"):
-            found.append(Proc(int(pid), int(ppid), int(pgid), args[0] if args else ""))
-    return found
-
-
-def descendants(root: int) -> list[Proc]:
-    procs = live_processes()
-    children: dict[int, list[Proc]] = {}
-    for proc in procs:
-        children.setdefault(proc.ppid, []).append(proc)
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child.pid)
-    return found
 
 
 def python_workers_running(launcher: int) -> list[Proc]:

@@ -1,4 +1,4 @@
-"""Outages of ClickHouse and Kafka under a running pipeline (DESIGN.md section 6), through a TCP proxy.
+"""Outages of ClickHouse and Kafka under a running pipeline (docs/architecture.md §13), through a TCP proxy.
 
 Each test points the pipeline's processes at a ``TcpProxy`` in front of one server, cuts or slows it
 mid-run, and then requires: the coordinator and the participant job are still running, every
@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import msgspec
 import pytest
 
 from embedded.broker import EmbeddedBroker
 from procs import free_port
 from tests.e2e.processes import Processes, committed, running
+from tests.faults.proxied import Addresses, direct, via
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
@@ -28,28 +26,6 @@ pytestmark = pytest.mark.e2e
 
 OUTAGE_S = 10.0
 FIRST_COMMIT_S = 180.0
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """What ``make_pipeline`` reads from a stack: where the pipeline's processes connect."""
-
-    kafka_bootstrap: str
-    clickhouse_url: str
-
-
-def via(url: str, proxy: TcpProxy) -> str:
-    """``url`` with its host and port replaced by the proxy's (credentials kept)."""
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@{proxy.address}" if userinfo else proxy.address
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def direct(pipeline: Pipeline, clickhouse_url: str) -> Pipeline:
-    """The same pipeline, read through a ClickHouse client that bypasses the proxy."""
-    ch = msgspec.structs.replace(pipeline.cfg.clickhouse, url=clickhouse_url)
-    return Pipeline(msgspec.structs.replace(pipeline.cfg, clickhouse=ch), pipeline.config_path, pipeline.partitions)
 
 
 def hold(seconds: float, procs: Processes) -> None:
@@ -71,7 +47,7 @@ def first_commit(pipeline: Pipeline, procs: Processes) -> None:
 
 
 @pytest.fixture
-def clickhouse_proxy(stack) -> Iterator[TcpProxy]:  # noqa: ANN001 - the session's TestStack
+def clickhouse_proxy(stack) -> Iterator[TcpProxy]:  # the session's TestStack
     """A proxy in front of the session's ClickHouse."""
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port) as proxy:
         yield proxy

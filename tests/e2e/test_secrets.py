@@ -5,14 +5,11 @@ holds a password (issue 29, defect 6)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.e2e.processes import REPO, committed, running
-from tests.helpers import unique_name
+from tests.e2e.processes import committed, running
+from tests.helpers import REPO, run_chtxn, unique_name
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 URL_PASSWORD = "Url-Pw-5521-secret"
@@ -23,12 +20,11 @@ SECRETS = (URL_PASSWORD, KAFKA_PASSWORD, PROPERTIES_PASSWORD)
 
 def chtxn(*args: str, env: dict[str, str] | None = None) -> str:
     """Everything ``python -m cli ARGS`` printed, stdout and stderr."""
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})})
+    done = run_chtxn(*args, env={"PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})})
     return f"$ chtxn {' '.join(args)} -> {done.returncode}\n{done.stdout}{done.stderr}"
 
 
-def with_secrets(stack, tmp_path: Path) -> Pipeline:  # noqa: ANN001 - TestStack
+def with_secrets(stack, tmp_path: Path) -> Pipeline:  # TestStack
     url = urlsplit(stack.clickhouse_url)
     pipeline = make_pipeline(stack, tmp_path, unique_name("secrets"), settings={
         "clickhouse.url": f"{url.scheme}://chtxn_user:{URL_PASSWORD}@{url.hostname}:{stack.clickhouse_port}",

@@ -2,7 +2,7 @@
 longer than its lease between counting a txn and claiming its commit slot (SIGSTOP, as a VM
 pause or a long GC would). The standby takes over; the frozen leader wakes up and claims.
 
-Required (DESIGN.md section 6, "leader stalled longer than its lease mid-commit"): no txn whose
+Required (docs/architecture.md §13, "leader stalled longer than its lease mid-commit"): no txn whose
 ACK-COMMIT went out is missing from the target, and the exactly-once oracle holds.
 """
 
@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition as KafkaTP
 
 from protocol import codec, naming
 from protocol.messages import AckCommit
-from tests.e2e.test_outages import Addresses, direct, via
+from tests.faults.proxied import Addresses, direct, via
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
@@ -56,7 +56,7 @@ class AckWatcher:
 def spawn(config: Path, name: str, log: Path, failpoints: str = "") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, "CHTXN_FAILPOINTS": failpoints}
     return subprocess.Popen([sys.executable, "-m", "cli", "coordinator", "--config", str(config)], cwd=REPO, env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged(stack, tmp_path):

@@ -1,6 +1,6 @@
 """Continuous txns under faults: the END of txn k carries the START of k+1, so k+1 is reading
 (and staging) while k is flushed, counted and claimed. Whatever happens to k then, both are
-read again and the exactly-once oracle (DESIGN.md section 8) holds.
+read again and the exactly-once oracle (docs/architecture.md §11) holds.
 
 The real coordinator and real participant tasks run in threads against the embedded stack;
 failpoints hold the leader at a chosen step, so the interleaving is the same on every run.
@@ -10,34 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from clients import failpoints
 from protocol import naming
 from protocol.messages import EndCommit, StartCommit, WriteStatus
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
-from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
+from tests.pipelines import Pipeline, assert_exactly_once, chained_ends, control_messages, make_pipeline
 
 SETTINGS = {"participant.chunk_rows": 500, "transaction.interval_s": 0.3}
-
-
-@pytest.fixture(autouse=True)
-def _disarm() -> Iterator[None]:
-    yield
-    failpoints.disarm()
-
-
-def control_messages(pipeline: Pipeline) -> list:
-    """Every control message of the pipeline so far, in order."""
-    return [message for _, message in pipeline.control_records()]
-
-
-def chained_ends(pipeline: Pipeline) -> dict[str, str]:
-    """``{txn k: txn k+1}`` for every END on the control topic that carried the next START."""
-    return {m.txn: m.next.txn for m in control_messages(pipeline) if isinstance(m, EndCommit) and m.next is not None}
 
 
 def being_counted(pipeline: Pipeline) -> tuple[str, str] | None:

@@ -1,19 +1,20 @@
 """Where a partition starts: gaps left by retention (``on_gap``) and the initial offset of a new one.
 
 The embedded broker cannot delete records (no DeleteRecords), so retention is played by a
-``Leader`` subclass whose low watermarks are raised by the test: everything the coordinator
-decides from them is real. Real leaders in threads, test code as participants.
+``SourceOffsets`` subclass, patched into the leaders, whose low watermarks are raised by the test:
+everything the coordinator decides from them is real. Real leaders in threads, test code as
+participants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import ClassVar
 
-import pytest
 from confluent_kafka import Consumer, TopicPartition as KafkaTP
 
 from clients import failpoints
-from coordinator.leader import Leader
+from coordinator import leader as leader_module
+from coordinator.source_offsets import SourceOffsets
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
@@ -21,19 +22,13 @@ from tests.leaders import LeaderThread, leaders
 from tests.pipelines import Pipeline, make_pipeline
 
 
-@pytest.fixture(autouse=True)
-def _disarm() -> Iterator[None]:
-    yield
-    failpoints.disarm()
+class Retention(SourceOffsets):
+    """A leader's view of the source with the broker's low watermarks raised to ``Retention.low`` (records deleted)."""
 
+    low: ClassVar[dict[TopicPartition, int]] = {}
 
-class Retention(Leader):
-    """A leader that sees the broker's low watermarks raised to ``Retention.low`` (records deleted)."""
-
-    low: dict[TopicPartition, int] = {}
-
-    def _watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
-        return {tp: (max(low, self.low.get(tp, 0)), high) for tp, (low, high) in super()._watermarks(tps).items()}
+    def watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        return {tp: (max(low, self.low.get(tp, 0)), high) for tp, (low, high) in super().watermarks(tps).items()}
 
 
 def committed_starts(pipeline: Pipeline, tp: TopicPartition) -> list[int]:
@@ -44,15 +39,16 @@ def gap_rows(pipeline: Pipeline) -> list[tuple]:
     return [(g.tp, g.start, g.end) for row in pipeline.ledger().gaps() for g in row.ranges]
 
 
-def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(stack, tmp_path):
+def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(stack, tmp_path, monkeypatch):
     """Defect 4: with on_gap = skip the head must not win over the skipped-to offset (START from
     deleted offsets aborts every txn), for a gap found at take-over and one that opens while
     leading; each gap is one GAP row, however many leaders meet it."""
     pipeline = make_pipeline(stack, tmp_path, unique_name("gapskip"), partitions=1, settings={"pipeline.on_gap": "skip"})
     tp = pipeline.partitions[0]
     pipeline.produce(100)
+    monkeypatch.setattr(leader_module, "SourceOffsets", Retention)
     Retention.low = {}
-    e1 = LeaderThread(pipeline, 1, "E1", leader_class=Retention)
+    e1 = LeaderThread(pipeline, 1, "E1")
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1):
         e1.start()
         wait_until(lambda: pipeline.target_count() == 100, 60, "the first 100 records committed")
@@ -60,7 +56,7 @@ def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(sta
         e1.ended(60)
         pipeline.produce(100, start_id=100)
         Retention.low = {tp: 150}  # retention took 100..149 before they were read
-        e2 = LeaderThread(pipeline, 2, "E2", leader_class=Retention).start()
+        e2 = LeaderThread(pipeline, 2, "E2").start()
         wait_until(lambda: pipeline.target_count() == 150, 60, "offsets 150..199 committed")
         assert committed_starts(pipeline, tp)[-1] == 150
         Retention.low = {tp: 260}  # a gap that opens while E2 leads (its records are gone before they come)
@@ -70,7 +66,7 @@ def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(sta
         assert committed_starts(pipeline, tp)[-1] == 260
         e2.stop.set()
         e2.ended(60)
-        e3 = LeaderThread(pipeline, 3, "E3", leader_class=Retention).start()  # meets no new gap
+        e3 = LeaderThread(pipeline, 3, "E3").start()  # meets no new gap
         wait_until(lambda: pipeline.ledger().max_epoch() == 3 and pipeline.ledger().commit_at(
             pipeline.ledger().head()[0]).epoch == 3, 60, "E3 commits")
         e3.stop.set()
@@ -82,12 +78,13 @@ def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(sta
     assert len(anomalies) == 2 and all("recorded as skipped" in a for a in anomalies), anomalies
 
 
-def test_on_gap_fail_stops_the_leader_with_the_gap_and_what_to_do(stack, tmp_path):
+def test_on_gap_fail_stops_the_leader_with_the_gap_and_what_to_do(stack, tmp_path, monkeypatch):
     pipeline = make_pipeline(stack, tmp_path, unique_name("gapfail"), partitions=1)
     tp = pipeline.partitions[0]
     pipeline.produce(50)
+    monkeypatch.setattr(leader_module, "SourceOffsets", Retention)
     Retention.low = {}
-    e1 = LeaderThread(pipeline, 1, "E1", leader_class=Retention)
+    e1 = LeaderThread(pipeline, 1, "E1")
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1):
         e1.start()
         wait_until(lambda: pipeline.target_count() == 50, 60, "the first 50 records committed")
@@ -95,7 +92,7 @@ def test_on_gap_fail_stops_the_leader_with_the_gap_and_what_to_do(stack, tmp_pat
         e1.ended(60)
         pipeline.produce(50, start_id=50)
         Retention.low = {tp: 70}
-        e2 = LeaderThread(pipeline, 2, "E2", leader_class=Retention).start()
+        e2 = LeaderThread(pipeline, 2, "E2").start()
         outcome = e2.ended(60)
     assert "offsets 50..69 are gone (retention)" in str(outcome) and 'on_gap = "skip"' in str(outcome), outcome
     assert gap_rows(pipeline) == [(tp, 50, 70)]

@@ -8,30 +8,22 @@ failpoints hold or fail a leader at a chosen step. Every test ends with the exac
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from clients import failpoints
-from coordinator import leader as leader_module
+from coordinator import leader as leader_module, lease as lease_module
 from coordinator.dead_letter_publisher import ensure_table
 from coordinator.dead_letter_view import read_letters
 from protocol import naming
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
-from tests.integration.live_pipeline import committed_through, participants, produce_values
+from tests.integration.live_pipeline import committed_through, good, participants, produce_values
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.integration.test_dead_letters_once import good
 from tests.leaders import LeaderThread, leaders
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
 WAIT_S = 60.0
-
-
-@pytest.fixture(autouse=True)
-def _disarm() -> Iterator[None]:
-    yield
-    failpoints.disarm()
 
 
 def published_rows(pipeline: Pipeline, txn: str) -> int:
@@ -186,7 +178,7 @@ def test_a_long_roll_forward_keeps_the_new_leaders_lease(stack, tmp_path, monkey
     """Issue 29, defect 8: a take-over that rolls many committed txns forward takes longer than
     ``LOOP_STALL_LIMIT_S`` in all, but makes progress at every txn: the new leader keeps
     heartbeating (a lapsed lease would let a standby roll forward beside it)."""
-    monkeypatch.setattr(leader_module, "LOOP_STALL_LIMIT_S", 3.0)
+    monkeypatch.setattr(lease_module, "LOOP_STALL_LIMIT_S", 3.0)
     pipeline = make_pipeline(stack, tmp_path, unique_name("longroll"))
     pipeline.produce(200)
     e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")

@@ -6,8 +6,6 @@ failpoints hold a leader at a chosen step. Every test ends with the exactly-once
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from clients import failpoints
@@ -15,13 +13,7 @@ from protocol import naming
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
-from tests.pipelines import Pipeline, TARGET_DDL, assert_exactly_once, make_pipeline
-
-
-@pytest.fixture(autouse=True)
-def _disarm() -> Iterator[None]:
-    yield
-    failpoints.disarm()
+from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipeline
 
 
 def own_rows(pipeline: Pipeline) -> int:

@@ -2,14 +2,10 @@
 
 Two real ``Leader``s (epochs 1 and 2) run in threads against the embedded stack, with test code
 playing the participants. Failpoints hold each leader at a chosen step, so the interleaving is
-the same on every run. Every test ends with the exactly-once oracle (DESIGN.md section 8).
+the same on every run. Every test ends with the exactly-once oracle (docs/architecture.md §11).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-
-import pytest
 
 from clients import failpoints
 from protocol import naming
@@ -17,12 +13,6 @@ from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
 from tests.pipelines import assert_exactly_once, make_pipeline
-
-
-@pytest.fixture(autouse=True)
-def _disarm() -> Iterator[None]:
-    yield
-    failpoints.disarm()
 
 
 def test_a_stalled_leaders_late_commit_loses_to_the_new_leaders_seal(stack, tmp_path):

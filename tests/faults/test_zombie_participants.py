@@ -8,8 +8,7 @@ keep committing. Ends with the exactly-once oracle.
 from __future__ import annotations
 
 from tests.helpers import unique_name, wait_until
-from tests.integration.test_coordinator import coordinator
-from tests.integration.test_participant_runner import RunnerThread
+from tests.integration.live_pipeline import coordinator, task
 from tests.pipelines import make_pipeline
 
 
@@ -17,7 +16,7 @@ def test_two_live_copies_of_a_participant_do_not_stop_commits(stack, tmp_path):
     """Defect 7: the copies take turns heartbeating; before fencing 39 of 40 txns aborted."""
     pipeline = make_pipeline(stack, tmp_path, unique_name("zombie"), settings={"transaction.interval_s": 0.3})
     produced = pipeline.produce(3_000)
-    copies = [RunnerThread(pipeline, "task-0"), RunnerThread(pipeline, "task-0-zombie")]
+    copies = [task(pipeline, pipeline.partitions, "task-0"), task(pipeline, pipeline.partitions, "task-0-zombie")]
     try:
         with coordinator(pipeline):
             wait_until(lambda: pipeline.target_count() == produced, 90, "every record committed")

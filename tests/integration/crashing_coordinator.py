@@ -18,8 +18,8 @@ from protocol.coordinator_events import Commit, CommitResult
 
 
 class CrashAfterCommit(Leader):
-    def _do_Commit(self, action: Commit) -> CommitResult:
-        result = super()._do_Commit(action)
+    def _commit(self, action: Commit) -> CommitResult:
+        result = super()._commit(action)
         if result.won:
             print(f"crashing after commit of {action.txn.id}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -7,6 +7,7 @@ partitions. Both stop cleanly on leaving the ``with`` block and re-raise what th
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -21,10 +22,10 @@ from protocol.messages import TopicPartition
 from tests.pipelines import Pipeline
 
 
-class _Thread:
+class StoppableThread:
     """``target(stop)`` on a daemon thread; ``stop()`` joins it and re-raises what it raised."""
 
-    def __init__(self, name: str, target) -> None:  # noqa: ANN001 - Callable[[threading.Event], object]
+    def __init__(self, name: str, target) -> None:  # Callable[[threading.Event], object]
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._target = target
@@ -34,7 +35,7 @@ class _Thread:
     def _run(self) -> None:
         try:
             self._target(self._stop)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             self.error = exc
 
     def stop(self) -> None:
@@ -49,7 +50,7 @@ class _Thread:
 def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = Leader, coordinator_id: str = "c1") -> Iterator[CoordinatorService]:
     cfg = msgspec.structs.replace(pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id))
     service = CoordinatorService(cfg, leader_class=leader_class)
-    thread = _Thread(f"coordinator-{coordinator_id}", service.run)
+    thread = StoppableThread(f"coordinator-{coordinator_id}", service.run)
     try:
         yield service
     finally:
@@ -57,7 +58,7 @@ def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = Leader, coor
 
 
 @contextmanager
-def participants(pipeline: Pipeline, *, tasks: int = 1) -> Iterator[list[_Thread]]:
+def participants(pipeline: Pipeline, *, tasks: int = 1) -> Iterator[list[StoppableThread]]:
     """``tasks`` participant tasks, partition i held by task ``i % tasks``."""
     groups: list[list[TopicPartition]] = [[] for _ in range(tasks)]
     for i, tp in enumerate(pipeline.partitions):
@@ -66,15 +67,20 @@ def participants(pipeline: Pipeline, *, tasks: int = 1) -> Iterator[list[_Thread
         threads = []
         for i, held in enumerate(g for g in groups if g):
             runner = TaskRunner(pipeline.cfg, held, participant_id=f"task-{i}")
-            thread = _Thread(f"task-{i}", runner.run)
+            thread = StoppableThread(f"task-{i}", runner.run)
             stack.callback(thread.stop)
             threads.append(thread)
         yield threads
 
 
-def task(pipeline: Pipeline, partitions: Sequence[TopicPartition], participant_id: str) -> _Thread:
+def task(pipeline: Pipeline, partitions: Sequence[TopicPartition], participant_id: str) -> StoppableThread:
     """One participant task holding ``partitions``, started; ``stop()`` ends it (its heartbeats stop)."""
-    return _Thread(participant_id, TaskRunner(pipeline.cfg, partitions, participant_id=participant_id).run)
+    return StoppableThread(participant_id, TaskRunner(pipeline.cfg, partitions, participant_id=participant_id).run)
+
+
+def good(i: int) -> bytes:
+    """A record value the test target (``TARGET_DDL``) takes as one row."""
+    return json.dumps({"id": i, "user": f"u{i}", "amount": i / 2}).encode()
 
 
 def produce_values(pipeline: Pipeline, partition: int, values: Sequence[bytes | None]) -> list[int]:
@@ -82,7 +88,7 @@ def produce_values(pipeline: Pipeline, partition: int, values: Sequence[bytes | 
     producer = Producer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "linger.ms": 5})
     offsets: list[int] = []
 
-    def delivered(err, msg) -> None:  # noqa: ANN001
+    def delivered(err, msg) -> None:
         assert err is None, err
         offsets.append(msg.offset())
 

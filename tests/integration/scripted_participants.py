@@ -9,7 +9,6 @@ the START offsets up to the high watermark seen at END, so every row it stages i
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 import clickhouse_connect
@@ -18,7 +17,13 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPar
 from protocol import codec, naming
 from protocol.config import PipelineConfig
 from protocol.messages import (
-    Abort, EndCommit, Heartbeat, PartitionPosition, StartCommit, TopicPartition, WriteStatus,
+    Abort,
+    EndCommit,
+    Heartbeat,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
 
 

@@ -4,10 +4,8 @@ broker and ClickHouse."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,18 +15,13 @@ from clients.clickhouse import make_client
 from coordinator.ledger_store import LedgerStore
 from protocol.config import load_config
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from tests.helpers import create_topic, unique_name
+from tests.helpers import create_topic, run_chtxn, unique_name
 
-CHTXN = str(Path(sys.executable).with_name("chtxn"))
-
-
-def chtxn(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHTXN_")}
-    env["COLUMNS"] = "200"
-    return subprocess.run([CHTXN, *args], capture_output=True, text=True, env=env, timeout=timeout_s)
+#: The installed ``chtxn`` script, without the session's ``CHTXN_*`` settings.
+chtxn = partial(run_chtxn, timeout_s=120, installed=True, inherit_chtxn_vars=False, env={"COLUMNS": "200"})
 
 
-def write_config(path: Path, stack, database: str, **over: str) -> Path:  # noqa: ANN001 - TestStack
+def write_config(path: Path, stack, database: str, **over: str) -> Path:  # TestStack
     url = urlsplit(stack.clickhouse_url)
     values = {
         "name": unique_name("pipe"),
@@ -54,7 +47,7 @@ def write_config(path: Path, stack, database: str, **over: str) -> Path:  # noqa
 
 
 @pytest.fixture(scope="module")
-def target(ch_client, ch_database: str) -> str:  # noqa: ANN001 - clickhouse-connect client
+def target(ch_client, ch_database: str) -> str:  # clickhouse-connect client
     ch_client.command(f"CREATE TABLE `{ch_database}`.events (id UInt64, body String) ENGINE = MergeTree ORDER BY id")
     return "events"
 
@@ -63,7 +56,7 @@ def statuses(report: dict) -> dict[str, str]:
     return {item["name"]: item["status"] for item in report["items"]}
 
 
-def test_init_creates_then_finds(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_init_creates_then_finds(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:
     a = create_topic(kafka_admin, unique_name("src_a"), 2)
     b = create_topic(kafka_admin, unique_name("src_b"), 3)
     path = write_config(tmp_path / "p.toml", stack, ch_database, topics=json.dumps([a, b]))
@@ -91,7 +84,7 @@ def test_init_creates_then_finds(stack, kafka_admin, ch_database: str, target: s
     assert people.returncode == 0 and "ready" in people.stdout and cfg.control_topic in people.stdout
 
 
-def test_init_refuses_a_control_topic_with_two_partitions(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_init_refuses_a_control_topic_with_two_partitions(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:
     src = create_topic(kafka_admin, unique_name("src"), 1)
     control = create_topic(kafka_admin, unique_name("ctl"), 2)
     path = write_config(tmp_path / "p.toml", stack, ch_database, topics=json.dumps([src]), control=control)
@@ -106,7 +99,7 @@ def test_init_refuses_a_control_topic_with_two_partitions(stack, kafka_admin, ch
     ), report["problems"]
 
 
-def test_init_says_what_is_missing(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_init_says_what_is_missing(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:
     missing_topic = unique_name("nosuch")
     path = write_config(tmp_path / "p.toml", stack, ch_database, topics=json.dumps([missing_topic]), target="nosuch_table")
     result = chtxn("init", "--config", str(path))
@@ -116,7 +109,7 @@ def test_init_says_what_is_missing(stack, kafka_admin, ch_database: str, target:
     assert f"target table {ch_database}.nosuch_table does not exist: create it" in out
 
 
-def test_init_names_an_unreachable_broker(stack, ch_database: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_init_names_an_unreachable_broker(stack, ch_database: str, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
@@ -129,7 +122,7 @@ def test_init_names_an_unreachable_broker(stack, ch_database: str, tmp_path: Pat
 
 
 @pytest.fixture
-def ledger_pipeline(stack, ch_database: str, target: str, tmp_path: Path):  # noqa: ANN001, ANN201
+def ledger_pipeline(stack, ch_database: str, target: str, tmp_path: Path):
     """A config and the ledger store of a fresh pipeline, with the ledger table in place."""
     path = write_config(tmp_path / "p.toml", stack, ch_database, topics='["src"]')
     cfg = load_config(str(path), {})
@@ -138,7 +131,7 @@ def ledger_pipeline(stack, ch_database: str, target: str, tmp_path: Path):  # no
     return path, store
 
 
-def test_txn_list_and_show(ledger_pipeline) -> None:  # noqa: ANN001
+def test_txn_list_and_show(ledger_pipeline) -> None:
     path, store = ledger_pipeline
     p = store.pipeline
     r = PartitionRange(topic="src", partition=0, start=0, end=42, rows=40)
@@ -174,7 +167,7 @@ def test_txn_list_and_show(ledger_pipeline) -> None:  # noqa: ANN001
     assert unknown.returncode == 1 and "no ledger rows for txn 'e7_t7'" in unknown.stderr
 
 
-def test_txn_list_without_a_ledger_says_to_run_init(stack, ch_client, tmp_path: Path) -> None:  # noqa: ANN001
+def test_txn_list_without_a_ledger_says_to_run_init(stack, ch_client, tmp_path: Path) -> None:
     empty_db = unique_name("t_noledger")
     ch_client.command(f"CREATE DATABASE `{empty_db}`")
     try:

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
+from functools import partial
 
 from coordinator.ledger_store import LedgerStore
-
-from tests.helpers import unique_name, wait_until
+from tests.helpers import run_chtxn, unique_name, wait_until
+from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.integration.test_coordinator import REPO, coordinator
 from tests.pipelines import make_pipeline
 
-
-def chtxn(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True)
+#: ``python -m cli`` of this checkout, with no time limit.
+chtxn = partial(run_chtxn, timeout_s=None)
 
 
 def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path):
@@ -26,7 +23,7 @@ def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path)
     idle = chtxn("status", "--config", config, "--json")
     assert idle.returncode == 1, idle.stderr
     assert json.loads(idle.stdout)["healthy"] is False
-    with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"), coordinator(pipeline, "status-c1"):
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"), coordinator(pipeline, coordinator_id="status-c1"):
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows published")
         result = chtxn("status", "--config", config, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
@@ -60,7 +57,7 @@ def test_verify_deep_after_the_first_commits_expired_checks_from_the_oldest_chec
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline):
         wait_until(lambda: pipeline.target_count() == first, 60, "the first rows published")
     more = pipeline.produce(200, start_id=first)
-    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline, "c2"):
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline, coordinator_id="c2"):
         # c2's seal checkpointed everything c1 committed
         wait_until(lambda: pipeline.target_count() == first + more, 60, "the later rows published")
     store = pipeline.ledger()

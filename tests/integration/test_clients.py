@@ -22,7 +22,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def config(bootstrap: str, topics: list[str]):  # noqa: ANN201 - PipelineConfig
+def config(bootstrap: str, topics: list[str]):  # PipelineConfig
     listed = ", ".join(f'"{t}"' for t in topics)
     return parse_config(
         f'[pipeline]\nname = "p"\ntopics = [{listed}]\n[kafka]\nbootstrap_servers = "{bootstrap}"\n'
@@ -31,7 +31,7 @@ def config(bootstrap: str, topics: list[str]):  # noqa: ANN201 - PipelineConfig
     )
 
 
-def test_configs_merge_defaults_properties_and_extra(stack) -> None:  # noqa: ANN001
+def test_configs_merge_defaults_properties_and_extra(stack) -> None:
     cfg = config(stack.kafka_bootstrap, ["a"])
     consumer = kafka_clients.consumer_conf(cfg, **{"client.id": "explicit"})
     assert consumer["group.id"] == "p" and consumer["enable.auto.commit"] is False
@@ -47,7 +47,7 @@ def test_configs_merge_defaults_properties_and_extra(stack) -> None:  # noqa: AN
     assert p.flush(30) == 0
 
 
-def test_partitions_of_lists_sorted_partitions_and_names_a_missing_topic(stack, kafka_admin) -> None:  # noqa: ANN001
+def test_partitions_of_lists_sorted_partitions_and_names_a_missing_topic(stack, kafka_admin) -> None:
     b = create_topic(kafka_admin, unique_name("b"), 3)
     a = create_topic(kafka_admin, unique_name("a"), 2)
     parts = kafka_clients.partitions_of(kafka_admin, [b, a])
@@ -59,7 +59,7 @@ def test_partitions_of_lists_sorted_partitions_and_names_a_missing_topic(stack, 
     assert missing not in kafka_admin.list_topics(timeout=10).topics  # asking did not create it
 
 
-def test_create_topics_is_idempotent_and_checks_the_control_topic(stack, kafka_admin) -> None:  # noqa: ANN001
+def test_create_topics_is_idempotent_and_checks_the_control_topic(stack, kafka_admin) -> None:
     control, dlq = unique_name("ctl"), unique_name("dlq")
     assert kafka_clients.create_topics(kafka_admin, {control: 1, dlq: 4}) == {control: True, dlq: True}
     assert kafka_clients.create_topics(kafka_admin, {control: 1, dlq: 4}) == {control: False, dlq: False}
@@ -80,7 +80,7 @@ def test_an_unreachable_broker_fails_within_the_timeout_naming_it() -> None:
     assert "chtxn embedded up" in str(info.value)
 
 
-def test_make_client_talks_to_clickhouse(stack, ch_database: str) -> None:  # noqa: ANN001
+def test_make_client_talks_to_clickhouse(stack, ch_database: str) -> None:
     url = urlsplit(stack.clickhouse_url)
     section = ClickHouseSection(
         url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}", database=ch_database,

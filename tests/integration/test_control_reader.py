@@ -61,3 +61,29 @@ def test_the_reader_delivers_every_message_once_in_order_while_producers_race(st
     for i in range(PRODUCERS):  # one producer's messages keep their order
         assert [t for t in seen if t.startswith(f"{i}-")] == [f"{i}-{n}" for n in range(EACH)]
     assert reader.holes.skipped == []
+
+
+def test_a_tombstone_on_the_control_topic_is_passed_over(stack, kafka_admin):
+    """A record with a null value (a tombstone someone produced, or a compaction marker) is not a
+    message: the reader goes on to the next one instead of raising."""
+    topic = create_topic(kafka_admin, unique_name("control"), 1)
+    reader = ControlReader(Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": unique_name("g"),
+                                     "enable.auto.commit": False}), topic, who="reader")
+    reader.assign(0)
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    for value in (encode(Heartbeat(pipeline="p", epoch=1, txn="before", sender="s", partitions=())), None,
+                  encode(Heartbeat(pipeline="p", epoch=1, txn="after", sender="s", partitions=()))):
+        producer.produce(topic, key=b"p", value=value)
+    assert producer.flush(10) == 0
+    seen: list[str] = []
+
+    def both_read() -> bool:
+        seen.extend(m.txn for m in reader.read(10, 0.1))
+        return len(seen) >= 2
+
+    try:
+        wait_until(both_read, 30, f"the two messages around the tombstone (have {seen})", interval_s=0)
+    finally:
+        reader.close()
+    assert seen == ["before", "after"]
+    assert reader.holes.skipped == []

@@ -1,6 +1,6 @@
 """The coordinator against the embedded stack, with test code playing the participants.
 
-Every test ends with the exactly-once oracle of DESIGN.md section 8.
+Every test ends with the exactly-once oracle of docs/architecture.md §11.
 """
 
 from __future__ import annotations
@@ -12,46 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-from coordinator.service import CoordinatorService
-from tests.helpers import unique_name, wait_until
+from tests.helpers import REPO, unique_name, wait_until
+from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def coordinator(pipeline: Pipeline, coordinator_id: str = "c1"):
-    """A coordinator replica in a thread; stopped (SIGTERM-equivalent) at the end."""
-    import msgspec
-
-    cfg = msgspec.structs.replace(
-        pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id))
-    service = CoordinatorService(cfg)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            service.run(stop)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name=f"coordinator-{coordinator_id}", daemon=True)
-    thread.start()
-    try:
-        yield service
-    finally:
-        stop.set()
-        thread.join(60)
-        assert not thread.is_alive(), "coordinator did not stop within 60 s of SIGTERM"
-        if errors:
-            raise errors[0]
 
 
 def spawn_coordinator(pipeline: Pipeline, coordinator_id: str, *module_args: str) -> subprocess.Popen:
@@ -138,7 +105,7 @@ def test_sigkill_after_commit_before_publish_is_rolled_forward(stack, tmp_path):
         committed = [t for t in pipeline.ledger().history(limit=10) if t.state == "COMMITTED"]
         assert committed, "the crashing coordinator left a COMMITTED, unpublished txn"
         assert pipeline.target_count() == 0
-        with coordinator(pipeline, "restarted"):
+        with coordinator(pipeline, coordinator_id="restarted"):
             wait_until(lambda: states(pipeline).get(committed[0].txn) == "PUBLISHED", 30, "the committed txn published")
             wait_until(lambda: pipeline.target_count() == produced, 60, "all rows published")
     assert_exactly_once(pipeline, produced)

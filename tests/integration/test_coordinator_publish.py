@@ -2,7 +2,7 @@
 with materialized views, refusals at start, orphan clean-up at take-over, metrics, SIGTERM.
 
 Test code plays the participants; every test that moves data ends with the exactly-once oracle
-of DESIGN.md section 8.
+of docs/architecture.md §11.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.leader import LANES, Leader
+from coordinator.lanes import LANES
+from coordinator.leader import Leader
 from coordinator.metrics import LEADER_STEPS
 from coordinator.service import CoordinatorService
 from coordinator.stage import StageTables
@@ -30,7 +31,7 @@ from protocol.config import PipelineConfig
 from protocol.errors import SetupError
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.pipelines import Pipeline, TARGET_DDL, assert_exactly_once, make_pipeline
+from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 CHTXN = Path(sys.executable).with_name("chtxn")  # the console script of the installed distribution
@@ -265,7 +266,7 @@ def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
             assert value("chtxn_commit_latency_seconds_count") > 0
             for step in ("create-stage", "check", "commit", "publish"):  # steps 2, 5, 6 and 7 of a txn
                 # A step is timed once it returns; publish returns after the rows are visible.
-                wait_until(lambda: value("chtxn_leader_step_seconds_count", step=step) > 0, 30,  # noqa: B023
+                wait_until(lambda step=step: value("chtxn_leader_step_seconds_count", step=step) > 0, 30,
                            f"the leader's {step} step timed")
 
             participants.knobs.withhold_status = {pipeline.partitions[1]}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
+from typing import ClassVar
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition as KafkaTP
@@ -11,43 +11,48 @@ from confluent_kafka.admin import AdminClient
 
 from coordinator import ledger_rows
 from coordinator.dead_letter_publisher import (
-    DeadLetterPublisher, NewerLeader, PublisherFenced, ensure_table, marker_group,
+    DeadLetterPublisher,
+    NewerLeader,
+    PublisherFenced,
+    ensure_table,
 )
-from coordinator.ledger_store import LedgerStore
 from coordinator.dead_letter_view import read_letters
 from coordinator.leader import Leader
+from coordinator.ledger_store import LedgerStore
 from participant.bad_records import Letter
 from participant.dead_letters import DeadLetterSink
+from protocol import naming
 from protocol.chunking import ChunkBuilder
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.coordinator_events import CountStage, Counted
+from protocol.coordinator_events import Counted, CountStage
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
+from tests.integration.ledger_writes import commit
 from tests.integration.live_pipeline import (
-    committed_through, coordinator, participants, produce_values, task,
+    committed_through,
+    coordinator,
+    good,
+    participants,
+    produce_values,
+    task,
 )
 from tests.pipelines import Pipeline, make_pipeline
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
 WAIT_S = 90.0
-
-
-def good(i: int) -> bytes:
-    return json.dumps({"id": i, "user": f"u{i}", "amount": i / 2}).encode()
 
 
 def aborting_first_txn_with_letters(base: type[Leader]) -> type[Leader]:
     """A leader that aborts (at its count check, step 5) the first txn whose participants reported letters."""
 
-    class AbortFirstTxnWithLetters(base):  # type: ignore[valid-type, misc]
-        aborted: list[str] = []
+    class AbortFirstTxnWithLetters(base):  # type: ignore[valid-type, misc]  # a base from the parameter
+        aborted: ClassVar[list[str]] = []
 
-        def _do_CountStage(self, action: CountStage) -> Counted:
+        def _count_stage(self, action: CountStage) -> Counted:
             txn = self.state.txn(action.txn)
             if not self.aborted and txn is not None and sum(ws.dead_letters for ws in txn.statuses.values()):
                 self.aborted.append(action.txn)
                 return Counted(action.txn, None, error="injected: abort a txn holding dead letters")
-            return super()._do_CountStage(action)
+            return super()._count_stage(action)
 
     return AbortFirstTxnWithLetters
 
@@ -93,13 +98,6 @@ def stage_letters(pipeline: Pipeline, txn: str, offsets: list[int], partition: i
     builder.add(records)
     sink = DeadLetterSink(pipeline.client(), database=pipeline.cfg.clickhouse.database, pipeline=pipeline.cfg.name)
     sink.write(builder.flush(), [Letter(r, f"malformed JSON at {r.offset()}") for r in records])
-
-
-def commit(pipeline: Pipeline, txn: str, seq: int, start: int, end: int, partition: int = 0) -> None:
-    """The leader's commit point for ``txn``: slot ``seq``, offsets [start, end) of one partition."""
-    row = LedgerRow(pipeline=pipeline.cfg.name, txn=txn, event=LedgerEvent.COMMITTED, epoch=1, commit_seq=seq,
-                    coordinator="test", ranges=(PartitionRange(topic=pipeline.topic, partition=partition, start=start, end=end),))
-    assert pipeline.ledger().claim_commit(row)
 
 
 def publisher(pipeline: Pipeline, epoch: int = 1) -> DeadLetterPublisher:
@@ -186,7 +184,7 @@ def test_a_stale_publisher_initialising_last_never_stops_the_leaders_publisher(l
         commit(pipeline, f"e1_t{seq}", seq, 10 * (seq - 1), 10 * seq)
     assert pipeline.ledger().claim_epoch(1, "stale") and pipeline.ledger().claim_epoch(2, "leader")
     leader = publisher(pipeline, epoch=2)
-    stale = DeadLetterPublisher(pipeline.cfg, pipeline.client(), _LedgerReadBefore(pipeline.ledger(), 1),  # type: ignore[arg-type] # a scripted stale read
+    stale = DeadLetterPublisher(pipeline.cfg, pipeline.client(), _LedgerReadBefore(pipeline.ledger(), 1),  # type: ignore[arg-type]  # a scripted stale read
                                 epoch=1, timeout_s=15)
     try:
         assert leader.publish("e1_t1", 1) == 1
@@ -228,7 +226,7 @@ def expire_marker(pipeline: Pipeline) -> None:
     """What ``offsets.retention.minutes`` does to the marker group, which has no members: its
     committed offsets are gone."""
     admin = AdminClient({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers})
-    group = marker_group(pipeline.cfg.name)
+    group = naming.dead_letter_marker_group(pipeline.cfg.name)
     for future in admin.delete_consumer_groups([group], request_timeout=15).values():
         future.result()
     reader = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": group})

@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
 from coordinator.dead_letter_publisher import DeadLetterPublisher, ensure_table
 from participant.bad_records import TOMBSTONE, Letter
 from participant.dead_letters import DeadLetterSink
 from protocol.chunking import ChunkBuilder
-from tests.helpers import unique_name
-from tests.integration.test_dead_letters_once import commit
+from tests.helpers import REPO, run_chtxn, unique_name
+from tests.integration.ledger_writes import commit
 from tests.pipelines import make_pipeline
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
-REPO = Path(__file__).resolve().parents[2]
 LONG_ERROR = "Cannot parse input: expected '\"' before: " + "x" * 300
 
 
-def chtxn(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHTXN_")} | {"PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=120)
+#: ``python -m cli`` of this checkout, without the session's ``CHTXN_*`` settings.
+chtxn = partial(run_chtxn, timeout_s=120, inherit_chtxn_vars=False, env={"PYTHONPATH": str(REPO)})
 
 
 def test_list_and_show_what_the_dead_letter_topic_holds(stack, tmp_path):

@@ -11,22 +11,23 @@ import msgspec
 import pytest
 
 from clients.clickhouse import make_client
+from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, ledger_checkpoint
 from protocol.config import ClickHouseSection
 from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name
-from tests.integration.test_ledger_store import commit_row, rng, section, tables  # noqa: F401 - fixtures
+from tests.integration.ledger_writes import commit_row, rng
 
 DAY_S = 86400.0
 
 
 @pytest.fixture
-def new_store(section: ClickHouseSection, tables: None) -> Callable[..., LedgerStore]:  # noqa: F811
+def new_store(ledger_section: ClickHouseSection, ledger_tables: None) -> Callable[..., LedgerHistory]:
     """Stores of one fresh pipeline; keyword arguments go to ``LedgerStore``."""
     pipeline = unique_name("p")
-    return lambda **kw: LedgerStore(make_client(section), section.database, pipeline, **kw)
+    return lambda **kw: LedgerHistory(make_client(ledger_section), ledger_section.database, pipeline, **kw)
 
 
 def chain_head(store: LedgerStore) -> tuple[int, dict[TopicPartition, int]]:
@@ -40,6 +41,7 @@ def commit_and_publish(store: LedgerStore, seq: int, *ranges: PartitionRange, pu
     store.append(LedgerRow(pipeline=store.pipeline, txn=row.txn, event=LedgerEvent.STARTED, epoch=1,
                            ranges=row.ranges))
     assert store.claim_commit(row)
+    store.after_won_slot(seq, epoch=row.epoch, coordinator=row.coordinator)  # what the leader does next
     if publish:
         store.append(msgspec.structs.replace(row, event=LedgerEvent.PUBLISHED, claim_id=""))
     return row
@@ -106,6 +108,7 @@ def test_a_seal_writes_a_checkpoint_and_still_fences_an_older_epoch(new_store) -
     store = new_store()
     fill(store, 2)
     assert store.seal(2, "c2", head_seq=2)
+    store.after_won_slot(3, epoch=2, coordinator="c2", seal=True)  # what the leader does next
     assert store.latest_checkpoint() is not None and store.latest_checkpoint().commit_seq == 3
     assert not store.claim_commit(commit_row(store, 3, "e1_t3", rng(0, 10, 20), epoch=1))  # the stalled leader
     assert store.head() == chain_head(store) == (3, {TopicPartition(topic="src", partition=p): 10 for p in (1, 2)})
@@ -146,6 +149,7 @@ def test_expiry_keeps_the_head_and_everything_after_the_horizon(new_store) -> No
     assert later.initial_offsets() == {TopicPartition(topic="src", partition=7): 5}
     assert later.max_epoch() == 1
     assert later.seal(2, "c2", head_seq=head[0])
+    later.after_won_slot(head[0] + 1, epoch=2, coordinator="c2", seal=True)
     assert later.head()[1] == head[1] and later.head()[0] == head[0] + 1
     assert later.commit_at(3) is None and not later.claim_commit(commit_row(store, 3, "e9_t1", rng(0, 0, 5), epoch=9))
     assert later.history(limit=10)[0].txn == "e2_t0"
@@ -177,9 +181,9 @@ def test_the_audit_from_the_oldest_checkpoint_still_finds_overlaps_and_gaps(new_
     ], problems
 
 
-def test_ensure_tables_adds_the_indexes_to_a_ledger_of_the_previous_version(section: ClickHouseSection) -> None:  # noqa: F811
+def test_ensure_tables_adds_the_indexes_to_a_ledger_of_the_previous_version(ledger_section: ClickHouseSection) -> None:
     database = unique_name("t_old_ledger")
-    admin = make_client(msgspec.structs.replace(section, database="default"))
+    admin = make_client(msgspec.structs.replace(ledger_section, database="default"))
     admin.command(f"CREATE DATABASE `{database}`")
     try:
         old_ddl = ledger.create_table_sql(database).split(",\n    INDEX")[0] + "\n)\nENGINE" + \

@@ -5,54 +5,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 import msgspec
 import pytest
 
 from clients.clickhouse import make_client
+from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, naming
 from protocol.config import ClickHouseSection
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name
+from tests.integration.ledger_writes import commit_row, rng
 
 RACERS = 4
 
 
-@pytest.fixture(scope="module")
-def section(stack, ch_database: str) -> ClickHouseSection:  # noqa: ANN001 - TestStack
-    url = urlsplit(stack.clickhouse_url)
-    return ClickHouseSection(
-        url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}", database=ch_database,
-        user=url.username or "default", password=url.password or "", target_table="events",
-    )
-
-
-@pytest.fixture(scope="module")
-def tables(section: ClickHouseSection) -> None:
-    store = LedgerStore(make_client(section), section.database, "any")
-    assert store.ensure_tables() is True
-    assert store.ensure_tables() is False  # idempotent
-
-
 @pytest.fixture
-def new_store(section: ClickHouseSection, tables: None) -> Callable[[], LedgerStore]:
+def new_store(ledger_section: ClickHouseSection, ledger_tables: None) -> Callable[[], LedgerHistory]:
     """Stores of one fresh pipeline, each with its own client (as separate coordinators have)."""
     pipeline = unique_name("p")
-    return lambda: LedgerStore(make_client(section), section.database, pipeline)
-
-
-def rng(partition: int, start: int, end: int) -> PartitionRange:
-    return PartitionRange(topic="src", partition=partition, start=start, end=end, rows=end - start)
-
-
-def commit_row(store: LedgerStore, seq: int, txn: str, *ranges: PartitionRange, epoch: int = 1, who: str = "c1") -> LedgerRow:
-    return LedgerRow(
-        pipeline=store.pipeline, txn=txn, event=LedgerEvent.COMMITTED, epoch=epoch, commit_seq=seq,
-        coordinator=who, ranges=ranges, total_rows=sum(r.rows for r in ranges), stage_table=f"events__chtxn_p__{txn}",
-    )
+    return lambda: LedgerHistory(make_client(ledger_section), ledger_section.database, pipeline)
 
 
 def race(claims: list[Callable[[], bool]]) -> list[bool]:
@@ -74,14 +48,14 @@ def race(claims: list[Callable[[], bool]]) -> list[bool]:
         t.join()
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors
-    return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]  # no errors: every slot holds a result
 
 
 def test_racing_epoch_claims_have_exactly_one_winner(new_store: Callable[[], LedgerStore]) -> None:
     stores = [new_store() for _ in range(RACERS)]
     assert stores[0].max_epoch() == 0
     for epoch in (1, 2, 3):
-        results = race([lambda s=s, i=i: s.claim_epoch(epoch, f"coord-{i}") for i, s in enumerate(stores)])
+        results = race([lambda s=s, i=i, epoch=epoch: s.claim_epoch(epoch, f"coord-{i}") for i, s in enumerate(stores)])
         assert results.count(True) == 1, results
         assert stores[0].epoch_owner(epoch) == f"coord-{results.index(True)}"
         assert stores[1].max_epoch() == epoch
@@ -128,7 +102,9 @@ def test_head_follows_the_chain(new_store: Callable[[], LedgerStore]) -> None:
     assert store.claim_commit(commit_row(store, 2, "e1_t2", rng(0, 10, 20)))
     assert store.claim_commit(commit_row(store, 3, "e1_t3"))  # an empty commit still takes a slot
     assert store.claim_commit(commit_row(store, 4, "e1_t4", rng(1, 5, 8), rng(2, 0, 1)))
-    tp = lambda p: TopicPartition(topic="src", partition=p)  # noqa: E731
+    def tp(p: int) -> TopicPartition:
+        return TopicPartition(topic="src", partition=p)
+
     assert store.head() == (4, {tp(0): 20, tp(1): 8, tp(2): 1})
 
 
@@ -171,7 +147,7 @@ def test_history_and_txn(new_store: Callable[[], LedgerStore]) -> None:
     p = store.pipeline
 
     def event(txn: str, kind: LedgerEvent, **fields: object) -> None:
-        store.append(LedgerRow(pipeline=p, txn=txn, event=kind, epoch=1, coordinator="c1", **fields))  # type: ignore[arg-type]
+        store.append(LedgerRow(pipeline=p, txn=txn, event=kind, epoch=1, coordinator="c1", **fields))  # type: ignore[arg-type]  # fields of mixed types
 
     event("e1_t1", LedgerEvent.STARTED, ranges=(rng(0, 0, 0),), started_at=1000.0)
     committed = commit_row(store, 1, "e1_t1", rng(0, 0, 7))

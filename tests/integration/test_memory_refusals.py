@@ -19,14 +19,14 @@ from protocol import naming
 from protocol.chunking import ChunkBuilder
 from tests.helpers import unique_name
 from tests.pipelines import Pipeline, make_pipeline
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
 
 def good(i: int, size: int = 0) -> bytes:
     return json.dumps({"id": i, "user": "u" * size or f"u{i}", "amount": i / 2}).encode()
 
 
-def stage(pipeline: Pipeline, max_memory_usage: int, values: list[bytes], txn: str):  # noqa: ANN201
+def stage(pipeline: Pipeline, max_memory_usage: int, values: list[bytes], txn: str):
     """(ChunkStaged, stage table) of one chunk of ``values`` staged under a per-query memory limit."""
     cfg = pipeline.cfg
     client = make_client(cfg.clickhouse, max_memory_usage=max_memory_usage)

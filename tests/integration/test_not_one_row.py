@@ -1,4 +1,4 @@
-"""Records that are not exactly one row (DESIGN.md section 6): dead-lettered, never an abort loop.
+"""Records that are not exactly one row (docs/architecture.md §10): dead-lettered, never an abort loop.
 
 The whole pipeline runs: the real coordinator and real participant tasks, on the embedded stack.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from coordinator.stage import StageTables
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
@@ -17,7 +18,7 @@ from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import aborts, committed_through, coordinator, participants, produce_values
 from tests.pipelines import Pipeline, make_pipeline
-from tests.pure.test_chunking import Rec
+from tests.records import Rec
 
 WAIT_S = 90.0
 
@@ -77,7 +78,7 @@ def test_a_record_found_not_one_row_after_its_insert_aborts_one_txn_then_is_dead
     stager = Stager(client=client, section=cfg.clickhouse, attempts=3, dead_letters=sink(pipeline))
     records = [Rec(pipeline.topic, 0, offset, value, b"k%d" % offset) for offset, value in enumerate(values)]
 
-    def stage(txn: str):  # noqa: ANN202 - (ChunkStaged, stage table)
+    def stage(txn: str):  # (ChunkStaged, stage table)
         table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, txn)
         stages.create(table)
         builder = ChunkBuilder(pipeline=cfg.name, txn=txn, topic=pipeline.topic, partition=0, start_offset=0,

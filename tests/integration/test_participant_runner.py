@@ -7,25 +7,32 @@ and heartbeats; the runner stages real records into real stage tables and dead-l
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import msgspec
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import Consumer, Producer, TopicPartition as KafkaTP
 
 from clients import failpoints
 from coordinator.stage import StageTables
 from participant.runner import TaskRunner
-from protocol import codec, naming
-from protocol import dead_letters as dead_letter_table
+from protocol import codec, dead_letters as dead_letter_table, naming
 from protocol.errors import SetupError
 from protocol.messages import (
-    Abort, AckCommit, ControlMessage, EndCommit, Heartbeat, PartitionOffset, StartCommit, TopicPartition, WriteStatus,
+    Abort,
+    AckCommit,
+    ControlMessage,
+    EndCommit,
+    Heartbeat,
+    PartitionOffset,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
 from tests.helpers import unique_name, wait_until
+from tests.integration.live_pipeline import StoppableThread, task
 from tests.pipelines import TARGET_DDL, Pipeline, make_pipeline
 
 WAIT_S = 60.0
@@ -112,36 +119,12 @@ def coordinator(pipeline: Pipeline) -> Iterator[TestCoordinator]:
     tc.close()
 
 
-class RunnerThread:
-    """A ``TaskRunner`` on a thread; ``stop()`` re-raises what the runner raised."""
-
-    def __init__(self, pipeline: Pipeline, participant_id: str) -> None:
-        self.runner = TaskRunner(pipeline.cfg, pipeline.partitions, participant_id=participant_id)
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=participant_id, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.runner.run(self._stop)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            self.error = exc
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "the runner did not stop"
-        if self.error is not None:
-            raise self.error
-
-
 @pytest.fixture
 def start_runner(pipeline: Pipeline, coordinator: TestCoordinator) -> Iterator:
-    runners: list[RunnerThread] = []
+    runners: list[StoppableThread] = []
 
-    def start(participant_id: str = "task-0") -> RunnerThread:
-        runner = RunnerThread(pipeline, participant_id)
+    def start(participant_id: str = "task-0") -> StoppableThread:
+        runner = task(pipeline, pipeline.partitions, participant_id)
         runners.append(runner)
         # listening once it heartbeats: it assigns the control topic before its first heartbeat
         wait_until(lambda: any(h.sender == participant_id for h in coordinator.heartbeats()), WAIT_S, "a first heartbeat")
@@ -313,7 +296,7 @@ def test_heartbeats_keep_flowing_while_an_insert_is_slow(pipeline, coordinator, 
     during = [t for t in beats if end_at < t < status_at]
     assert len(during) >= 2, f"heartbeats while the last chunk was inserted: {during} (END {end_at}, WRITE-STATUS {status_at})"
     timeout = pipeline.cfg.heartbeat_timeout_s
-    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    gaps = [b - a for a, b in pairwise(beats)]
     assert max(gaps) < timeout, f"a heartbeat gap of {max(gaps):.2f} s would declare the participant dead"
 
 
@@ -341,7 +324,7 @@ def test_reading_waits_while_one_chunk_per_partition_read_is_inserted(pipeline, 
 def test_a_target_the_participant_cannot_fill_is_refused_at_start(pipeline):
     cfg = pipeline.cfg
     csv = msgspec.structs.replace(cfg, clickhouse=msgspec.structs.replace(cfg.clickhouse, input_format="CSV"))
-    with pytest.raises(SetupError, match="metadata columns .*input_format is 'CSV'"):
+    with pytest.raises(SetupError, match=r"metadata columns .*input_format is 'CSV'"):
         TaskRunner(csv, pipeline.partitions).run()
     missing = msgspec.structs.replace(cfg, clickhouse=msgspec.structs.replace(cfg.clickhouse, target_table="nope"))
     with pytest.raises(SetupError, match=r"target table .*\.nope does not exist"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from coordinator.service import clickhouse_stores
 from coordinator.stage import StageTableMissing, StageTables
 from protocol import naming
@@ -35,18 +36,18 @@ class Counting:
         return counted
 
 
-def stages_of(pipeline) -> tuple[StageTables, Counting]:  # noqa: ANN001 - tests.pipelines.Pipeline
+def stages_of(pipeline) -> tuple[StageTables, Counting]:  # tests.pipelines.Pipeline
     cfg = pipeline.cfg
     client = Counting(pipeline.client())
     return StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
                        pipeline=cfg.name), client
 
 
-def stage_table(pipeline, txn: str) -> str:  # noqa: ANN001
+def stage_table(pipeline, txn: str) -> str:
     return naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, txn)
 
 
-def q(pipeline, table: str) -> str:  # noqa: ANN001
+def q(pipeline, table: str) -> str:
     return f"`{pipeline.cfg.clickhouse.database}`.`{table}`"
 
 
@@ -54,7 +55,7 @@ def q(pipeline, table: str) -> str:  # noqa: ANN001
 METADATA = "(id, _topic, _partition, _offset)"
 
 
-def staged(pipeline, stages: StageTables, client: Counting, txn: str, values: str, columns: str = "") -> str:  # noqa: ANN001
+def staged(pipeline, stages: StageTables, client: Counting, txn: str, values: str, columns: str = "") -> str:
     """A stage table of ``txn`` holding ``values``; the statements counted from here on."""
     table = stage_table(pipeline, txn)
     stages.create(table)

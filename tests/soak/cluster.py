@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from procs import is_running, signal_group, start_token
-from tests.e2e.test_launcher_watchdog import descendants
+from tests.e2e.processes import descendants
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ class Cluster:
         with open(path, "a") as log:
             log.write(f"=== soak: start {name} at {time.strftime('%H:%M:%S')} "
                       f"{' '.join(f'{k}={v}' for k, v in env.items() if k.startswith('CHTXN_'))}\n")
-        log = open(path, "a")  # noqa: SIM115 - the child holds it; ours closes with the Popen
+        log = open(path, "a")  # noqa: SIM115 -- the child holds it; ours closes with the Popen
         full_env = {**os.environ, **self.extra_env, "PYTHONPATH": str(REPO), **env}
         proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
                                 cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
@@ -153,7 +153,7 @@ class Cluster:
         groups = dict(self._job_groups)
         try:
             groups.update(self._job_group_leaders() if PARTICIPANT in self.procs else {})
-        except Exception:  # noqa: BLE001 - a vanished process tree is no reason not to stop
+        except Exception:  # a vanished process tree is no reason not to stop
             pass
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -32,11 +32,11 @@ from typing import Any
 import msgspec
 
 from protocol.messages import TopicPartition
-from tests.e2e.test_outages import Addresses, direct, via
+from tests.faults.proxied import Addresses, direct, via
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import Pipeline, make_pipeline
-from tests.soak.cluster import COORDINATORS, PARTICIPANT, REPO, Cluster
+from tests.soak.cluster import COORDINATORS, REPO, Cluster
 from tests.soak.faults import FaultRecord, Injector, NotReady
 from tests.soak.report import SoakResult, recovery_times, stuck_spells
 from tests.soak.schedule import draw_schedule
@@ -87,7 +87,7 @@ def run_soak(stack: Any, workdir: Path, *, seed: int, duration_s: float, partiti
                     _faults(result, injector, schedule, duration_s, recovery_timeout_s)
                 except NotReady as exc:
                     result.stuck.append(f"the pipeline did not become whole again: {exc}")
-                except Exception:  # noqa: BLE001 - a harness error still gets a drain and the checks
+                except Exception:  # a harness error still gets a drain and the checks
                     result.errors.append("harness error in the fault phase:\n" + traceback.format_exc())
             _drain(result, cluster, traffic, proxy, check, drain_timeout_s)
             ended = time.time()
@@ -122,11 +122,11 @@ def _faults(result: SoakResult, injector: Injector, schedule: list, duration_s: 
     injector.hold(max(0.0, end - time.monotonic()))
 
 
-def _heads(ledger) -> dict[int, int]:  # noqa: ANN001 - LedgerStore
+def _heads(ledger) -> dict[int, int]:  # LedgerStore
     return {tp.partition: end for tp, end in ledger.head()[1].items()}
 
 
-def _recovered(record: FaultRecord, injector: Injector, ledger, timeout_s: float) -> bool:  # noqa: ANN001
+def _recovered(record: FaultRecord, injector: Injector, ledger, timeout_s: float) -> bool:
     target = record.acked_at_end
 
     def covered() -> bool:

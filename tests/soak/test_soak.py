@@ -23,7 +23,7 @@ REGRESSION_SEEDS: list[int] = [
 ]
 
 
-def soak(stack, tmp_path, seed: int) -> None:  # noqa: ANN001 - the session's TestStack
+def soak(stack, tmp_path, seed: int) -> None:  # the session's TestStack
     result = run_soak(stack, tmp_path, seed=seed, duration_s=SOAK_DURATION_S)
     result.print(Console(width=200))
     result.write(tmp_path / "results")

@@ -100,7 +100,7 @@ class Traffic:
         with self._lock:
             self.sent += 1
 
-    def _delivered(self, kind: str, err: KafkaError | None, msg) -> None:  # noqa: ANN001 - a Message
+    def _delivered(self, kind: str, err: KafkaError | None, msg) -> None:  # a Message
         if err is not None:
             self.failed.append(str(err))
             return

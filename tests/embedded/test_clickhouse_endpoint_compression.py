@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import struct
-from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import lz4.block
@@ -20,16 +19,10 @@ import pytest
 import zstandard
 from clickhouse_cityhash.cityhash import CityHash128
 
-from tests.integration.test_clickhouse_endpoint import running_endpoint
+from tests.embedded.endpoint import running_endpoint
 
 LZ4, ZSTD, NONE = 0x82, 0x90, 0x02
 MASK64 = (1 << 64) - 1
-
-
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with running_endpoint(tmp_path_factory.mktemp("ch_compression") / "data") as p:
-        yield p
 
 
 def checksum(block: bytes) -> bytes:

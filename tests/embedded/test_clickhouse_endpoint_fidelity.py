@@ -13,27 +13,11 @@ import json
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 from clickhouse_connect.driver.external import ExternalData
-
-from tests.integration.test_clickhouse_endpoint import running_endpoint
-
-
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with running_endpoint(tmp_path_factory.mktemp("ch_fidelity") / "data") as p:
-        yield p
-
-
-@pytest.fixture
-def client(port: int):
-    c = clickhouse_connect.get_client(host="127.0.0.1", port=port)
-    yield c
-    c.close()
 
 
 def post(port: int, body: bytes, query: str = "", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -93,7 +77,7 @@ def test_datetime_with_time_zone_keeps_its_zone_through_clickhouse_connect(clien
 def test_utf8_identifiers_in_insert_with_inline_data(client, port: int) -> None:
     client.command("DROP TABLE IF EXISTS `тест`")
     client.command("CREATE TABLE `тест` (id UInt8, s String) ENGINE = MergeTree ORDER BY id")
-    status, _, body = post(port, "INSERT INTO `тест` FORMAT TSV\n1\tпривет\n".encode())
+    status, _, body = post(port, "INSERT INTO `тест` FORMAT TSV\n1\tпривет\n".encode())  # noqa: RUF001 -- Cyrillic on purpose
     assert status == 200, body
     client.command("INSERT INTO `тест` VALUES (2, 'мир')")
     assert client.query("SELECT id, s FROM `тест` ORDER BY id").result_rows == [(1, "привет"), (2, "мир")]

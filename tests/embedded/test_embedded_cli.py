@@ -9,30 +9,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from procs import start_token
-from tests.helpers import wait_until
+from tests.helpers import gone, run_chtxn, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def chtxn(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``chtxn`` of this checkout as ``python -m cli``: the ``main`` the installed script calls
-    (an installed script may belong to another checkout; pyproject's entry point is tested in
-    tests/pure/test_layering.py)."""
-    result = subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180)
-    if check and result.returncode != 0:
-        raise AssertionError(f"chtxn {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def gone(pid: int) -> bool:
-    """No live process has ``pid`` (a zombie waiting to be reaped counts as gone); checked with ps too."""
-    stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return start_token(pid) is None and (stat == "" or stat.startswith("Z"))
+#: ``chtxn``, failing the test on a non-zero exit unless called with ``check=False``.
+chtxn = partial(run_chtxn, check=True)
 
 
 @pytest.fixture

@@ -10,14 +10,9 @@ import datetime
 import gzip
 import json
 import multiprocessing
-import signal
-import subprocess
-import sys
 import threading
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import clickhouse_connect
@@ -29,42 +24,7 @@ import zstandard
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from embedded.ch_engine import MERGE_NICE
-from embedded.clickhouse_server import wait_ready
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def running_endpoint(data_dir: Path, *extra: str) -> Iterator[int]:
-    """Run the endpoint as a subprocess on a free port; yield the port; stop it with SIGTERM and
-    check that it exits cleanly."""
-    log = open(data_dir.parent / f"{data_dir.name}.stderr", "ab")  # noqa: SIM115 - closed below
-    cmd = [sys.executable, "-m", "embedded.clickhouse_server", "--data-dir", str(data_dir), "--port", "0", *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert line.startswith("listening on http://127.0.0.1:"), f"endpoint did not start: {line!r}, see {log.name}"
-        port = int(line.rsplit(":", 1)[1])
-        wait_ready(f"http://127.0.0.1:{port}", timeout_s=30)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-        log.close()
-    assert code == 0, f"endpoint exited with {code}, see {log.name}"
-
-
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with running_endpoint(tmp_path_factory.mktemp("ch") / "data") as p:
-        yield p
-
-
-@pytest.fixture
-def client(port: int):
-    c = clickhouse_connect.get_client(host="127.0.0.1", port=port)
-    yield c
-    c.close()
+from tests.embedded.endpoint import running_endpoint
 
 
 def make_table(client, name: str, extra: str = "") -> None:
@@ -122,7 +82,7 @@ def test_row_and_column_oriented_inserts_round_trip_in_native(client) -> None:
     columns[0] = [3, 4]
     client.insert("types", columns, column_oriented=True)
     got = client.query("SELECT * FROM types ORDER BY id").result_rows
-    assert [list(r) for r in got] == rows + [[3, *rows[0][1:]], [4, *rows[1][1:]]]
+    assert [list(r) for r in got] == [*rows, [3, *rows[0][1:]], [4, *rows[1][1:]]]
 
 
 def test_arrow_and_pandas_in_and_out(client) -> None:

@@ -7,17 +7,14 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
 
 from embedded.broker import EmbeddedBroker
-from procs import start_token
 from protocol.errors import SetupError
-from tests.helpers import create_topic, unique_name, wait_until
+from tests.helpers import REPO, create_topic, gone, unique_name, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 100_000
 PARTITIONS = 4
 
@@ -61,7 +58,7 @@ def test_100k_messages_over_4_partitions_arrive_once_each(stack, kafka_admin):
     delivered: list[tuple[int, int]] = []
     errors: list[KafkaError] = []
 
-    def on_delivery(err: KafkaError | None, message) -> None:  # noqa: ANN001
+    def on_delivery(err: KafkaError | None, message) -> None:
         if err is not None:
             errors.append(err)
         else:
@@ -194,22 +191,16 @@ def test_read_committed_hides_unflushed_aborted_and_open_transactions(stack, kaf
     c.close()
 
 
-def _gone(pid: int) -> bool:
-    """True when no live process has ``pid`` (exited and not yet reaped counts as gone)."""
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return start_token(pid) is None and (state == "" or state.startswith("Z"))
-
-
 def test_start_answers_and_stop_leaves_no_process():
     broker = EmbeddedBroker().start()
     pid = broker.pid
     try:
-        assert not _gone(pid)
+        assert not gone(pid)
         metadata = consumer(broker.bootstrap).list_topics(timeout=10)
         assert [b.port for b in metadata.brokers.values()] == [broker.port]
     finally:
         broker.stop()
-    assert _gone(pid)
+    assert gone(pid)
     broker.stop()  # idempotent
 
 
@@ -218,15 +209,15 @@ def test_the_broker_dies_with_the_process_that_started_it():
         [sys.executable, "-c",
          "import sys, time; from embedded.broker import EmbeddedBroker\n"
          "b = EmbeddedBroker().start(); print(b.pid, flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
     )
     try:
         pid = int(owner.stdout.readline())
-        assert not _gone(pid)
+        assert not gone(pid)
     finally:
         owner.kill()  # SIGKILL: no cleanup code of the owner runs
         owner.wait()
-    wait_until(lambda: _gone(pid), 30, f"broker pid {pid} to exit after its owner was killed")
+    wait_until(lambda: gone(pid), 30, f"broker pid {pid} to exit after its owner was killed")
 
 
 def test_a_taken_port_is_refused_with_a_clear_message():

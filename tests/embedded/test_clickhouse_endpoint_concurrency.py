@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import clickhouse_connect
@@ -17,20 +16,13 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from tests.helpers import wait_until
-from tests.integration.test_clickhouse_endpoint import running_endpoint
 
 #: Runs for ~10 s unless cancelled; the engine checks for cancellation between its 1-row blocks.
 LONG_QUERY = "SELECT sum(sleepEachRow(0.01)) FROM numbers(1000) SETTINGS max_block_size = 1"
 QUERY_WAS_CANCELLED = 394
 
 
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with running_endpoint(tmp_path_factory.mktemp("ch_concurrency") / "data") as p:
-        yield p
-
-
-def new_client(port: int):  # noqa: ANN201 - clickhouse_connect Client
+def new_client(port: int):  # clickhouse_connect Client
     return clickhouse_connect.get_client(host="127.0.0.1", port=port, autogenerate_session_id=False)
 
 

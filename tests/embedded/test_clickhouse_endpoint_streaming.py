@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from tests.integration.test_clickhouse_endpoint import running_endpoint
-
 FAILS_LATE = "SELECT number, throwIf(number = 300000, 'boom late') FROM numbers(400000) SETTINGS max_block_size = 10000"
-
-
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with running_endpoint(tmp_path_factory.mktemp("ch_streaming") / "data") as p:
-        yield p
 
 
 def test_error_part_way_through_arrives_inside_a_200_stream(port: int) -> None:
@@ -44,7 +35,7 @@ def test_clickhouse_connect_reads_a_streamed_result_and_a_streamed_error(port: i
     rows = client.query("SELECT number, toString(number) FROM numbers(300000)").result_rows
     assert len(rows) == 300000 and rows[-1] == (299999, "299999")
     with pytest.raises(DatabaseError) as err:
-        client.query(FAILS_LATE).result_rows  # noqa: B018 - the rows are read lazily
+        client.query(FAILS_LATE).result_rows  # noqa: B018 -- the rows are read lazily
     assert "boom late" in str(err.value)
     assert client.command("SELECT 1") == 1
 
