@@ -7,9 +7,9 @@ Run from the repository root with the project's environment (``.venv/bin/python`
 deliberately not a package of the installed distribution (no ``__init__.py``).
 
 - ``docs/configuration.md`` comes from ``protocol.config``: every section Struct of
-  ``PipelineConfig`` and its fields (type, default, the comment next to the field, and the
-  ``CHTXN_<SECTION>_<FIELD>`` environment override), plus the prose in ``SECTION_PROSE`` and
-  ``FIELD_NOTES`` below.
+  ``PipelineConfig`` (``protocol/config_sections.py``) and its fields: type, default, the
+  ``msgspec.Meta`` description on the field (with its ``extra["brief"]`` remark), and the
+  ``CHTXN_<SECTION>_<FIELD>`` environment override; plus the prose in ``SECTION_PROSE`` below.
 - ``docs/cli.md`` comes from ``cli.build_parser()``: every command and subcommand with its usage,
   description, options and the example in its epilog.
 
@@ -19,12 +19,9 @@ deliberately not a package of the installed distribution (no ``__init__.py``).
 from __future__ import annotations
 
 import argparse
-import ast
-import io
 import json
 import re
 import sys
-import tokenize
 import types
 import typing
 from collections.abc import Callable
@@ -97,110 +94,6 @@ SECTION_PROSE: dict[str, str] = {
     ),
 }
 
-#: What each field means, where the comment next to it in ``protocol/config.py`` does not say it all.
-FIELD_NOTES: dict[str, str] = {
-    "pipeline.name": "Required. Letters, digits and `_`, not starting with a digit.",
-    "pipeline.topics": "Required. The source topics; every partition of each is ingested.",
-    "pipeline.control_topic": "The control topic: exactly one partition (`chtxn init` creates it so).",
-    "pipeline.dead_letter_topic": "Where records ClickHouse refuses are published, once their txn commits.",
-    "pipeline.start_from": (
-        "Where a never-committed partition starts, for the partitions of the pipeline's first start. "
-        "The choice is recorded once in the ledger (an INITIAL row). Partitions added later start "
-        "from `earliest`."
-    ),
-    "pipeline.on_gap": (
-        "When offsets a partition still needs are gone (retention): `fail` stops the coordinator "
-        "naming the gap, `skip` goes on from the earliest offset left. Either way the gap is "
-        "recorded as a GAP row and `chtxn verify` reports it."
-    ),
-    "kafka.bootstrap_servers": "Comma-separated `host:port` list.",
-    "kafka.properties": "librdkafka properties for every client, passed through untouched.",
-    "kafka.control_fetch_wait_ms": (
-        "Each protocol hop (START, END, WRITE-STATUS, ACK) is a control-topic message, so this bounds "
-        "how late one is seen when the broker holds a fetch for its whole wait (the embedded broker "
-        "does; Kafka answers as soon as a message arrives, so there it only spaces out idle fetches: "
-        "raise it to cut idle requests from many participant tasks). `[kafka.properties]` does not "
-        "override it for the control topic."
-    ),
-    "clickhouse.url": "`http://` or `https://` URL of the HTTP interface (port 8123 or 8443 when not given). "
-                      "Credentials in it (`https://user:password@host:8443`, percent-encoded) are used as "
-                      "`user` and `password`; a URL whose user or password differs from one also set on its "
-                      "own is refused.",
-    "clickhouse.database": "Database of the target, the ledger and the stage tables.",
-    "clickhouse.user": "ClickHouse user.",
-    "clickhouse.password": "Never logged and never shown in `repr`. Prefer `CHTXN_CLICKHOUSE_PASSWORD`.",
-    "clickhouse.target_table": (
-        "Required. A MergeTree-family table in `database`. Optional columns `_topic`, `_partition`, "
-        "`_offset` are filled by the participants and enable the row-level checks."
-    ),
-    "clickhouse.input_format": (
-        "ClickHouse input format of the record values, which go to ClickHouse untouched. "
-        "The metadata columns can be filled only with JSONEachRow (or its aliases)."
-    ),
-    "clickhouse.insert_settings": (
-        "Extra ClickHouse settings for every request. Settings that would skip, invent or merge rows, or "
-        "turn off synchronous deduplicated inserts, are refused (`input_format_allow_errors_*`, header "
-        "detection and skipped first lines of CSV/TSV, `async_insert = 1`, `insert_deduplicate = 0`, "
-        "`insert_deduplication_token`)."
-    ),
-    "clickhouse.connect_timeout_s": "Seconds to connect to ClickHouse.",
-    "clickhouse.send_receive_timeout_s": "Seconds a ClickHouse request may take.",
-    "transaction.interval_s": (
-        "END-COMMIT goes out this long after START-COMMIT... Every txn costs a fixed amount of work "
-        "(its stage table, three ledger rows, the commit point, a move per ClickHouse partition: "
-        "about 0.1 s of ClickHouse CPU) and each partition's chunks are a quarter of what it reads "
-        "in one, so a shorter interval buys freshness with CPU. While chtxn keeps up, a row is "
-        "visible in the target about one interval and a few hundred ms after it was produced (median), "
-        "and about two intervals and a second at p99."
-    ),
-    "transaction.size_trigger_rows": "...or once the participants report this many rows read for the txn.",
-    "transaction.write_status_timeout_s": "A txn whose WRITE-STATUS set is not complete this long after END aborts.",
-    "transaction.heartbeat_interval_s": "How often participants heartbeat.",
-    "transaction.heartbeat_misses": (
-        "A txn's participant silent for this many intervals is dead: the txn aborts at once."
-    ),
-    "transaction.publish_mode": (
-        "`move`: `ALTER TABLE ... MOVE PARTITION` from the stage table (zero-copy; refused when the "
-        "target has materialized views, which do not fire on a move). `insert-select`: a "
-        "deduplicated `INSERT ... SELECT` (fires views; the target must deduplicate)."
-    ),
-    "participant.chunk_rows": (
-        "A chunk is cut after this many records at most... Each START lowers it for its txn to about a "
-        "quarter of what the busiest partition reads in one (never below 1,000), so that END leaves "
-        "little to insert at any rate; this is the upper bound, for partitions catching up."
-    ),
-    "participant.chunk_bytes": "...or before the record that would take it past this many bytes of values.",
-    "participant.poll_batch": "Most records taken from Kafka in one poll.",
-    "participant.insert_backlog_rows": (
-        "Rows cut into chunks but not yet staged, at most, per task; reading waits above it. It bounds "
-        "what is left to insert at END. By default one chunk per partition the task is reading, at the "
-        "size of the txn's chunks (the START's `chunk_rows` when it is below `chunk_rows`), so the "
-        "bound follows the chunks when the coordinator makes them small at a low rate."
-    ),
-    "participant.insert_retries": "Tries of one chunk insert on retryable ClickHouse errors (same token each time).",
-    "participant.task_slots": "How many Spark tasks the partitions are grouped into (every task runs at once).",
-    "coordinator.id": "This replica's id in the ledger, logs and control messages.",
-    "coordinator.leader_lease_s": "The leader heartbeats every third of this, from a thread of its own.",
-    "coordinator.metrics_port": "Port of the Prometheus endpoint (`--metrics-port` overrides it).",
-    "coordinator.clickhouse_retries": "Tries of one coordinator ClickHouse operation on retryable errors.",
-    "coordinator.clickhouse_nice": (
-        "The nice value (ClickHouse's `os_thread_priority`) of the coordinator's queries, so that the "
-        "commit path's small reads and inserts run ahead of the participants' bulk inserts on a busy "
-        "server. A server applies it only when it has `CAP_SYS_NICE`; otherwise nothing changes. "
-        "Copies made by `insert-select` publishing run at 0."
-    ),
-    "coordinator.ledger_checkpoint_every": (
-        "The leader winning every this-many-th commit slot, and every new leader, writes a ledger "
-        "checkpoint: the head of the settled part of the commit chain. Take-over, `chtxn status` and "
-        "`chtxn txn list` read from the latest one, so their cost does not grow with the ledger."
-    ),
-    "coordinator.ledger_retention_days": (
-        "Ledger history older than this is deleted by the leader, but only below the newest "
-        "checkpoint older than this: the head, the commits after it, and every EPOCH, INITIAL, GAP "
-        "and LOST row stay, so a pipeline stopped for longer restarts exactly where it stopped."
-    ),
-}
-
 #: Values of the required fields in the complete example.
 EXAMPLE_VALUES: dict[str, object] = {
     "pipeline.name": "orders",
@@ -230,21 +123,22 @@ def config_sections() -> dict[str, type]:
     return {f.name: f.type for f in msgspec.structs.fields(PipelineConfig)}
 
 
-def field_comments(module_source: str) -> dict[tuple[str, str], str]:
-    """(Struct class name, field) -> the comment at the end of the field's line."""
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(module_source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    found: dict[tuple[str, str], str] = {}
-    for node in ast.parse(module_source).body:
-        if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    line = item.end_lineno or item.lineno
-                    if line in comments:
-                        found[(node.name, item.target.id)] = comments[line]
-    return found
+def field_docs(cls: type) -> dict[str, tuple[str, str]]:
+    """Field name -> (description, brief remark), from the ``msgspec.Meta`` in each field's
+    ``Annotated`` type ("" where a field has none)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    docs: dict[str, tuple[str, str]] = {}
+    for name in cls.__struct_fields__:  # type: ignore[attr-defined]  # a msgspec Struct class
+        metas = [m for m in getattr(hints[name], "__metadata__", ()) if isinstance(m, msgspec.Meta)]
+        description = " ".join(m.description for m in metas if m.description)
+        brief = " ".join(str((m.extra or {}).get("brief", "")) for m in metas).strip()
+        docs[name] = (description, brief)
+    return docs
+
+
+def unannotated(tp: object) -> object:
+    """``tp`` without its ``Annotated`` wrapper."""
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Annotated else tp
 
 
 def env_var(section: str, field: str) -> str:
@@ -253,10 +147,12 @@ def env_var(section: str, field: str) -> str:
 
 
 def is_table(field: msgspec.structs.FieldInfo) -> bool:
-    return typing.get_origin(field.type) is dict or field.type is dict
+    tp = unannotated(field.type)
+    return typing.get_origin(tp) is dict or tp is dict
 
 
 def type_name(tp: object) -> str:
+    tp = unannotated(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Literal:
         return "one of " + ", ".join(f'`"{a}"`' for a in args)
@@ -267,7 +163,8 @@ def type_name(tp: object) -> str:
     if origin in (typing.Union, types.UnionType):
         names = [type_name(a) for a in args]
         return ", ".join(names[:-1]) + " or " + names[-1]
-    return {str: "string", int: "integer", float: "float", bool: "boolean"}.get(tp, getattr(tp, "__name__", str(tp)))
+    scalars: dict[object, str] = {str: "string", int: "integer", float: "float", bool: "boolean"}
+    return scalars.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def toml_value(value: object) -> str:
@@ -291,7 +188,7 @@ def default_of(field: msgspec.structs.FieldInfo) -> object:
 
 
 def _quoted_as_code(text: str) -> str:
-    """Double-quoted values in a code comment as code spans: ``default "<name>.x"`` -> ``default `<name>.x```."""
+    """Double-quoted values in a brief remark as code spans: ``default "<name>.x"`` -> ``default `<name>.x```."""
     return re.sub(r'"([^"`]*)"', r"`\1`", text)
 
 
@@ -304,12 +201,9 @@ def sentence(text: str) -> str:
 
 
 def configuration_page() -> str:
-    import protocol.config as config_module
-
-    comments = field_comments(Path(config_module.__file__).read_text(encoding="utf-8"))
     sections = config_sections()
     out = [
-        banner("protocol/config.py"),
+        banner("protocol/config_sections.py"),
         "",
         "# Configuration",
         "",
@@ -341,17 +235,16 @@ def configuration_page() -> str:
         "[a complete example](#a-complete-example).",
     ]
     for section, cls in sections.items():
-        rows = []
+        rows: list[tuple[str, ...]] = []
+        docs = field_docs(cls)
         for field in msgspec.structs.fields(cls):
-            key = f"{section}.{field.name}"
-            note = FIELD_NOTES.get(key, "")
-            comment = comments.get((cls.__name__, field.name), "")
-            description = " ".join(p for p in (md(note), md(sentence(_quoted_as_code(comment)))) if p)
+            note, brief = docs[field.name]
+            description = " ".join(p for p in (md(note), md(sentence(_quoted_as_code(brief)))) if p)
             if is_table(field):
                 env = "file only (a table)"
             else:
                 env = f"`{env_var(section, field.name)}`"
-                if typing.get_origin(field.type) in (tuple, list):
+                if typing.get_origin(unannotated(field.type)) in (tuple, list):
                     env += " (comma-separated)"
             rows.append((f"`{field.name}`", md(type_name(field.type)), f"`{toml_value(default_of(field))}`",
                          env, description))
@@ -364,19 +257,17 @@ def configuration_page() -> str:
 
 
 def example_toml() -> str:
-    import protocol.config as config_module
-
-    comments = field_comments(Path(config_module.__file__).read_text(encoding="utf-8"))
     lines: list[str] = []
     for section, cls in config_sections().items():
         if lines:
             lines.append("")
         lines.append(f"[{section}]")
+        docs = field_docs(cls)
         for field in msgspec.structs.fields(cls):
             value = EXAMPLE_VALUES.get(f"{section}.{field.name}", default_of(field))
             line = f"{field.name} = {toml_value(value)}"
-            comment = comments.get((cls.__name__, field.name))
-            lines.append(f"{line:<40}# {comment}" if comment else line)
+            brief = docs[field.name][1]
+            lines.append(f"{line:<40}# {brief}" if brief else line)
     return "\n".join(lines)
 
 
@@ -418,7 +309,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
     for group in parser._mutually_exclusive_groups:
         for action in group._group_actions:
             exclusive[action] = [a for a in group._group_actions if a is not action]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
@@ -472,7 +363,7 @@ def _command_section(parser: argparse.ArgumentParser, level: int, help_line: str
     if parser.description:
         out += [md(parser.description), ""]
     out += ["```text", _usage(parser), "```", ""]
-    action, subs = _subcommands(parser)
+    _action, subs = _subcommands(parser)
     if subs:
         out += [table(("subcommand", "what it does"),
                       [(f"[`{name}`](#{_anchor(sub.prog)})", md(h)) for name, sub, h in subs]), ""]
