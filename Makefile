@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-pure demo soak bench check-prereqs clean
+.PHONY: install test test-pure lint demo soak bench check-prereqs clean
 
 SEED     ?= 1
 DURATION ?= 600
@@ -19,14 +19,23 @@ check-prereqs:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1); \
 	  [ "$${v:-0}" -ge 17 ] || { echo "chtxn needs Java 17+ for PySpark, but 'java' is version $${v:-unknown}: install openjdk-17"; exit 1; }
 
-$(STAMP): pyproject.toml | check-prereqs
+# constraints.txt pins what the install pulls in to the versions tested (Python 3.11). To refresh it, install
+# into a fresh Python 3.11 venv without it (pip install -e '.[embedded,test,lint]'), and below the file's
+# header put: pip freeze --exclude-editable | sed 's/$/; python_version == "3.11"/'
+$(STAMP): pyproject.toml constraints.txt | check-prereqs
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embedded,test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[embedded,test,lint]'
 	@touch $(STAMP)
 
 test: install
 	$(PY) -m pytest tests
+
+# ruff (lint, then the formatter in check mode) and mypy; the paths and rules are in pyproject.toml.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 demo: install
 	$(VENV)/bin/chtxn demo --events 200000

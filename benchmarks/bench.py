@@ -163,7 +163,7 @@ def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
         "paced_producer_cpu_s": p.run.producer_cpu_s if p else None,
         "paced_cores_busy": p.run.cores_busy if p else None,
     })
-    found["aborts"] = found["backlog_aborts"] + (found["paced_aborts"] or 0)
+    found["aborts"] = sum(figures.aborts.values()) + (sum(p.aborts.values()) if p else 0)  # backlog + paced
     found["abort_reasons"] = dict(figures.aborts + (p.aborts if p else Counter()))
     found["cpu_s_by_component"] = {
         "plain": _per_100k(loop.cpu_s, loop.rows), "chtxn": _per_100k(figures.cpu_s, figures.rows),

@@ -36,7 +36,7 @@ from benchmarks import cpu, timeline
 from benchmarks.timeline import Phases, TxnTimes
 from benchmarks.workload import DATABASE, TARGET
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger_history import LedgerHistory
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError
 from protocol.ledger_view import TxnSummary
@@ -105,7 +105,7 @@ class Pipeline:
         self.started = time.time()
         try:
             for name, argv in (("coordinator", ["coordinator"]), ("participant", ["participant"])):
-                log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 - closed once the process is stopped
+                log = open(self.logs / f"{name}.log", "w")  # closed once the process is stopped
                 self._outputs.append(log)
                 self.procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
@@ -138,7 +138,7 @@ class Pipeline:
             while True:
                 snapshots.append((time.time(), cpu.snapshot()))
                 self.check()
-                published = int(client.command(f"SELECT count() FROM {DATABASE}.{TARGET}"))
+                published = int(client.command(f"SELECT count() FROM {DATABASE}.{TARGET}"))  # type: ignore[arg-type]  # count(): an int
                 if published >= rows:
                     snapshots.append((time.time(), cpu.snapshot()))
                     return snapshots
@@ -195,7 +195,7 @@ def ledger_history(cfg: PipelineConfig) -> list[TxnSummary]:
     """Every txn of the pipeline in the ledger, newest first."""
     client = make_client(cfg.clickhouse)
     try:
-        return LedgerStore(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
+        return LedgerHistory(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
     finally:
         client.close()
 

@@ -20,8 +20,20 @@ import pstats
 import time
 
 from protocol.coordinator_events import (
-    Broadcast, Commit, CommitResult, Counted, CountStage, CreateStage, Event, PartitionStats, Publish,
-    PublishResult, Ready, Received, StageCreated, Tick,
+    Broadcast,
+    Commit,
+    CommitResult,
+    Counted,
+    CountStage,
+    CreateStage,
+    Event,
+    PartitionStats,
+    Publish,
+    PublishResult,
+    Ready,
+    Received,
+    StageCreated,
+    Tick,
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.messages import EndCommit, Heartbeat, PartitionPosition, TopicPartition, WriteStatus
@@ -55,6 +67,7 @@ class Replay:
                     self.ended.append(action.message.txn)
                 elif isinstance(action, CountStage):
                     txn = self.state.txn(action.txn)
+                    assert txn is not None, action.txn  # a txn being counted is open
                     stats = {tp: PartitionStats(ws.rows, ws.start_offset, ws.end_offset - 1)
                              for tp, ws in txn.statuses.items() if ws.rows}
                     pending.append(Counted(action.txn, txn.rows, partitions=stats))
@@ -82,7 +95,9 @@ class Replay:
                 beats, next_beat = beats + 1, next_beat + step
             while self.ended:
                 txn = self.state.txn(self.ended.pop(0))
-                for tp in self.tps if txn is not None else ():
+                if txn is None:
+                    continue
+                for tp in self.tps:
                     begin = txn.start[tp]
                     self.feed(Received(WriteStatus(
                         pipeline="bench", epoch=1, txn=txn.id, sender=txn.holders[tp], topic=tp.topic,

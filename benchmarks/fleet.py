@@ -20,11 +20,14 @@ coordinator's (that runs in its own process).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import clickhouse_connect
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition as KafkaTP
@@ -32,8 +35,19 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, To
 from protocol import codec, naming
 from protocol.config import PipelineConfig
 from protocol.messages import (
-    Abort, AckCommit, EndCommit, Heartbeat, PartitionPosition, StartCommit, TopicPartition, WriteStatus,
+    Abort,
+    AckCommit,
+    ControlMessage,
+    EndCommit,
+    Heartbeat,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    WriteStatus,
 )
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +125,7 @@ class Fleet:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._producer.flush(10)
 
-    def _guard(self, target) -> None:  # noqa: ANN001 - a bound method
+    def _guard(self, target: Callable[[], object]) -> None:
         try:
             target()
         except BaseException as exc:  # surfaced by the benchmark (check())
@@ -163,13 +177,14 @@ class Fleet:
                     for record in batch:
                         if record.error() is not None:
                             continue
-                        read = self._read.get(TopicPartition(topic=record.topic(), partition=record.partition()))
+                        tp = TopicPartition(topic=record.topic(), partition=record.partition())  # type: ignore[arg-type]  # set: no error
+                        read = self._read.get(tp)
                         if read is None:
                             continue
                         if not read.values:
-                            read.base = record.offset()
+                            read.base = record.offset()  # type: ignore[assignment]  # set: no error
                         if record.offset() == read.end:
-                            read.values.append(record.value())
+                            read.values.append(record.value())  # type: ignore[arg-type]  # the benchmark writes no tombstones
         finally:
             consumer.close()
 
@@ -211,7 +226,7 @@ class Fleet:
             for sender, group in zip(self.senders, self.groups):
                 mine = [tp for tp in group if tp in offsets and holders.get((tp.topic, tp.partition), sender) == sender]
                 if mine:
-                    self._pool.submit(self._guard, lambda s=sender, m=mine: self._stage(start, s, m, offsets))
+                    self._pool.submit(self._guard, functools.partial(self._stage, start, sender, mine, offsets))
         elif isinstance(message, AckCommit):
             with self._lock:  # committed: the records before the ACK's offsets are never asked for again
                 for o in message.offsets:
@@ -260,7 +275,7 @@ class Fleet:
 
     # ---- clients ----------------------------------------------------------------------------
 
-    def _client(self):  # noqa: ANN202 - a clickhouse-connect client, one per staging thread
+    def _client(self) -> Client:  # one per staging thread
         client = getattr(self._local, "client", None)
         if client is None:
             ch = self.cfg.clickhouse
@@ -268,7 +283,7 @@ class Fleet:
             client = self._local.client = clickhouse_connect.get_client(host=host, port=int(port), database=ch.database)
         return client
 
-    def _send(self, message: object) -> None:
+    def _send(self, message: ControlMessage) -> None:
         while True:
             try:
                 self._producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(message))

@@ -168,14 +168,14 @@ def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, 
     outputs = []
     try:
         if load == "busy":
-            outputs.append(open(logs / f"{name}-producer.log", "w"))  # noqa: SIM115 - closed below
+            outputs.append(open(logs / f"{name}-producer.log", "w"))  # noqa: SIM115 -- closed below
             producer = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.producer", "--bootstrap", cfg.kafka.bootstrap_servers,
                  "--topic", cfg.pipeline.topics[0], "--rate", str(args.rate), "--seconds", "3600"],
                 cwd=REPO, env=env, stdout=outputs[-1], stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(producer)
         with Fleet(cfg, groups, read_data=load == "busy") as fleet:
-            outputs.append(open(logs / f"{name}-coordinator.log", "w"))  # noqa: SIM115 - closed below
+            outputs.append(open(logs / f"{name}-coordinator.log", "w"))  # noqa: SIM115 -- closed below
             coordinator = subprocess.Popen(coordinator_argv, cwd=REPO, env=env, stdout=outputs[-1],
                                            stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(coordinator)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import os
 import pstats
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,9 +23,10 @@ from benchmarks import summary
 from benchmarks.chtxn_run import REPO
 from benchmarks.fleet import FleetCounts
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger_history import LedgerHistory
 from protocol import codec
 from protocol.config import PipelineConfig
+from protocol.messages import AckCommit, EndCommit, WriteStatus
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -83,7 +84,7 @@ class RunFigures:
 def threads_cpu(pid: int) -> dict[str, float]:
     """CPU seconds so far of ``pid``'s threads: ``leader loop`` (the main thread), ``librdkafka``
     (threads named ``rdk:*``), ``other`` (the lease thread, prometheus, ...)."""
-    found: dict[str, float] = Counter()
+    found: defaultdict[str, float] = defaultdict(float)
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
@@ -102,7 +103,7 @@ def figures(cfg: PipelineConfig, n: int, tasks: int, load: str, t0: float, t1: f
     """The run's figures over ``[t0, t1]`` (unix seconds), from the ledger and the control topic."""
     client = make_client(cfg.clickhouse)
     try:
-        txns = LedgerStore(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
+        txns = LedgerHistory(client, cfg.clickhouse.database, cfg.name).history(limit=100_000)
     finally:
         client.close()
     committed = [t for t in txns if t.state in ("COMMITTED", "PUBLISHED") and t0 <= t.committed_at <= t1 and t.ended_at]
@@ -138,23 +139,23 @@ def read_control(cfg: PipelineConfig, t0: float, t1: float) -> tuple[dict[str, i
             if not batch:
                 raise TimeoutError(f"the control topic {cfg.control_topic} gave nothing for 30 s")
             for m in batch:
-                if m.error() is not None:
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {cfg.control_topic}: {m.error().str()}")
+                if (error := m.error()) is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {cfg.control_topic}: {error.str()}")
                     at_end = True
                     continue
                 ts, message = m.timestamp()[1] / 1000, codec.decode(m.value())
-                kind = type(message).__struct_config__.tag if message is not None else "unknown"
-                if kind == "end-commit":
+                kind = str(type(message).__struct_config__.tag) if message is not None else "unknown"
+                if isinstance(message, EndCommit):
                     ends[message.txn] = ts
-                elif kind == "write-status":
+                elif isinstance(message, WriteStatus):
                     last_status[message.txn] = max(ts, last_status.get(message.txn, 0.0))
                 if not t0 <= ts <= t1:
                     continue
                 kinds[kind] += 1
-                if kind == "ack-commit" and message.txn in ends:
+                if isinstance(message, AckCommit) and message.txn in ends:
                     end_to_ack.append((ts - ends[message.txn]) * 1000)
-                if kind == "ack-commit" and message.txn in last_status:
+                if isinstance(message, AckCommit) and message.txn in last_status:
                     verify_to_ack.append((ts - last_status[message.txn]) * 1000)
     finally:
         consumer.close()
@@ -163,7 +164,7 @@ def read_control(cfg: PipelineConfig, t0: float, t1: float) -> tuple[dict[str, i
 # ---- reporting ------------------------------------------------------------------------------
 
 
-def _ms(value: float | None) -> str:
+def _ms(value: object) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
@@ -204,7 +205,3 @@ def top_functions(path: str, limit: int) -> str:
     stats.sort_stats("cumulative").print_stats(limit)
     text = out.getvalue()
     return text.replace(str(REPO) + "/", "")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

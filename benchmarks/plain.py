@@ -22,9 +22,9 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition as KafkaTP
 
 from benchmarks import cpu
 from benchmarks.workload import CEILING, DATABASE, PLAIN, PLAIN_GROUP, TOPIC
@@ -32,6 +32,9 @@ from clients.clickhouse import make_client
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 POLL_BATCH = 5_000  # the participant's default ``poll_batch``
 
@@ -106,7 +109,7 @@ def _collect(reports: mp.Queue, procs: list, kind: str, deadline: float) -> list
 
 
 def _worker(mode: str, cfg: PipelineConfig, partitions: list[int], ends: dict[int, int], batch_rows: int,
-            go: mp.Event, reports: mp.Queue) -> None:
+            go: Event, reports: mp.Queue) -> None:
     try:
         reports.put(_Worker(mode, cfg, partitions, ends, batch_rows).run(go, reports))
     except BaseException:
@@ -128,7 +131,7 @@ class _Worker:
                        for p in partitions}
         self.phases = {"consume": 0.0, "body": 0.0, "insert": 0.0, "commit": 0.0}
 
-    def run(self, go: mp.Event, reports: mp.Queue) -> dict:
+    def run(self, go: Event, reports: mp.Queue) -> dict:
         prepared = self._prepare_inserts() if self.mode == "insert" else []
         reports.put({"kind": "ready"})
         go.wait()
@@ -151,9 +154,9 @@ class _Worker:
             batch = self.consumer.consume(num_messages=POLL_BATCH, timeout=0.05)
             self.phases["consume"] += clock() - t0
             for m in batch:
-                if m.error() is not None:
-                    raise ChtxnError(f"reading {m.topic()}/{m.partition()}: {m.error().str()}")
-                pending[m.partition()].append(m)
+                if (error := m.error()) is not None:
+                    raise ChtxnError(f"reading {m.topic()}/{m.partition()}: {error.str()}")
+                pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
             for p in list(left):
                 records = pending[p]
                 while records and (len(records) >= self.batch_rows or records[-1].offset() + 1 >= left[p]):
@@ -172,6 +175,7 @@ class _Worker:
         t0 = clock()
         body = self.bodies[partition].body(records)
         t1 = clock()
+        assert self.client is not None  # mode loop
         self.client.raw_insert(f"{DATABASE}.{PLAIN}", insert_block=body, fmt="JSONEachRow")
         t2 = clock()
         self.consumer.commit(offsets=[KafkaTP(TOPIC, partition, records[-1].offset() + 1)], asynchronous=False)
@@ -185,17 +189,18 @@ class _Worker:
         pending: dict[int, list] = {p: [] for p in self.ends}
 
         def complete(p: int) -> bool:
-            return self.ends[p] == 0 or bool(pending[p]) and pending[p][-1].offset() + 1 >= self.ends[p]
+            return self.ends[p] == 0 or (bool(pending[p]) and pending[p][-1].offset() + 1 >= self.ends[p])
 
         while not all(complete(p) for p in pending):
             for m in self.consumer.consume(num_messages=POLL_BATCH, timeout=0.05):
                 if m.error() is None:
-                    pending[m.partition()].append(m)
+                    pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
         return [(len(records[i:i + self.batch_rows]), self.bodies[p].body(records[i:i + self.batch_rows]))
                 for p, records in pending.items() for i in range(0, len(records), self.batch_rows)]
 
     def _insert_all(self, prepared: list[tuple[int, bytes]]) -> int:
         clock = time.perf_counter
+        assert self.client is not None  # mode insert
         for _, body in prepared:
             t0 = clock()
             self.client.raw_insert(f"{DATABASE}.{CEILING}", insert_block=body, fmt="JSONEachRow")

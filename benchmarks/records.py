@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import cast
 
 import confluent_kafka
 
 from cli.demo import events
 from participant.bad_records import has_joins, precheck
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, ChunkBuilder
+from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, ChunkBuilder, RecordLike
 
 
 def best_us_per_record(step: Callable[[], object], records: int, reps: int = 3) -> float:
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     n = args.records
     msgs = [confluent_kafka.Message(topic="events", partition=0, offset=i, value=v) for i, v in events(n)]
     batches = [msgs[i:i + args.poll_batch] for i in range(0, n, args.poll_batch)]
+    record_batches = cast("list[list[RecordLike]]", batches)  # Messages with topic, partition and offset
     chunks: list[Chunk] = []
     bodies: list[bytes] = []
     builder = BodyBuilder(topic="events", partition=0, input_format="JSONEachRow", columns=METADATA_COLUMNS)
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         chunks.clear()
         b = ChunkBuilder(pipeline="bench", txn="e1_t1", topic="events", partition=0, start_offset=0,
                          chunk_rows=args.chunk_rows, chunk_bytes=64 << 20)
-        for batch in batches:
+        for batch in record_batches:
             chunks.extend(b.add(batch))
         last = b.flush()
         chunks.extend([last] if last else [])
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             for m in batch:
                 if m.error() is not None:
                     raise RuntimeError(m.error())
-                pending[m.partition()].append(m)
+                pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
 
     steps = [("chunk builder (participant)", cut), ("precheck (participant)", check),
              ("body (both)", body), ("has_joins (participant)", joins), ("per-record bookkeeping (plain loop)", plain_loop)]

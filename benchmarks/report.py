@@ -140,7 +140,7 @@ def summary_table(document: dict) -> Table:
     return table
 
 
-def _number(value: object) -> str:
+def _number(value: float | None) -> str:
     if value is None:
         return "-"
     if isinstance(value, int) or float(value).is_integer() or abs(value) >= 100:

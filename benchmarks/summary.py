@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard, overload
 
 #: Bumped when a field changes meaning or goes away.
 SCHEMA = 1
@@ -44,7 +45,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measured(value: object) -> bool:
+def measured(value: object) -> TypeGuard[float]:
     """True for a number that was measured: not None, not a bool, not NaN."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
@@ -67,7 +68,7 @@ def summarize(repetitions: Sequence[Mapping[str, object]]) -> dict[str, dict[str
 
 
 def _scalar(value: object) -> bool:
-    return value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def assemble(repetitions: Sequence[Mapping[str, object]], *, settings: Mapping[str, object],
@@ -94,6 +95,10 @@ def assemble(repetitions: Sequence[Mapping[str, object]], *, settings: Mapping[s
     return document
 
 
+@overload
+def _no_nan(value: dict[str, object]) -> dict[str, object]: ...
+@overload
+def _no_nan(value: object) -> object: ...
 def _no_nan(value: object) -> object:
     if isinstance(value, float) and math.isnan(value):
         return None

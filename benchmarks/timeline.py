@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import msgspec
-
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition as KafkaTP
 
 from protocol.codec import decode
 from protocol.config import PipelineConfig
@@ -71,7 +70,7 @@ def read(cfg: PipelineConfig, dump: Path | None = None, timeout_s: float = 30.0)
     consumer.assign([KafkaTP(cfg.control_topic, 0, OFFSET_BEGINNING)])
     txns: dict[str, TxnTimes] = {}
     order: list[str] = []
-    out = open(dump, "wb") if dump else None  # noqa: SIM115 - closed below
+    out = open(dump, "wb") if dump else None  # noqa: SIM115 -- closed below
     try:
         at_end = False
         while not at_end:
@@ -79,12 +78,12 @@ def read(cfg: PipelineConfig, dump: Path | None = None, timeout_s: float = 30.0)
             if not batch:
                 raise TimeoutError(f"the control topic {cfg.control_topic} gave nothing for {timeout_s:g} s")
             for m in batch:
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                if (error := m.error()) is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         at_end = True
                         continue
-                    raise RuntimeError(f"reading {cfg.control_topic}: {m.error().str()}")
-                msg, ts = decode(m.value()), m.timestamp()[1] / 1000
+                    raise RuntimeError(f"reading {cfg.control_topic}: {error.str()}")
+                msg, ts = decode(m.value()), m.timestamp()[1] / 1000  # type: ignore[arg-type]  # a tombstone raises TypeError
                 _note(txns, order, msg, ts)
                 if out is not None:
                     out.write(msgspec.json.encode({"ts": ts, "msg": msg}) + b"\n")
@@ -92,7 +91,7 @@ def read(cfg: PipelineConfig, dump: Path | None = None, timeout_s: float = 30.0)
         consumer.close()
         if out is not None:
             out.close()
-    for earlier, later in zip(order, order[1:]):
+    for earlier, later in pairwise(order):
         txns[earlier].next_start = txns[later].start
     return txns
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from cli.demo import TARGET_DDL, events
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from cli.demo import TARGET_DDL, events
 from coordinator.ledger_store import LedgerStore
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError
@@ -111,7 +111,7 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
         if error is not None:
             failed.append(str(error))
         else:
-            partition, offset = message.partition(), message.offset()  # type: ignore[attr-defined]
+            partition, offset = message.partition(), message.offset()  # type: ignore[attr-defined]  # a delivered Message
             ends[partition] = max(ends.get(partition, 0), offset + 1)
 
     for i, value in events(count):
@@ -135,7 +135,7 @@ def settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:
     client = make_client(cfg.clickhouse)
     deadline = time.monotonic() + timeout_s
     try:
-        while int(client.command("SELECT count() FROM system.merges")) and time.monotonic() < deadline:
+        while int(client.command("SELECT count() FROM system.merges")) and time.monotonic() < deadline:  # type: ignore[arg-type]  # count(): an int
             time.sleep(0.2)  # polling period
     finally:
         client.close()

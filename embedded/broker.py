@@ -5,7 +5,7 @@ Guarantees: :meth:`EmbeddedBroker.start` returns only once the broker answers a 
 (the default) dies with the process that started it, even on SIGKILL (see :mod:`procs`).
 Data lives in memory: it does not survive a broker restart.
 
-Known differences from Apache Kafka (Tansu 0.6.0-510f3e2), pinned by tests/integration/test_broker.py:
+Known differences from Apache Kafka (Tansu 0.6.0-510f3e2), pinned by tests/embedded/test_broker.py:
 - The high watermark (and ListOffsets "latest") is the base offset of the partition's last record
   batch + 1, so it is behind the true log end while that batch holds several records. Fetching at
   any offset up to the true end works.

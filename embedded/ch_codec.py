@@ -13,13 +13,16 @@ from __future__ import annotations
 import gzip
 import importlib
 import zlib
-from typing import BinaryIO
+from collections.abc import Callable
+from io import BufferedIOBase
+from typing import Any, Protocol
 
 import lz4.frame
 import zstandard
 
 from embedded.ch_errors import CANNOT_DECOMPRESS, UNEXPECTED_END_OF_FILE, UNKNOWN_COMPRESSION_METHOD, EngineError
 
+_brotli: Any  # the optional brotli module (it has no type hints), or None
 try:
     _brotli = importlib.import_module("brotli")
 except ImportError:
@@ -28,7 +31,7 @@ except ImportError:
 _RESPONSE_PREFERENCE = ("zstd", "br", "lz4", "gzip", "deflate")
 
 
-def read_body(rfile: BinaryIO, transfer_encoding: str | None, content_length: str | None) -> bytes:
+def read_body(rfile: BufferedIOBase, transfer_encoding: str | None, content_length: str | None) -> bytes:
     """The whole request body, de-chunked; raises UNEXPECTED_END_OF_FILE when the peer stops early."""
     if transfer_encoding and "chunked" in transfer_encoding.lower():
         parts: list[bytes] = []
@@ -48,7 +51,7 @@ def read_body(rfile: BinaryIO, transfer_encoding: str | None, content_length: st
     return b""
 
 
-def _read_exact(rfile: BinaryIO, size: int) -> bytes:
+def _read_exact(rfile: BufferedIOBase, size: int) -> bytes:
     data = rfile.read(size)
     if len(data) != size:
         raise EngineError(UNEXPECTED_END_OF_FILE, f"Request body ended after {len(data)} of {size} bytes")
@@ -85,7 +88,17 @@ def decode_body(body: bytes, content_encoding: str | None) -> bytes:
     )
 
 
-def _frames(body: bytes, new_decoder) -> bytes:  # noqa: ANN001 - lz4 and zstd decoders share no base type
+class _FrameDecoder(Protocol):
+    """What ``_frames`` needs of a decoder: lz4's and zstd's share no base type."""
+
+    @property
+    def eof(self) -> bool: ...
+    @property
+    def unused_data(self) -> bytes: ...
+    def decompress(self, data: bytes) -> bytes: ...
+
+
+def _frames(body: bytes, new_decoder: Callable[[], _FrameDecoder]) -> bytes:
     """Decode every frame of a body made of back-to-back frames."""
     out: list[bytes] = []
     rest = body
@@ -122,11 +135,17 @@ def encode_body(body: bytes, method: str) -> bytes:
     raise ValueError(f"unsupported response encoding {method!r}")
 
 
+class _StreamCompressor(Protocol):
+    def compress(self, data: bytes) -> bytes: ...
+    def flush(self) -> bytes: ...
+
+
 class StreamEncoder:
     """Compresses a response body written in pieces with ``method`` (one that
     ``choose_response_encoding`` returned): ``compress`` each piece, then ``flush`` once."""
 
     def __init__(self, method: str):
+        self._obj: _StreamCompressor
         if method == "zstd":
             self._obj = zstandard.ZstdCompressor(level=3).compressobj()
         elif method == "lz4":

@@ -63,7 +63,7 @@ _HARDWARE_FAILURE = (
 )
 
 
-def checksum(block: bytes | memoryview) -> bytes:
+def checksum(block: bytes | bytearray | memoryview) -> bytes:
     """The 16 checksum bytes ClickHouse writes before ``block`` (method byte onwards)."""
     value = CityHash128(bytes(block))
     return struct.pack("<QQ", value >> 64, value & _MASK64)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Any
 
 from chdb.state import sqlitelike
 
@@ -106,7 +107,7 @@ class EngineConnection:
         this connection until the stream is exhausted or closed."""
         self.apply(settings, database)
         try:
-            return ResultStream(self._conn.send_query(sql, fmt, params=dict(params) if params else None))
+            return ResultStream(self._conn.send_query(sql, fmt, params=dict(params) if params else None))  # type: ignore[arg-type]  # chDB takes bytes too; its hints say str
         except Exception as ex:
             raise from_engine_message(str(ex)) from None
 
@@ -117,7 +118,7 @@ class EngineConnection:
         all rows land or, on error, none of this call's blocks that failed do."""
         self.apply(settings, database)
         try:
-            inserter = self._conn.send_insert(statement, input_format)
+            inserter = self._conn.send_insert(statement, input_format)  # type: ignore[arg-type]  # bytes, as in ``stream``
         except Exception as ex:
             raise from_engine_message(str(ex)) from None
         try:
@@ -162,10 +163,10 @@ class EngineConnection:
         for name in names:
             self._applied.pop(name, None)
 
-    def raw(self, sql: bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None):  # noqa: ANN201 - chDB's result type
+    def raw(self, sql: bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None) -> Any:  # chDB's result; its hint is Any
         """Run ``sql`` as it is; engine errors become EngineError."""
         try:
-            return self._conn.query(sql, fmt, params=dict(params) if params else None)
+            return self._conn.query(sql, fmt, params=dict(params) if params else None)  # type: ignore[arg-type]  # bytes, as in ``stream``
         except Exception as ex:
             raise from_engine_message(str(ex)) from None
 
@@ -175,7 +176,7 @@ class ResultStream:
     with ClickHouse's counters summed over the chunks read so far. An engine error while reading
     raises EngineError. ``close`` cancels the statement if it has not finished."""
 
-    def __init__(self, engine_stream):  # noqa: ANN001 - chDB's StreamingResult
+    def __init__(self, engine_stream: sqlitelike.StreamingResult):
         self._stream = engine_stream
         self._done = False
         self.transform: Callable[[bytes], bytes] = bytes

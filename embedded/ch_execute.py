@@ -24,7 +24,6 @@ from embedded.ch_request import Statement
 from embedded.ch_sessions import SessionState
 from embedded.ch_sql import RESULT_KINDS, output_format, quote, set_assignments, use_database, with_http_query_ids
 
-
 #: Statements whose output is streamed (chDB streams queries only).
 _STREAMED_KINDS = frozenset({"SELECT", "WITH"})
 #: Formats whose output is the plain concatenation of their blocks' output: chDB writes each

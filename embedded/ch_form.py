@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from email import policy
 from email.parser import BytesParser
+from typing import cast
 
 from embedded.ch_errors import BAD_ARGUMENTS, EngineError
 
@@ -59,7 +60,7 @@ def parse_form(body: bytes, content_type: str) -> Form:
         name = part.get_param("name", header="content-disposition")
         if not isinstance(name, str):
             continue
-        payload = part.get_payload(decode=True) or b""
+        payload = cast(bytes, part.get_payload(decode=True) or b"")  # decoded: bytes (None for a multipart part)
         if part.get_filename() is not None:
             files[name] = payload
         else:

@@ -95,7 +95,7 @@ class HttpServer(ThreadingHTTPServer):
         with self._idle:
             return self._idle.wait_for(lambda: not self._running, timeout_s)
 
-    def process_request(self, request, client_address):  # noqa: ANN001 - socketserver's signature
+    def process_request(self, request, client_address):  # socketserver's signature
         with self._conns_lock:
             self._conns.add(request)
         # Headers and body go out in separate writes: without NODELAY, Nagle's algorithm and the
@@ -103,7 +103,7 @@ class HttpServer(ThreadingHTTPServer):
         request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().process_request(request, client_address)
 
-    def shutdown_request(self, request):  # noqa: ANN001
+    def shutdown_request(self, request):
         with self._conns_lock:
             self._conns.discard(request)
         super().shutdown_request(request)
@@ -124,13 +124,13 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = KEEP_ALIVE_S
     server: HttpServer
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - overrides the stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # `format`: the stdlib's parameter name
         log.debug("%s " + format, self.address_string(), *args)
 
     def _dispatch(self, method: str) -> None:
@@ -206,6 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
         ):
             # The reply's last bytes go out after the session is released: a client may send its
             # next request the moment it has read them.
+            finish: Callable[[], None]
             if outcome.stream is None:
                 finish = partial(self._send_outcome, outcome, params, query_id, native)
             else:

@@ -79,9 +79,9 @@ def reframe(native: bytes, revision: int, keep_binary_types: bool = False) -> by
             out += native[start : reader.pos]
             type_start = reader.pos
             col_type = _decode_type(reader)
-            if col_type.kind == "low_cardinality" or "LowCardinality(" in col_type.name:
-                if revision < _WITH_LOW_CARDINALITY:
-                    raise _cannot(f"LowCardinality for client_protocol_version {revision} (< {_WITH_LOW_CARDINALITY})")
+            if ((col_type.kind == "low_cardinality" or "LowCardinality(" in col_type.name)
+                    and revision < _WITH_LOW_CARDINALITY):
+                raise _cannot(f"LowCardinality for client_protocol_version {revision} (< {_WITH_LOW_CARDINALITY})")
             if keep_binary_types:
                 out += native[type_start : reader.pos]
             else:
@@ -161,7 +161,7 @@ def _back_quote_if_needed(name: str) -> str:
     return name if _IDENTIFIER.match(name) else "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
-def _decode_type(r: _Reader) -> ColumnType:  # noqa: PLR0911, PLR0912 - one branch per type tag
+def _decode_type(r: _Reader) -> ColumnType:
     tag = r.byte()
     if tag in _FIXED:
         name, width = _FIXED[tag]
@@ -197,8 +197,8 @@ def _decode_type(r: _Reader) -> ColumnType:  # noqa: PLR0911, PLR0912 - one bran
     if tag in (0x1F, 0x20, 0x2F):
         elements = []
         for _ in range(r.varuint()):
-            label = r.text() if tag != 0x1F else None
-            elements.append((label, _decode_type(r)))
+            element = r.text() if tag != 0x1F else None
+            elements.append((element, _decode_type(r)))
         body = ", ".join(t.name if label is None else f"{_back_quote_if_needed(label)} {t.name}" for label, t in elements)
         tuple_type = ColumnType(f"Tuple({body})", "tuple", children=tuple(t for _, t in elements))
         if tag == 0x2F:
@@ -245,15 +245,14 @@ def _skip_prefix(r: _Reader, t: ColumnType) -> None:
     """The serialisation state prefix written once per column before its data."""
     if t.kind == "low_cardinality":
         r.skip(8)  # key version
-    elif t.kind == "variant":
-        if r.u64() != 0:
-            raise _cannot("a Variant column in compact discriminator mode")
+    elif t.kind == "variant" and r.u64() != 0:
+        raise _cannot("a Variant column in compact discriminator mode")
     for child in t.children:
         if t.kind != "low_cardinality":
             _skip_prefix(r, child)
 
 
-def _skip_data(r: _Reader, t: ColumnType, rows: int) -> None:  # noqa: PLR0912 - one branch per layout
+def _skip_data(r: _Reader, t: ColumnType, rows: int) -> None:
     if rows == 0:
         return
     if t.kind == "fixed":

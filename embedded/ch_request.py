@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import base64
 import hmac
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from embedded.ch_errors import AUTHENTICATION_FAILED, EngineError
 from embedded.ch_sql import InsertWithData, quote, split_insert, statement_kind
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 TRANSPORT_PARAMS = frozenset(
     {
@@ -89,7 +93,7 @@ class Credentials:
     password: str
 
 
-def credentials(params: RequestParams, headers: Mapping[str, str]) -> Credentials | None:
+def credentials(params: RequestParams, headers: Message) -> Credentials | None:
     """The user and password sent by Basic auth, ``X-ClickHouse-User``/``-Key`` or ``user``/``password``."""
     auth = headers.get("Authorization", "")
     if auth.lower().startswith("basic "):

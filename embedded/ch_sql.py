@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 #: Statements that only read, and so may run over GET or with ``readonly`` set.
 READ_ONLY_KINDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", "SET", "USE"})
@@ -45,7 +46,7 @@ def tokens(text: str) -> Iterator[Token]:
     while pos < size:
         ch = text[pos]
         if ch in _BLANKS:
-            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # ch is a blank: a match
         elif text.startswith("--", pos) or ch == "#":
             nl = text.find("\n", pos)
             pos = size if nl < 0 else nl + 1
@@ -58,12 +59,12 @@ def tokens(text: str) -> Iterator[Token]:
                 return
             yield Token("string" if ch == "'" else "quoted", text[pos:end], pos, end)
             pos = end
-        elif _WORD.match(text, pos):
-            end = _WORD.match(text, pos).end()  # type: ignore[union-attr]
+        elif word := _WORD.match(text, pos):
+            end = word.end()
             yield Token("word", text[pos:end], pos, end)
             pos = end
         elif "0" <= ch <= "9":
-            end = _NUMBER.match(text, pos).end()  # type: ignore[union-attr]
+            end = _NUMBER.match(text, pos).end()  # type: ignore[union-attr]  # ch is a digit: a match
             yield Token("number", text[pos:end], pos, end)
             pos = end
         else:
@@ -115,7 +116,7 @@ def output_format(text: str) -> str | None:
     """The format named by the statement's own top-level ``FORMAT`` clause, if any."""
     found = None
     toks = list(_top_level(text))
-    for tok, nxt in zip(toks, toks[1:]):
+    for tok, nxt in pairwise(toks):
         if tok.is_word("FORMAT") and nxt.kind in ("word", "quoted"):
             found = nxt.text.strip("`\"")
     return found

@@ -25,8 +25,8 @@ import msgspec
 
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
-from procs import is_running, port_is_free, stop_group
 from embedded.stack import EmbeddedStack
+from procs import is_running, port_is_free, stop_group
 
 DEFAULT_DATA_DIR = Path(".chtxn") / "embedded"
 STATE_FILE = "state.json"

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 #: How often the watchdog and the stop loops look again.
 _POLL_S = 0.1
@@ -145,17 +146,17 @@ class ManagedProcess:
         """Spawn the command; in attached mode also its watchdog. Returns at once."""
         if self._proc is not None:
             raise RuntimeError(f"{self.name} is already started (pid {self._proc.pid})")
-        out = subprocess.DEVNULL
+        out: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
+            out = open(self.log_path, "ab")  # noqa: SIM115 -- the child keeps its own copy
         try:
             self._proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=self.env, cwd=self.cwd, start_new_session=True,
             )
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):  # a log file, not DEVNULL
                 out.close()
         self.token = start_token(self._proc.pid)
         if not self.detached:
