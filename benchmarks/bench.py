@@ -48,11 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
     pipeline.add_arguments(parser)
     parser.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh stack (default 3)")
-    parser.add_argument("--paced-rate", type=float, default=None,
-                        help="events/s of the paced phase (default: half the plain loop's rows/s of the repetition)")
+    parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=None,
+        help="events/s of the paced phase (default: half the plain loop's rows/s of the repetition)",
+    )
     parser.add_argument("--paced-seconds", type=float, default=60.0, help="length of the paced phase (default 60)")
     parser.add_argument("--no-paced", action="store_true", help="skip the paced phase")
-    parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results (default benchmarks/results)")
+    parser.add_argument(
+        "--results", default=str(RESULTS), help="directory of the JSON results (default benchmarks/results)"
+    )
     args = parser.parse_args(argv)
     pipeline.check_arguments(parser, args)
     chtxn_run.stop_on_sigterm()
@@ -69,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"repetition {i} of {args.reps}")
         repetitions.append(repetition(args, Path(args.dir).resolve() / f"rep{i}", console))
     document = summary.assemble(
-        repetitions, settings=settings(args), git=git,
+        repetitions,
+        settings=settings(args),
+        git=git,
         machine=machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
-        started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), wall_s=round(time.monotonic() - t0, 1),
+        started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        wall_s=round(time.monotonic() - t0, 1),
     )
     out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,30 +102,47 @@ def repetition(args: argparse.Namespace, work: Path, console: Console) -> dict[s
         rate = args.paced_rate or loop.rows_per_s / 2
         workload.settle(setup.cfg)
         run = None
-        with console.status("running the chtxn pipeline on the backlog"), \
-                chtxn_run.Pipeline(setup.config_path, logs) as pipe:
+        with (
+            console.status("running the chtxn pipeline on the backlog"),
+            chtxn_run.Pipeline(setup.config_path, logs) as pipe,
+        ):
             snapshots = pipe.wait_for_rows(setup.cfg, args.events, time.monotonic() + args.timeout)
             if not args.no_paced:
-                console.print(f"chtxn: backlog published; paced phase at {rate:,.0f} events/s "
-                              f"for {args.paced_seconds:g} s")
-                run = paced.run(setup.cfg, pipe, backlog_rows=args.events, after_backlog=snapshots[-1][0], rate=rate,
-                                seconds=args.paced_seconds, logs=logs, timeout_s=args.timeout)
+                console.print(
+                    f"chtxn: backlog published; paced phase at {rate:,.0f} events/s for {args.paced_seconds:g} s"
+                )
+                run = paced.run(
+                    setup.cfg,
+                    pipe,
+                    backlog_rows=args.events,
+                    after_backlog=snapshots[-1][0],
+                    rate=rate,
+                    seconds=args.paced_seconds,
+                    logs=logs,
+                    timeout_s=args.timeout,
+                )
         txns = chtxn_run.ledger_history(setup.cfg)
         control = timeline.read(setup.cfg, dump=logs / "control.jsonl")
         figures = chtxn_run.figures(setup.cfg, pipe, snapshots, logs, txns=txns, control=control)
         paced_figures = paced.figures(setup.cfg, run, txns, control) if run else None
-    title = (f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
-             f"batch/chunk {args.chunk_rows:,} rows")
-    for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
-                  report.cpu_table(outcomes, figures)):
+    title = (
+        f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
+        f"batch/chunk {args.chunk_rows:,} rows"
+    )
+    for table in (
+        report.results(outcomes, figures, title),
+        report.pipeline_table(figures),
+        report.cpu_table(outcomes, figures),
+    ):
         console.print(table)
     if paced_figures is not None:
         console.print(report.paced_table(paced_figures))
     return repetition_figures(outcomes, figures, paced_figures)
 
 
-def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
-                       paced_figures: PacedFigures | None) -> dict[str, object]:
+def repetition_figures(
+    outcomes: list[Outcome], figures: PipelineFigures, paced_figures: PacedFigures | None
+) -> dict[str, object]:
     """The flat figures of one repetition (``None`` where not measured); see ``benchmarks/README.md``."""
     rate = {o.mode: o.rows_per_s for o in outcomes}
     loop = next(o for o in outcomes if o.mode == "loop")
@@ -143,30 +169,33 @@ def repetition_figures(outcomes: list[Outcome], figures: PipelineFigures,
         "cpu_s_per_100k_rows_chtxn": _cpu_per_100k(figures.cpu_s, figures.rows),
     }
     p = paced_figures
-    found.update({
-        "paced_rate": p.run.rate if p else None,
-        "paced_rate_achieved": p.run.achieved_rate if p else None,
-        "paced_load": p.run.rate / figures.rows_per_s if p and figures.rows_per_s else None,
-        "paced_rows": p.rows if p else None,
-        "paced_max_behind": p.run.max_behind if p else None,
-        "paced_drain_s": p.run.drain_s if p else None,
-        "freshness_p50_ms": p.freshness_ms["p50"] if p else None,
-        "freshness_p99_ms": p.freshness_ms["p99"] if p else None,
-        "freshness_max_ms": p.freshness_ms["max"] if p else None,
-        "paced_txns": p.data_txns if p else None,
-        "paced_commit_p50_ms": summary.percentile(p.commit_ms, 0.5) if p else None,
-        "paced_commit_p95_ms": summary.percentile(p.commit_ms, 0.95) if p else None,
-        "paced_publish_p50_ms": summary.percentile(p.publish_ms, 0.5) if p else None,
-        "paced_read_share": p.phases.reading_share if p and p.phases else None,
-        "paced_aborts": sum(p.aborts.values()) if p else None,
-        "paced_cpu_s_per_100k_rows_chtxn": _cpu_per_100k(p.run.cpu_s, p.run.sent) if p else None,
-        "paced_producer_cpu_s": p.run.producer_cpu_s if p else None,
-        "paced_cores_busy": p.run.cores_busy if p else None,
-    })
+    found.update(
+        {
+            "paced_rate": p.run.rate if p else None,
+            "paced_rate_achieved": p.run.achieved_rate if p else None,
+            "paced_load": p.run.rate / figures.rows_per_s if p and figures.rows_per_s else None,
+            "paced_rows": p.rows if p else None,
+            "paced_max_behind": p.run.max_behind if p else None,
+            "paced_drain_s": p.run.drain_s if p else None,
+            "freshness_p50_ms": p.freshness_ms["p50"] if p else None,
+            "freshness_p99_ms": p.freshness_ms["p99"] if p else None,
+            "freshness_max_ms": p.freshness_ms["max"] if p else None,
+            "paced_txns": p.data_txns if p else None,
+            "paced_commit_p50_ms": summary.percentile(p.commit_ms, 0.5) if p else None,
+            "paced_commit_p95_ms": summary.percentile(p.commit_ms, 0.95) if p else None,
+            "paced_publish_p50_ms": summary.percentile(p.publish_ms, 0.5) if p else None,
+            "paced_read_share": p.phases.reading_share if p and p.phases else None,
+            "paced_aborts": sum(p.aborts.values()) if p else None,
+            "paced_cpu_s_per_100k_rows_chtxn": _cpu_per_100k(p.run.cpu_s, p.run.sent) if p else None,
+            "paced_producer_cpu_s": p.run.producer_cpu_s if p else None,
+            "paced_cores_busy": p.run.cores_busy if p else None,
+        }
+    )
     found["aborts"] = sum(figures.aborts.values()) + (sum(p.aborts.values()) if p else 0)  # backlog + paced
     found["abort_reasons"] = dict(figures.aborts + (p.aborts if p else Counter()))
     found["cpu_s_by_component"] = {
-        "plain": _per_100k(loop.cpu_s, loop.rows), "chtxn": _per_100k(figures.cpu_s, figures.rows),
+        "plain": _per_100k(loop.cpu_s, loop.rows),
+        "chtxn": _per_100k(figures.cpu_s, figures.rows),
         **({"paced": _per_100k(p.run.cpu_s, p.run.sent)} if p else {}),
     }
     return found
@@ -182,10 +211,15 @@ def _cpu_per_100k(cpu_s: dict[str, float], rows: int) -> float | None:
 
 def settings(args: argparse.Namespace) -> dict[str, object]:
     return {
-        "events": args.events, "partitions": args.partitions, "chunk_rows": args.chunk_rows,
-        "interval_s": args.interval, "size_trigger_rows": args.size_trigger,
+        "events": args.events,
+        "partitions": args.partitions,
+        "chunk_rows": args.chunk_rows,
+        "interval_s": args.interval,
+        "size_trigger_rows": args.size_trigger,
         "kafka_properties": dict(item.split("=", 1) for item in args.kafka_property),
-        "ceilings": not args.no_ceilings, "reps": args.reps, "paced": not args.no_paced,
+        "ceilings": not args.no_ceilings,
+        "reps": args.reps,
+        "paced": not args.no_paced,
         "paced_rate": args.paced_rate,  # None: half the plain loop's rows/s of each repetition
         "paced_seconds": args.paced_seconds,
     }
@@ -193,6 +227,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
 
 def git_state() -> dict[str, object]:
     """The checked-out commit, and whether tracked files differ from it."""
+
     def git(*argv: str) -> str:
         return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -202,12 +237,17 @@ def git_state() -> dict[str, object]:
         return {"commit": None, "dirty": None}
 
 
-def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], probe_before: float,
-            probe_after: float) -> dict[str, object]:
+def machine(
+    load_before: tuple[float, ...], load_after: tuple[float, ...], probe_before: float, probe_after: float
+) -> dict[str, object]:
     return {
-        "cores": os.cpu_count(), "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(), "load_average_before": list(load_before),
-        "load_average_after": list(load_after), "cpu_probe_s_before": probe_before, "cpu_probe_s_after": probe_after,
+        "cores": os.cpu_count(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "load_average_before": list(load_before),
+        "load_average_after": list(load_after),
+        "cpu_probe_s_before": probe_before,
+        "cpu_probe_s_after": probe_after,
     }
 
 

@@ -80,7 +80,9 @@ class PipelineFigures:
         return self.rows / self.window_s if self.window_s > 0 else 0.0
 
 
-def run(cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, timeout_s: float = 900.0) -> PipelineFigures:
+def run(
+    cfg: PipelineConfig, config_path: Path, events: int, logs: Path, *, timeout_s: float = 900.0
+) -> PipelineFigures:
     """Run the pipeline until ``events`` rows are published; both processes are gone on return."""
     with Pipeline(config_path, logs) as pipeline:
         snapshots = pipeline.wait_for_rows(cfg, events, time.monotonic() + timeout_s)
@@ -109,7 +111,11 @@ class Pipeline:
                 self._outputs.append(log)
                 self.procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
-                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
         except BaseException:
             self.__exit__()
@@ -143,14 +149,23 @@ class Pipeline:
                     snapshots.append((time.time(), cpu.snapshot()))
                     return snapshots
                 if time.monotonic() > deadline:
-                    raise ChtxnError(f"only {published:,} of {rows:,} rows published before the timeout; logs in {self.logs}")
+                    raise ChtxnError(
+                        f"only {published:,} of {rows:,} rows published before the timeout; logs in {self.logs}"
+                    )
                 time.sleep(0.5)  # polling period of a progress check, not a synchronisation
         finally:
             client.close()
 
 
-def figures(cfg: PipelineConfig, pipeline: Pipeline, snapshots: list[tuple[float, dict]], logs: Path, *,
-            txns: list[TxnSummary] | None = None, control: dict[str, TxnTimes] | None = None) -> PipelineFigures:
+def figures(
+    cfg: PipelineConfig,
+    pipeline: Pipeline,
+    snapshots: list[tuple[float, dict]],
+    logs: Path,
+    *,
+    txns: list[TxnSummary] | None = None,
+    control: dict[str, TxnTimes] | None = None,
+) -> PipelineFigures:
     """The figures of the backlog that ``snapshots`` (from ``wait_for_rows``) covered, after the run.
 
     Only the data txns committed by the last snapshot count, so txns of a later paced phase are
@@ -200,8 +215,9 @@ def ledger_history(cfg: PipelineConfig) -> list[TxnSummary]:
         client.close()
 
 
-def figures_from_ledger(cfg: PipelineConfig, *, until: float = float("inf"),
-                        txns: list[TxnSummary] | None = None) -> PipelineFigures:
+def figures_from_ledger(
+    cfg: PipelineConfig, *, until: float = float("inf"), txns: list[TxnSummary] | None = None
+) -> PipelineFigures:
     """The ledger's figures of the txns started by ``until`` (unix time), data txns committed by then."""
     txns = [t for t in (ledger_history(cfg) if txns is None else txns) if t.started_at <= until]
     committed = [t for t in txns if t.state in ("COMMITTED", "PUBLISHED")]

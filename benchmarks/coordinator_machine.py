@@ -49,8 +49,13 @@ class Replay:
     def __init__(self, partitions: int, tasks: int) -> None:
         self.tps = [TopicPartition(topic="events", partition=p) for p in range(partitions)]
         self.groups = [self.tps[i::tasks] for i in range(min(tasks, partitions))]
-        self.state = CoordinatorState(pipeline="bench", epoch=1, coordinator="c", target="events",
-                                      timing=Timing(interval_s=1.0, heartbeat_timeout_s=3.0))
+        self.state = CoordinatorState(
+            pipeline="bench",
+            epoch=1,
+            coordinator="c",
+            target="events",
+            timing=Timing(interval_s=1.0, heartbeat_timeout_s=3.0),
+        )
         self.now = 0.0
         self.ended: list[str] = []
         self.events = 0
@@ -68,8 +73,11 @@ class Replay:
                 elif isinstance(action, CountStage):
                     txn = self.state.txn(action.txn)
                     assert txn is not None, action.txn  # a txn being counted is open
-                    stats = {tp: PartitionStats(ws.rows, ws.start_offset, ws.end_offset - 1)
-                             for tp, ws in txn.statuses.items() if ws.rows}
+                    stats = {
+                        tp: PartitionStats(ws.rows, ws.start_offset, ws.end_offset - 1)
+                        for tp, ws in txn.statuses.items()
+                        if ws.rows
+                    }
                     pending.append(Counted(action.txn, txn.rows, partitions=stats))
                 elif isinstance(action, Commit):
                     pending.append(CommitResult(action.txn.id, True))
@@ -77,9 +85,20 @@ class Replay:
                     pending.append(PublishResult(action.txn.id, True))
 
     def heartbeat(self, task: int) -> Received:
-        return Received(Heartbeat(pipeline="bench", epoch=1, txn="", sender=f"task-{task}", partitions=tuple(
-            PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1, buffered_rows=ROWS)
-            for tp in self.groups[task])))
+        return Received(
+            Heartbeat(
+                pipeline="bench",
+                epoch=1,
+                txn="",
+                sender=f"task-{task}",
+                partitions=tuple(
+                    PartitionPosition(
+                        topic=tp.topic, partition=tp.partition, position=0, log_end=-1, buffered_rows=ROWS
+                    )
+                    for tp in self.groups[task]
+                ),
+            )
+        )
 
     def run(self, seconds: float) -> tuple[int, float]:
         """Steady state for ``seconds`` of simulated time: (txns committed, CPU seconds)."""
@@ -99,16 +118,30 @@ class Replay:
                     continue
                 for tp in self.tps:
                     begin = txn.start[tp]
-                    self.feed(Received(WriteStatus(
-                        pipeline="bench", epoch=1, txn=txn.id, sender=txn.holders[tp], topic=tp.topic,
-                        partition=tp.partition, start_offset=begin, end_offset=begin + ROWS, rows=ROWS, chunks=1)))
+                    self.feed(
+                        Received(
+                            WriteStatus(
+                                pipeline="bench",
+                                epoch=1,
+                                txn=txn.id,
+                                sender=txn.holders[tp],
+                                topic=tp.topic,
+                                partition=tp.partition,
+                                start_offset=begin,
+                                end_offset=begin + ROWS,
+                                rows=ROWS,
+                                chunks=1,
+                            )
+                        )
+                    )
             self.feed(Tick())
         return self.state.head_seq - committed, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.coordinator_machine",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.coordinator_machine", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--partitions", default="16,64,256,1024")
     parser.add_argument("--tasks", default="16,32,32,32", help="tasks per partition count, in the same order")
     parser.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per run (default 20)")
@@ -122,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     for n, t in zip(counts, tasks):
         replay = Replay(n, t)
         txns, cpu = replay.run(args.seconds)
-        print(f"{n:>10} {t:>5} {txns:>5} {replay.events / txns:>10.0f} {cpu * 1000 / txns:>10.2f} "
-              f"{cpu * 1e6 / replay.events:>8.1f}")
+        print(
+            f"{n:>10} {t:>5} {txns:>5} {replay.events / txns:>10.0f} {cpu * 1000 / txns:>10.2f} "
+            f"{cpu * 1e6 / replay.events:>8.1f}"
+        )
     if args.profile:
         profiler = cProfile.Profile()
         replay = Replay(args.profile, tasks[counts.index(args.profile)] if args.profile in counts else 32)

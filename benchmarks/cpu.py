@@ -47,7 +47,7 @@ def snapshot(root: int | None = None) -> dict[int, tuple[str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
         seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
         pid = int(entry.name)
         parents[pid] = int(fields[1])

@@ -112,7 +112,8 @@ class Fleet:
 
     def __enter__(self) -> Fleet:
         for target, name in ((self._control, "fleet-control"), (self._heartbeats, "fleet-heartbeats")) + (
-                ((self._data, "fleet-data"),) if self.read_data else ()):
+            ((self._data, "fleet-data"),) if self.read_data else ()
+        ):
             thread = threading.Thread(target=self._guard, args=(target,), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -139,9 +140,14 @@ class Fleet:
     # ---- threads ----------------------------------------------------------------------------
 
     def _control(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers,
-                             "group.id": f"{self.cfg.name}.bench-fleet", "enable.auto.commit": False,
-                             "fetch.wait.max.ms": 10})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.cfg.kafka.bootstrap_servers,
+                "group.id": f"{self.cfg.name}.bench-fleet",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
         consumer.assign([KafkaTP(self.cfg.control_topic, 0, OFFSET_END)])
         try:
             while not self._stop.is_set():
@@ -167,8 +173,13 @@ class Fleet:
                     return
 
     def _data(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers,
-                             "group.id": f"{self.cfg.name}.bench-fleet-data", "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.cfg.kafka.bootstrap_servers,
+                "group.id": f"{self.cfg.name}.bench-fleet-data",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.assign([KafkaTP(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._read])
         try:
             while not self._stop.is_set():
@@ -194,7 +205,10 @@ class Fleet:
         with self._lock:
             positions = tuple(
                 PartitionPosition(
-                    topic=tp.topic, partition=tp.partition, position=self._read[tp].end, log_end=self._read[tp].end,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    position=self._read[tp].end,
+                    log_end=self._read[tp].end,
                     buffered_rows=max(0, self._read[tp].end - self._txn_base[tp]) if tp in self._txn_base else 0,
                 )
                 for tp in group
@@ -236,8 +250,9 @@ class Fleet:
                         del read.values[:cut]
                         read.base += cut
 
-    def _stage(self, start: StartCommit, sender: str, group: list[TopicPartition],
-               offsets: dict[TopicPartition, int]) -> None:
+    def _stage(
+        self, start: StartCommit, sender: str, group: list[TopicPartition], offsets: dict[TopicPartition, int]
+    ) -> None:
         """One task at END: its partitions' records from START on, as one insert; then WRITE-STATUSes."""
         lines: list[bytes] = []
         ends: dict[TopicPartition, int] = {}
@@ -247,7 +262,7 @@ class Fleet:
                 if begin < read.base:  # not held any more (cannot happen while ACKs trim only below commits)
                     ends[tp] = begin
                     continue
-                values = read.values[begin - read.base:]
+                values = read.values[begin - read.base :]
                 ends[tp] = begin + len(values)
                 prefix = b'{"_topic":"%s","_partition":%d,"_offset":' % (tp.topic.encode(), tp.partition)
                 lines.extend(prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values))
@@ -256,9 +271,12 @@ class Fleet:
             ends_key = ",".join(f"{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
             token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, len(lines))
             try:
-                self._client().raw_insert(start.stage_table, insert_block=b"\n".join(lines), fmt="JSONEachRow",
-                                          settings={"insert_deduplication_token": f"{token}/{ends_key}",
-                                                    "async_insert": 0})
+                self._client().raw_insert(
+                    start.stage_table,
+                    insert_block=b"\n".join(lines),
+                    fmt="JSONEachRow",
+                    settings={"insert_deduplication_token": f"{token}/{ends_key}", "async_insert": 0},
+                )
                 self.counts.inserts += 1
                 self.counts.rows_staged += len(lines)
             except Exception as exc:  # e.g. the stage table of an aborted txn: report, as a participant does
@@ -266,11 +284,22 @@ class Fleet:
                 errors = (f"{type(exc).__name__}: {exc}",)
         for tp in group:
             begin = offsets[tp]
-            self._send(WriteStatus(
-                pipeline=self.cfg.name, epoch=start.epoch, txn=start.txn, sender=sender, topic=tp.topic,
-                partition=tp.partition, start_offset=begin, end_offset=ends[tp], rows=ends[tp] - begin,
-                chunks=1 if ends[tp] > begin else 0, bytes=0, errors=errors,
-            ))
+            self._send(
+                WriteStatus(
+                    pipeline=self.cfg.name,
+                    epoch=start.epoch,
+                    txn=start.txn,
+                    sender=sender,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    start_offset=begin,
+                    end_offset=ends[tp],
+                    rows=ends[tp] - begin,
+                    chunks=1 if ends[tp] > begin else 0,
+                    bytes=0,
+                    errors=errors,
+                )
+            )
             self.counts.write_statuses += 1
 
     # ---- clients ----------------------------------------------------------------------------

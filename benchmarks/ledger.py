@@ -137,9 +137,12 @@ def fill(client: Any, pipeline: str, commits: int) -> float:
 
 def add_checkpoints(client: Any, pipeline: str, commits: int) -> None:
     """What ``ledger_checkpoint_every = 1000`` would have left in a ledger the new code wrote."""
-    base_ms = int(client.command(
-        f"SELECT toUnixTimestamp64Milli(min(event_time)) - 1000 FROM {ledger.qualified(DATABASE)} "
-        f"WHERE pipeline = '{pipeline}' AND event = 'STARTED'"))
+    base_ms = int(
+        client.command(
+            f"SELECT toUnixTimestamp64Milli(min(event_time)) - 1000 FROM {ledger.qualified(DATABASE)} "
+            f"WHERE pipeline = '{pipeline}' AND event = 'STARTED'"
+        )
+    )
     client.command(checkpoints_sql(pipeline, commits, 1000, base_ms))
 
 
@@ -150,8 +153,16 @@ def take_over(store: LedgerStore, epoch: int) -> None:
     store.after_won_slot(head_seq + 1, epoch=epoch, coordinator="bench", seal=True)
     seal = store.commit_at(head_seq + 1)
     assert seal is not None
-    store.append(LedgerRow(pipeline=store.pipeline, txn=seal.txn, event=LedgerEvent.PUBLISHED, epoch=epoch,
-                           commit_seq=seal.commit_seq, coordinator="bench"))
+    store.append(
+        LedgerRow(
+            pipeline=store.pipeline,
+            txn=seal.txn,
+            event=LedgerEvent.PUBLISHED,
+            epoch=epoch,
+            commit_seq=seal.commit_seq,
+            coordinator="bench",
+        )
+    )
     store.committed_unpublished()
     store.txn(naming.txn_id(1, max(1, head_seq - 1)))
 
@@ -176,8 +187,13 @@ def timed(action: Callable[[], object]) -> float:
 def cli(checkout: Path, python: str, config: Path, *args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.monotonic()
-    done = subprocess.run([python, "-m", "cli", *args, "--config", str(config), "--json"], cwd=checkout, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [python, "-m", "cli", *args, "--config", str(config), "--json"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.monotonic() - started
     if done.returncode not in (0, 1) or not done.stdout.strip():
         raise RuntimeError(f"chtxn {' '.join(args)} from {checkout} failed: {done.stderr[-2000:]}")
@@ -198,9 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ledger", description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--main", type=Path, default=None,
-                        help="a checkout of the code before checkpoints (e.g. `git worktree add /tmp/old 1ba253c`), "
-                             "to time its CLI processes too; without it only this checkout's are timed")
+    parser.add_argument(
+        "--main",
+        type=Path,
+        default=None,
+        help="a checkout of the code before checkpoints (e.g. `git worktree add /tmp/old 1ba253c`), "
+        "to time its CLI processes too; without it only this checkout's are timed",
+    )
     args = parser.parse_args(argv)
     from confluent_kafka.admin import AdminClient
 
@@ -212,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = stack.start_clickhouse().url
             bootstrap = stack.start_kafka().bootstrap
-            kafka_clients.create_topics(AdminClient({"bootstrap.servers": bootstrap}),
-                                        {TOPIC: 64, "big.control": 1, "small.control": 1})
+            kafka_clients.create_topics(
+                AdminClient({"bootstrap.servers": bootstrap}), {TOPIC: 64, "big.control": 1, "small.control": 1}
+            )
             make_client(ClickHouseSection(url=url)).command(f"CREATE DATABASE IF NOT EXISTS `{DATABASE}`")
             client = make_client(ClickHouseSection(url=url, database=DATABASE, target_table="events"))
             LedgerStore(client, DATABASE, "big").ensure_tables()
@@ -248,17 +269,27 @@ def measure(args: argparse.Namespace, client: Any, tmp: Path, bootstrap: str, ur
             raise RuntimeError(f"{pipeline}: the head read from checkpoints {after} is not the chain's {before}")
         row["take-over new"] = median([timed(lambda: take_over(new, next(epochs))) for _ in range(runs)])  # noqa: B023 -- run at once
         for name, store in (("old", old), ("new", new)):
-            row[f"status ledger reads {name} (in-process)"] = median([timed(lambda: status_reads(store))  # noqa: B023 -- run at once
-                                                                      for _ in range(runs)])
-            row[f"txn list ledger reads {name} (in-process)"] = median([timed(lambda: store.history(limit=20))  # noqa: B023 -- run at once
-                                                                        for _ in range(runs)])
+            row[f"status ledger reads {name} (in-process)"] = median(
+                [
+                    timed(lambda: status_reads(store))  # noqa: B023 -- run at once
+                    for _ in range(runs)
+                ]
+            )
+            row[f"txn list ledger reads {name} (in-process)"] = median(
+                [
+                    timed(lambda: store.history(limit=20))  # noqa: B023 -- run at once
+                    for _ in range(runs)
+                ]
+            )
         config = config_file(tmp, pipeline, bootstrap, url)
         python = sys.executable
         for name, checkout in ((("old", args.main),) if args.main else ()) + (("new", REPO),):
-            row[f"chtxn status --json {name} (process)"] = median([cli(checkout, python, config, "status")
-                                                                  for _ in range(runs)])
-            row[f"chtxn txn list --json {name} (process)"] = median([cli(checkout, python, config, "txn", "list")
-                                                                    for _ in range(runs)])
+            row[f"chtxn status --json {name} (process)"] = median(
+                [cli(checkout, python, config, "status") for _ in range(runs)]
+            )
+            row[f"chtxn txn list --json {name} (process)"] = median(
+                [cli(checkout, python, config, "txn", "list") for _ in range(runs)]
+            )
         head = LedgerStore(client, DATABASE, pipeline).head()
         print(f"{pipeline}: head slot {head[0]}, {len(head[1])} partitions", file=sys.stderr)
     return results

@@ -85,19 +85,45 @@ class PacedFigures:
     phases: Phases | None = None
 
 
-def run(cfg: PipelineConfig, pipeline: Pipeline, *, backlog_rows: int, after_backlog: float, rate: float,
-        seconds: float, logs: Path, timeout_s: float = 900.0) -> PacedRun:
+def run(
+    cfg: PipelineConfig,
+    pipeline: Pipeline,
+    *,
+    backlog_rows: int,
+    after_backlog: float,
+    rate: float,
+    seconds: float,
+    logs: Path,
+    timeout_s: float = 900.0,
+) -> PacedRun:
     """Steps 1-3 on a running ``pipeline`` whose target holds ``backlog_rows`` rows."""
     if rate <= 0 or seconds <= 0:
         raise ChtxnError(f"the paced phase needs a positive rate and duration, got {rate:g} events/s for {seconds:g} s")
     settle(cfg)  # Step 1
     before = cpu.snapshot()
     since = time.time()
-    argv = [sys.executable, "-m", "benchmarks.producer", "--bootstrap", cfg.kafka.bootstrap_servers,
-            "--topic", TOPIC, "--rate", repr(rate), "--seconds", repr(seconds)]
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.producer",
+        "--bootstrap",
+        cfg.kafka.bootstrap_servers,
+        "--topic",
+        TOPIC,
+        "--rate",
+        repr(rate),
+        "--seconds",
+        repr(seconds),
+    ]
     with open(logs / "producer.log", "w") as errors:  # Step 2
-        producer = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True,
-                                    env={**os.environ, "PYTHONPATH": str(REPO)})
+        producer = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         deadline = time.monotonic() + seconds + 180
         try:
             while producer.poll() is None:
@@ -119,22 +145,30 @@ def run(cfg: PipelineConfig, pipeline: Pipeline, *, backlog_rows: int, after_bac
     # Step 3
     snapshots = pipeline.wait_for_rows(cfg, backlog_rows + report["sent"], time.monotonic() + timeout_s)
     return PacedRun(
-        rate=rate, sent=report["sent"], seconds=report["seconds"], max_behind=report["max_behind"],
-        producer_cpu_s=report["cpu_s"], after_backlog=after_backlog, produced_end=produced_end,
-        visible_end=snapshots[-1][0], cpu_s=cpu.used(before, snapshots[-1][1]),
+        rate=rate,
+        sent=report["sent"],
+        seconds=report["seconds"],
+        max_behind=report["max_behind"],
+        producer_cpu_s=report["cpu_s"],
+        after_backlog=after_backlog,
+        produced_end=produced_end,
+        visible_end=snapshots[-1][0],
+        cpu_s=cpu.used(before, snapshots[-1][1]),
         cpu_window_s=snapshots[-1][0] - since,
     )
 
 
-def figures(cfg: PipelineConfig, paced: PacedRun, txns: list[TxnSummary],
-            control: dict[str, TxnTimes]) -> PacedFigures:
+def figures(cfg: PipelineConfig, paced: PacedRun, txns: list[TxnSummary], control: dict[str, TxnTimes]) -> PacedFigures:
     """The paced figures from the ledger's ``txns`` and the control topic's ``control`` times."""
     later = [t for t in txns if t.started_at > paced.after_backlog or t.committed_at > paced.after_backlog]
     data = [t for t in later if t.state in ("COMMITTED", "PUBLISHED") and t.total_rows]
     aborts = Counter(short_reason(t.reason) for t in later if t.state == "ABORTED" and t.reason != SHUTDOWN_REASON)
     rows, freshness = freshness_ms(cfg, [t for t in txns if t.state == "PUBLISHED"])
     return PacedFigures(
-        run=paced, rows=rows, freshness_ms=freshness, data_txns=len(data),
+        run=paced,
+        rows=rows,
+        freshness_ms=freshness,
+        data_txns=len(data),
         commit_ms=sorted(t.commit_ms for t in data if t.commit_ms is not None),
         publish_ms=sorted(t.publish_ms for t in data if t.publish_ms is not None),
         aborts=aborts,
@@ -144,8 +178,12 @@ def figures(cfg: PipelineConfig, paced: PacedRun, txns: list[TxnSummary],
 
 def freshness_ms(cfg: PipelineConfig, published: list[TxnSummary]) -> tuple[int, dict[str, float]]:
     """(rows, {p50, p99, max}) of published_at(txn holding the row) - produced_at_ms over the paced rows."""
-    ranges = [(r.partition, r.start, r.end, round(t.published_at * 1000))
-              for t in published for r in t.ranges if r.topic == TOPIC and r.end > r.start]
+    ranges = [
+        (r.partition, r.start, r.end, round(t.published_at * 1000))
+        for t in published
+        for r in t.ranges
+        if r.topic == TOPIC and r.end > r.start
+    ]
     if not ranges:
         raise ChtxnError("the ledger holds no published range: nothing to measure freshness against")
     values = ", ".join(f"({p}, {s}, {e}, {ms})" for p, s, e, ms in ranges)

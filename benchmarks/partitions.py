@@ -78,11 +78,15 @@ interval_s = {interval_s}
 id = "bench-coordinator"
 """
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.partitions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", default="16,64,256", help="source partition counts (default 16,64,256)")
-    parser.add_argument("--tasks", default="16,32,32",
-                        help="participant tasks per partition count, in the same order (default 16,32,32)")
+    parser.add_argument(
+        "--tasks",
+        default="16,32,32",
+        help="participant tasks per partition count, in the same order (default 16,32,32)",
+    )
     parser.add_argument("--loads", default="idle,busy", help="idle, busy or both (default idle,busy)")
     parser.add_argument("--rate", type=float, default=2000.0, help="events/s of the busy load (default 2000)")
     parser.add_argument("--window", type=float, default=30.0, help="measured seconds per run (default 30)")
@@ -129,16 +133,32 @@ def main(argv: list[str] | None = None) -> int:
     for run in profiles:
         key = f"{run.partitions}-{run.load}"
         tops[key] = top_functions(run.profile, 25)
-        console.rule(f"cProfile of the leader loop, {run.partitions} partitions, {run.load} "
-                     f"({run.txns} txns in {run.window_s:.0f} s)")
+        console.rule(
+            f"cProfile of the leader loop, {run.partitions} partitions, {run.load} "
+            f"({run.txns} txns in {run.window_s:.0f} s)"
+        )
         console.print(tops[key], markup=False, highlight=False)
     document = {
-        "benchmark": "partitions", "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "wall_s": round(time.monotonic() - t0, 1), "git": git_state(),
-        "settings": {"partitions": counts, "tasks": tasks, "loads": loads, "rate": args.rate,
-                     "window_s": args.window, "warmup_commits": args.warmup, "interval_s": args.interval},
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())},
+        "benchmark": "partitions",
+        "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "git": git_state(),
+        "settings": {
+            "partitions": counts,
+            "tasks": tasks,
+            "loads": loads,
+            "rate": args.rate,
+            "window_s": args.window,
+            "warmup_commits": args.warmup,
+            "interval_s": args.interval,
+        },
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
+        },
         "runs": [r.flat() for r in runs],
         "profiled_runs": [r.flat() for r in profiles],
         "profiles": tops,
@@ -146,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.results) / f"partitions-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
-    console.print(f"wall time {document['wall_s']:.0f} s, load average {load_before[0]:.2f} before, "
-                  f"{os.getloadavg()[0]:.2f} after; results in {out}")
+    console.print(
+        f"wall time {document['wall_s']:.0f} s, load average {load_before[0]:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after; results in {out}"
+    )
     return 0
 
 
-def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, tasks: int, load: str, *,
-            profile: bool = False) -> RunFigures:
+def run_one(
+    stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, tasks: int, load: str, *, profile: bool = False
+) -> RunFigures:
     """One pipeline of ``n`` partitions under ``load``: set up, warm up, measure, stop, read back."""
     name = f"p{n}_{load}" + ("_prof" if profile else "")
     cfg = prepare(stack, work, name, n, args.interval)
@@ -161,8 +184,15 @@ def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, 
     logs = work / "logs"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     prof = work / "profiles" / f"{name}.prof"
-    coordinator_argv = [sys.executable, *(["-m", "cProfile", "-o", str(prof)] if profile else []),
-                        "-m", "cli", "coordinator", "--config", str(work / f"{name}.toml")]
+    coordinator_argv = [
+        sys.executable,
+        *(["-m", "cProfile", "-o", str(prof)] if profile else []),
+        "-m",
+        "cli",
+        "coordinator",
+        "--config",
+        str(work / f"{name}.toml"),
+    ]
     producer = None
     procs: list[subprocess.Popen] = []
     outputs = []
@@ -170,14 +200,36 @@ def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, 
         if load == "busy":
             outputs.append(open(logs / f"{name}-producer.log", "w"))  # noqa: SIM115 -- closed below
             producer = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.producer", "--bootstrap", cfg.kafka.bootstrap_servers,
-                 "--topic", cfg.pipeline.topics[0], "--rate", str(args.rate), "--seconds", "3600"],
-                cwd=REPO, env=env, stdout=outputs[-1], stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.producer",
+                    "--bootstrap",
+                    cfg.kafka.bootstrap_servers,
+                    "--topic",
+                    cfg.pipeline.topics[0],
+                    "--rate",
+                    str(args.rate),
+                    "--seconds",
+                    "3600",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=outputs[-1],
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             procs.append(producer)
         with Fleet(cfg, groups, read_data=load == "busy") as fleet:
             outputs.append(open(logs / f"{name}-coordinator.log", "w"))  # noqa: SIM115 -- closed below
-            coordinator = subprocess.Popen(coordinator_argv, cwd=REPO, env=env, stdout=outputs[-1],
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+            coordinator = subprocess.Popen(
+                coordinator_argv,
+                cwd=REPO,
+                env=env,
+                stdout=outputs[-1],
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             procs.append(coordinator)
             wait_for_commits(cfg, args.warmup + 1, coordinator, fleet)  # +1: the seal of take-over
             before, t0 = threads_cpu(coordinator.pid), time.time()
@@ -202,11 +254,15 @@ def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int, 
 def prepare(stack: EmbeddedStack, work: Path, name: str, n: int, interval_s: float) -> PipelineConfig:
     """A fresh pipeline ``name``: config file, a source topic of ``n`` partitions, database, target, ledger."""
     path = work / f"{name}.toml"
-    path.write_text(PIPELINE_TOML.format(name=name, kafka=stack.kafka_bootstrap, clickhouse=stack.clickhouse_url,
-                                         interval_s=interval_s))
+    path.write_text(
+        PIPELINE_TOML.format(
+            name=name, kafka=stack.kafka_bootstrap, clickhouse=stack.clickhouse_url, interval_s=interval_s
+        )
+    )
     cfg = load_config(str(path), {})
-    kafka_clients.create_topics(kafka_clients.admin(cfg), {cfg.pipeline.topics[0]: n, cfg.control_topic: 1,
-                                                           cfg.dead_letter_topic: 1})
+    kafka_clients.create_topics(
+        kafka_clients.admin(cfg), {cfg.pipeline.topics[0]: n, cfg.control_topic: 1, cfg.dead_letter_topic: 1}
+    )
     client = make_client(cfg.clickhouse.__class__(url=cfg.clickhouse.url, database="default"))
     try:
         client.command(f"CREATE DATABASE IF NOT EXISTS {name}")
@@ -217,8 +273,9 @@ def prepare(stack: EmbeddedStack, work: Path, name: str, n: int, interval_s: flo
     return cfg
 
 
-def wait_for_commits(cfg: PipelineConfig, commits: int, coordinator: subprocess.Popen, fleet: Fleet,
-                     timeout_s: float = 180.0) -> None:
+def wait_for_commits(
+    cfg: PipelineConfig, commits: int, coordinator: subprocess.Popen, fleet: Fleet, timeout_s: float = 180.0
+) -> None:
     """Until the ledger's head is at slot ``commits`` or beyond."""
     client = make_client(cfg.clickhouse)
     deadline = time.monotonic() + timeout_s
@@ -226,8 +283,9 @@ def wait_for_commits(cfg: PipelineConfig, commits: int, coordinator: subprocess.
         while LedgerStore(client, cfg.clickhouse.database, cfg.name).head()[0] < commits:
             fleet.check()
             if coordinator.poll() is not None:
-                raise RuntimeError(f"the coordinator of {cfg.name} exited (code {coordinator.returncode}) "
-                                   "before its first commits")
+                raise RuntimeError(
+                    f"the coordinator of {cfg.name} exited (code {coordinator.returncode}) before its first commits"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{cfg.name}: fewer than {commits} commits after {timeout_s:g} s")
             time.sleep(0.25)  # polling period of a progress check

@@ -67,19 +67,24 @@ class RunFigures:
 
     def flat(self) -> dict[str, object]:
         found = asdict(self)
-        found.update({
-            "txns_per_s": self.txns_per_s, "cpu_ms_per_txn": self.cpu_ms_per_txn,
-            "cpu_share": self.cpu_s / self.window_s, "messages_per_s": self.messages_per_s,
-            "consume_p50_ms": summary.percentile(self.consume_ms, 0.5),
-            "consume_max_ms": max(self.consume_ms, default=None),
-            "commit_p50_ms": summary.percentile(sorted(self.commit_ms), 0.5),
-            "commit_p95_ms": summary.percentile(sorted(self.commit_ms), 0.95),
-            "end_to_ack_p50_ms": summary.percentile(sorted(self.end_to_ack_ms), 0.5),
-            "end_to_ack_p95_ms": summary.percentile(sorted(self.end_to_ack_ms), 0.95),
-            "verify_to_ack_p50_ms": summary.percentile(sorted(self.verify_to_ack_ms), 0.5),
-            "verify_to_ack_p95_ms": summary.percentile(sorted(self.verify_to_ack_ms), 0.95),
-        })
+        found.update(
+            {
+                "txns_per_s": self.txns_per_s,
+                "cpu_ms_per_txn": self.cpu_ms_per_txn,
+                "cpu_share": self.cpu_s / self.window_s,
+                "messages_per_s": self.messages_per_s,
+                "consume_p50_ms": summary.percentile(self.consume_ms, 0.5),
+                "consume_max_ms": max(self.consume_ms, default=None),
+                "commit_p50_ms": summary.percentile(sorted(self.commit_ms), 0.5),
+                "commit_p95_ms": summary.percentile(sorted(self.commit_ms), 0.95),
+                "end_to_ack_p50_ms": summary.percentile(sorted(self.end_to_ack_ms), 0.5),
+                "end_to_ack_p95_ms": summary.percentile(sorted(self.end_to_ack_ms), 0.95),
+                "verify_to_ack_p50_ms": summary.percentile(sorted(self.verify_to_ack_ms), 0.5),
+                "verify_to_ack_p95_ms": summary.percentile(sorted(self.verify_to_ack_ms), 0.95),
+            }
+        )
         return found
+
 
 def threads_cpu(pid: int) -> dict[str, float]:
     """CPU seconds so far of ``pid``'s threads: ``leader loop`` (the main thread), ``librdkafka``
@@ -90,16 +95,25 @@ def threads_cpu(pid: int) -> dict[str, float]:
             stat = (task / "stat").read_text()
         except OSError:
             continue  # the thread ended
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
         seconds = (int(fields[11]) + int(fields[12])) / _TICK
         kind = "leader loop" if int(task.name) == pid else "librdkafka" if comm.startswith("rdk:") else "other"
         found[kind] += seconds
     return dict(found)
 
 
-def figures(cfg: PipelineConfig, n: int, tasks: int, load: str, t0: float, t1: float, by_thread: dict[str, float],
-            counts: FleetCounts, profile: str) -> RunFigures:
+def figures(
+    cfg: PipelineConfig,
+    n: int,
+    tasks: int,
+    load: str,
+    t0: float,
+    t1: float,
+    by_thread: dict[str, float],
+    counts: FleetCounts,
+    profile: str,
+) -> RunFigures:
     """The run's figures over ``[t0, t1]`` (unix seconds), from the ledger and the control topic."""
     client = make_client(cfg.clickhouse)
     try:
@@ -110,22 +124,37 @@ def figures(cfg: PipelineConfig, n: int, tasks: int, load: str, t0: float, t1: f
     aborted = [t for t in txns if t.state == "ABORTED" and t0 <= t.aborted_at <= t1]
     kinds, end_to_ack, verify_to_ack = read_control(cfg, t0, t1)
     return RunFigures(
-        partitions=n, tasks=tasks, load=load, window_s=t1 - t0, txns=len(committed), aborts=len(aborted),
+        partitions=n,
+        tasks=tasks,
+        load=load,
+        window_s=t1 - t0,
+        txns=len(committed),
+        aborts=len(aborted),
         abort_reasons=dict(Counter(t.reason.split(":", 1)[0][:60] for t in aborted)),
-        rows=sum(t.total_rows for t in committed), cpu_s=sum(by_thread.values()),
-        cpu_s_by_thread={k: round(v, 3) for k, v in by_thread.items()}, control_messages=kinds,
+        rows=sum(t.total_rows for t in committed),
+        cpu_s=sum(by_thread.values()),
+        cpu_s_by_thread={k: round(v, 3) for k, v in by_thread.items()},
+        control_messages=kinds,
         commit_ms=[t.commit_ms for t in committed if t.commit_ms is not None],
-        consume_ms=[t.consume_ms for t in committed if t.consume_ms is not None], end_to_ack_ms=end_to_ack,
+        consume_ms=[t.consume_ms for t in committed if t.consume_ms is not None],
+        end_to_ack_ms=end_to_ack,
         verify_to_ack_ms=verify_to_ack,
-        fleet=asdict(counts), profile=profile,
+        fleet=asdict(counts),
+        profile=profile,
     )
 
 
 def read_control(cfg: PipelineConfig, t0: float, t1: float) -> tuple[dict[str, int], list[float], list[float]]:
     """Messages by kind with a timestamp in ``[t0, t1]``, and, of the txns acked then, END -> ACK-COMMIT
     and last WRITE-STATUS -> ACK-COMMIT (ms)."""
-    consumer = Consumer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "group.id": f"{cfg.name}.bench-count",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cfg.kafka.bootstrap_servers,
+            "group.id": f"{cfg.name}.bench-count",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([KafkaTP(cfg.control_topic, 0, OFFSET_BEGINNING)])
     kinds: Counter[str] = Counter()
     ends: dict[str, float] = {}
@@ -161,6 +190,7 @@ def read_control(cfg: PipelineConfig, t0: float, t1: float) -> tuple[dict[str, i
         consumer.close()
     return dict(sorted(kinds.items())), end_to_ack, verify_to_ack
 
+
 # ---- reporting ------------------------------------------------------------------------------
 
 
@@ -170,24 +200,46 @@ def _ms(value: object) -> str:
 
 def summary_line(run: RunFigures) -> str:
     f = run.flat()
-    return (f"{run.partitions} partitions / {run.tasks} tasks, {run.load}{' (cProfile)' if run.profile else ''}: "
-            f"{run.txns} txns in {run.window_s:.0f} s, {run.aborts} aborts, coordinator CPU {run.cpu_s:.1f} s "
-            f"({_ms(run.cpu_ms_per_txn)} ms/txn), {run.messages_per_s:,.0f} control msgs/s, "
-            f"END->commit p50 {_ms(f['commit_p50_ms'])} ms")
+    return (
+        f"{run.partitions} partitions / {run.tasks} tasks, {run.load}{' (cProfile)' if run.profile else ''}: "
+        f"{run.txns} txns in {run.window_s:.0f} s, {run.aborts} aborts, coordinator CPU {run.cpu_s:.1f} s "
+        f"({_ms(run.cpu_ms_per_txn)} ms/txn), {run.messages_per_s:,.0f} control msgs/s, "
+        f"END->commit p50 {_ms(f['commit_p50_ms'])} ms"
+    )
 
 
 def table(runs: list[RunFigures], title: str) -> Table:
     t = Table(title=title)
-    for column in ("partitions", "tasks", "load", "txns/s", "aborts", "CPU ms/txn", "CPU %", "of which loop %",
-                   "ctl msgs/s", "START→END p50/max ms", "END→commit p50/p95 ms", "END→ACK p50/p95 ms", "last WS→ACK p50/p95 ms",
-                   "rows/txn"):
+    for column in (
+        "partitions",
+        "tasks",
+        "load",
+        "txns/s",
+        "aborts",
+        "CPU ms/txn",
+        "CPU %",
+        "of which loop %",
+        "ctl msgs/s",
+        "START→END p50/max ms",
+        "END→commit p50/p95 ms",
+        "END→ACK p50/p95 ms",
+        "last WS→ACK p50/p95 ms",
+        "rows/txn",
+    ):
         t.add_column(column, justify="left" if column == "load" else "right")
     for r in runs:
         f = r.flat()
         loop = r.cpu_s_by_thread.get("leader loop", 0.0)
         t.add_row(
-            str(r.partitions), str(r.tasks), r.load, f"{r.txns_per_s:.2f}", str(r.aborts), _ms(r.cpu_ms_per_txn),
-            f"{100 * r.cpu_s / r.window_s:.0f}", f"{100 * loop / r.window_s:.0f}", f"{r.messages_per_s:,.0f}",
+            str(r.partitions),
+            str(r.tasks),
+            r.load,
+            f"{r.txns_per_s:.2f}",
+            str(r.aborts),
+            _ms(r.cpu_ms_per_txn),
+            f"{100 * r.cpu_s / r.window_s:.0f}",
+            f"{100 * loop / r.window_s:.0f}",
+            f"{r.messages_per_s:,.0f}",
             f"{_ms(f['consume_p50_ms'])} / {_ms(f['consume_max_ms'])}",
             f"{_ms(f['commit_p50_ms'])} / {_ms(f['commit_p95_ms'])}",
             f"{_ms(f['end_to_ack_p50_ms'])} / {_ms(f['end_to_ack_p95_ms'])}",

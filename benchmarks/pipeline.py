@@ -53,14 +53,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the backlog steps (shared with ``benchmarks.bench``)."""
     parser.add_argument("--events", type=int, default=1_000_000, help="events to produce (default 1000000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the source topic (default 4)")
-    parser.add_argument("--chunk-rows", type=int, default=ParticipantSection().chunk_rows,
-                        help="participant.chunk_rows, and the plain loop's batch size (default: chtxn's default)")
-    parser.add_argument("--interval", type=float, default=TransactionSection().interval_s,
-                        help="transaction.interval_s (default: chtxn's default)")
-    parser.add_argument("--size-trigger", type=int, default=TransactionSection().size_trigger_rows,
-                        help="transaction.size_trigger_rows (default: chtxn's default)")
-    parser.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
-                        help="librdkafka property for every client of both loops, as [kafka.properties] (repeatable)")
+    parser.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=ParticipantSection().chunk_rows,
+        help="participant.chunk_rows, and the plain loop's batch size (default: chtxn's default)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=TransactionSection().interval_s,
+        help="transaction.interval_s (default: chtxn's default)",
+    )
+    parser.add_argument(
+        "--size-trigger",
+        type=int,
+        default=TransactionSection().size_trigger_rows,
+        help="transaction.size_trigger_rows (default: chtxn's default)",
+    )
+    parser.add_argument(
+        "--kafka-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka property for every client of both loops, as [kafka.properties] (repeatable)",
+    )
     parser.add_argument("--no-ceilings", action="store_true", help="skip the consume-only and insert-only runs")
     parser.add_argument("--dir", default=".chtxn/bench", help="working directory (wiped at start)")
     parser.add_argument("--timeout", type=float, default=900, help="give up on a step after this many seconds")
@@ -90,16 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = reference_runs(args, setup, console)
         workload.settle(setup.cfg)
         with console.status("running the chtxn pipeline (coordinator + Spark participant job)"):
-            figures = chtxn_run.run(setup.cfg, setup.config_path, args.events, work / "logs",
-                                    timeout_s=args.timeout)
-    title = (f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
-             f"batch/chunk {args.chunk_rows:,} rows")
-    for table in (report.results(outcomes, figures, title), report.pipeline_table(figures),
-                  report.loop_phases_table(outcomes), report.cpu_table(outcomes, figures)):
+            figures = chtxn_run.run(setup.cfg, setup.config_path, args.events, work / "logs", timeout_s=args.timeout)
+    title = (
+        f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
+        f"batch/chunk {args.chunk_rows:,} rows"
+    )
+    for table in (
+        report.results(outcomes, figures, title),
+        report.pipeline_table(figures),
+        report.loop_phases_table(outcomes),
+        report.cpu_table(outcomes, figures),
+    ):
         console.print(table)
     load_after = os.getloadavg()
-    console.print(f"machine: {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
-                  f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; logs in {work / 'logs'}")
+    console.print(
+        f"machine: {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; logs in {work / 'logs'}"
+    )
     return 0
 
 
@@ -107,19 +131,28 @@ def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console:
     """Step 1: config, topics and tables on a fresh ``stack``, and ``--events`` produced."""
     config_path = work / "pipeline.toml"
     cfg = workload.write_config(
-        config_path, kafka=stack.kafka_bootstrap, clickhouse=stack.clickhouse_url,
-        interval_s=args.interval, size_trigger_rows=args.size_trigger, chunk_rows=args.chunk_rows,
+        config_path,
+        kafka=stack.kafka_bootstrap,
+        clickhouse=stack.clickhouse_url,
+        interval_s=args.interval,
+        size_trigger_rows=args.size_trigger,
+        chunk_rows=args.chunk_rows,
         properties=dict(item.split("=", 1) for item in args.kafka_property),
     )
     workload.prepare(cfg, args.partitions)
     with console.status(f"producing {args.events:,} events"):
         t0 = time.monotonic()
         produced = workload.produce(cfg, args.events)
-        console.print(f"produced {args.events:,} events into {args.partitions} partitions "
-                      f"in {time.monotonic() - t0:.1f} s")
+        console.print(
+            f"produced {args.events:,} events into {args.partitions} partitions in {time.monotonic() - t0:.1f} s"
+        )
     processes = max(1, min(args.partitions, 2 * (os.cpu_count() or 1)))
-    groups = [[p for _, p in g] for g in group_partitions(
-        [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], processes)]
+    groups = [
+        [p for _, p in g]
+        for g in group_partitions(
+            [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], processes
+        )
+    ]
     return Setup(cfg, config_path, {p: produced.get(p, 0) for p in range(args.partitions)}, groups)
 
 
@@ -130,8 +163,9 @@ def reference_runs(args: argparse.Namespace, setup: Setup, console: Console) -> 
     for mode in modes:
         workload.settle(setup.cfg)
         with console.status(f"running {mode} ({len(setup.groups)} processes)"):
-            outcomes.append(plain.run(mode, setup.cfg, setup.groups, setup.ends, batch_rows=args.chunk_rows,
-                                      timeout_s=args.timeout))
+            outcomes.append(
+                plain.run(mode, setup.cfg, setup.groups, setup.ends, batch_rows=args.chunk_rows, timeout_s=args.timeout)
+            )
         console.print(f"{mode}: {outcomes[-1].rows:,} rows in {outcomes[-1].window_s:.2f} s")
     return outcomes
 

@@ -56,14 +56,28 @@ class Outcome:
         return self.rows / self.window_s if self.window_s > 0 else 0.0
 
 
-def run(mode: str, cfg: PipelineConfig, groups: Sequence[Sequence[int]], ends: dict[int, int], *,
-        batch_rows: int, timeout_s: float = 600.0) -> Outcome:
+def run(
+    mode: str,
+    cfg: PipelineConfig,
+    groups: Sequence[Sequence[int]],
+    ends: dict[int, int],
+    *,
+    batch_rows: int,
+    timeout_s: float = 600.0,
+) -> Outcome:
     """Run ``mode`` with one worker process per group of partitions; every process is gone on return."""
     ctx = mp.get_context("spawn")
     reports: mp.Queue = ctx.Queue()
     go = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(mode, cfg, list(g), {p: ends[p] for p in g}, batch_rows, go, reports),
-                         name=f"bench-{mode}-{i}", daemon=True) for i, g in enumerate(groups)]
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(mode, cfg, list(g), {p: ends[p] for p in g}, batch_rows, go, reports),
+            name=f"bench-{mode}-{i}",
+            daemon=True,
+        )
+        for i, g in enumerate(groups)
+    ]
     try:
         for proc in procs:
             proc.start()
@@ -100,7 +114,9 @@ def _collect(reports: mp.Queue, procs: list, kind: str, deadline: float) -> list
             if dead:
                 raise ChtxnError(f"benchmark workers {dead} died before reporting {kind!r}") from None
             if time.monotonic() > deadline:
-                raise ChtxnError(f"benchmark workers did not all report {kind!r} in time ({len(got)}/{len(procs)})") from None
+                raise ChtxnError(
+                    f"benchmark workers did not all report {kind!r} in time ({len(got)}/{len(procs)})"
+                ) from None
             continue
         if report["kind"] == "error":
             raise ChtxnError(f"a benchmark worker failed:\n{report['error']}")
@@ -108,8 +124,15 @@ def _collect(reports: mp.Queue, procs: list, kind: str, deadline: float) -> list
     return got
 
 
-def _worker(mode: str, cfg: PipelineConfig, partitions: list[int], ends: dict[int, int], batch_rows: int,
-            go: Event, reports: mp.Queue) -> None:
+def _worker(
+    mode: str,
+    cfg: PipelineConfig,
+    partitions: list[int],
+    ends: dict[int, int],
+    batch_rows: int,
+    go: Event,
+    reports: mp.Queue,
+) -> None:
     try:
         reports.put(_Worker(mode, cfg, partitions, ends, batch_rows).run(go, reports))
     except BaseException:
@@ -117,18 +140,28 @@ def _worker(mode: str, cfg: PipelineConfig, partitions: list[int], ends: dict[in
 
 
 class _Worker:
-    def __init__(self, mode: str, cfg: PipelineConfig, partitions: list[int], ends: dict[int, int],
-                 batch_rows: int) -> None:
+    def __init__(
+        self, mode: str, cfg: PipelineConfig, partitions: list[int], ends: dict[int, int], batch_rows: int
+    ) -> None:
         self.mode, self.cfg, self.ends, self.batch_rows = mode, cfg, ends, batch_rows
-        self.consumer = Consumer({
-            "bootstrap.servers": cfg.kafka.bootstrap_servers, "group.id": PLAIN_GROUP,
-            "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-            "enable.partition.eof": False, "isolation.level": "read_committed", **cfg.kafka.properties,
-        })
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": cfg.kafka.bootstrap_servers,
+                "group.id": PLAIN_GROUP,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+                "isolation.level": "read_committed",
+                **cfg.kafka.properties,
+            }
+        )
         self.consumer.assign([KafkaTP(TOPIC, p, OFFSET_BEGINNING) for p in partitions])
         self.client = make_client(cfg.clickhouse) if mode != "consume" else None
-        self.bodies = {p: BodyBuilder(topic=TOPIC, partition=p, input_format="JSONEachRow", columns=METADATA_COLUMNS)
-                       for p in partitions}
+        self.bodies = {
+            p: BodyBuilder(topic=TOPIC, partition=p, input_format="JSONEachRow", columns=METADATA_COLUMNS)
+            for p in partitions
+        }
         self.phases = {"consume": 0.0, "body": 0.0, "insert": 0.0, "commit": 0.0}
 
     def run(self, go: Event, reports: mp.Queue) -> dict:
@@ -160,7 +193,7 @@ class _Worker:
             for p in list(left):
                 records = pending[p]
                 while records and (len(records) >= self.batch_rows or records[-1].offset() + 1 >= left[p]):
-                    take, records = records[:self.batch_rows], records[self.batch_rows:]
+                    take, records = records[: self.batch_rows], records[self.batch_rows :]
                     if self.mode == "loop":
                         self._insert_and_commit(p, take)
                     rows += len(take)
@@ -195,8 +228,11 @@ class _Worker:
             for m in self.consumer.consume(num_messages=POLL_BATCH, timeout=0.05):
                 if m.error() is None:
                     pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
-        return [(len(records[i:i + self.batch_rows]), self.bodies[p].body(records[i:i + self.batch_rows]))
-                for p, records in pending.items() for i in range(0, len(records), self.batch_rows)]
+        return [
+            (len(records[i : i + self.batch_rows]), self.bodies[p].body(records[i : i + self.batch_rows]))
+            for p, records in pending.items()
+            for i in range(0, len(records), self.batch_rows)
+        ]
 
     def _insert_all(self, prepared: list[tuple[int, bytes]]) -> int:
         clock = time.perf_counter

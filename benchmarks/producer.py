@@ -38,8 +38,16 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
     # Batches of up to LINGER_MS: the broker shares the machine with the pipeline, and its CPU per
     # produced event falls by almost half from 5 ms batches to 20 ms ones (embedded broker, 150k
     # events/s). The wait counts against freshness: an event is stamped before it is batched.
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": LINGER_MS, "batch.size": 1_000_000,
-                         "compression.type": "none", "delivery.report.only.error": True, "on_delivery": delivered})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": LINGER_MS,
+            "batch.size": 1_000_000,
+            "compression.type": "none",
+            "delivery.report.only.error": True,
+            "on_delivery": delivered,
+        }
+    )
     pool = [body[1:] for _, body in events(POOL)]  # each '{' ... '}' without its '{'
     keys = [str(i).encode() for i in range(KEYS)]
     head = b'{"' + PRODUCED_AT.encode() + b'":'
@@ -67,8 +75,14 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
         time.sleep(max(0.0, TICK_S - (time.time() - now)))
     span = time.time() - t0
     left = producer.flush(120)
-    return {"sent": sent, "failed": len(failed) + left, "first_error": failed[0] if failed else "",
-            "seconds": span, "max_behind": max_behind, "cpu_s": time.process_time() - cpu0}
+    return {
+        "sent": sent,
+        "failed": len(failed) + left,
+        "first_error": failed[0] if failed else "",
+        "seconds": span,
+        "max_behind": max_behind,
+        "cpu_s": time.process_time() - cpu0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,15 +31,17 @@ def best_us_per_record(step: Callable[[], object], records: int, reps: int = 3) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="example: python -m benchmarks.records --records 250000 --chunk-rows 15000")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example: python -m benchmarks.records --records 250000 --chunk-rows 15000",
+    )
     ap.add_argument("--records", type=int, default=250_000)
     ap.add_argument("--poll-batch", type=int, default=5_000)
     ap.add_argument("--chunk-rows", type=int, default=15_000)
     args = ap.parse_args(argv)
     n = args.records
     msgs = [confluent_kafka.Message(topic="events", partition=0, offset=i, value=v) for i, v in events(n)]
-    batches = [msgs[i:i + args.poll_batch] for i in range(0, n, args.poll_batch)]
+    batches = [msgs[i : i + args.poll_batch] for i in range(0, n, args.poll_batch)]
     record_batches = cast("list[list[RecordLike]]", batches)  # Messages with topic, partition and offset
     chunks: list[Chunk] = []
     bodies: list[bytes] = []
@@ -47,8 +49,15 @@ def main(argv: list[str] | None = None) -> None:
 
     def cut() -> None:
         chunks.clear()
-        b = ChunkBuilder(pipeline="bench", txn="e1_t1", topic="events", partition=0, start_offset=0,
-                         chunk_rows=args.chunk_rows, chunk_bytes=64 << 20)
+        b = ChunkBuilder(
+            pipeline="bench",
+            txn="e1_t1",
+            topic="events",
+            partition=0,
+            start_offset=0,
+            chunk_rows=args.chunk_rows,
+            chunk_bytes=64 << 20,
+        )
         for batch in record_batches:
             chunks.extend(b.add(batch))
         last = b.flush()
@@ -73,8 +82,13 @@ def main(argv: list[str] | None = None) -> None:
                     raise RuntimeError(m.error())
                 pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
 
-    steps = [("chunk builder (participant)", cut), ("precheck (participant)", check),
-             ("body (both)", body), ("has_joins (participant)", joins), ("per-record bookkeeping (plain loop)", plain_loop)]
+    steps = [
+        ("chunk builder (participant)", cut),
+        ("precheck (participant)", check),
+        ("body (both)", body),
+        ("has_joins (participant)", joins),
+        ("per-record bookkeeping (plain loop)", plain_loop),
+    ]
     print(f"{n:,} records, poll batches of {args.poll_batch:,}, chunks of {args.chunk_rows:,} rows")
     for name, step in steps:
         print(f"{name:40s} {best_us_per_record(step, n):6.3f} µs/record")

@@ -24,21 +24,48 @@ def results(outcomes: list[Outcome], figures: PipelineFigures, title: str) -> Ta
     table = Table(title=title)
     for column in ("run", "rows", "seconds", "rows/s", "vs (a)"):
         table.add_column(column, justify="left" if column == "run" else "right")
-    names = {"consume": "(c) consume only (confluent-kafka)", "insert": "(c) insert only (JSONEachRow, spliced)",
-             "loop": "(a) plain at-least-once loop"}
+    names = {
+        "consume": "(c) consume only (confluent-kafka)",
+        "insert": "(c) insert only (JSONEachRow, spliced)",
+        "loop": "(a) plain at-least-once loop",
+    }
     base = next((o.rows_per_s for o in outcomes if o.mode == "loop"), 0.0)
     for o in outcomes:
-        table.add_row(names[o.mode], f"{o.rows:,}", f"{o.window_s:.2f}", f"{o.rows_per_s:,.0f}",
-                      f"{o.rows_per_s / base:.2f}" if base else "-")
-    steady = (figures.steady_rows, figures.steady_window_s) if figures.steady_window_s > 0 else (figures.rows, figures.window_s)
-    table.add_row("(b) chtxn, steady state (ledger: data txns but the last)", f"{steady[0]:,}", f"{steady[1]:.2f}",
-                  f"{figures.rows_per_s:,.0f}", f"{figures.rows_per_s / base:.2f}" if base else "-")
+        table.add_row(
+            names[o.mode],
+            f"{o.rows:,}",
+            f"{o.window_s:.2f}",
+            f"{o.rows_per_s:,.0f}",
+            f"{o.rows_per_s / base:.2f}" if base else "-",
+        )
+    steady = (
+        (figures.steady_rows, figures.steady_window_s)
+        if figures.steady_window_s > 0
+        else (figures.rows, figures.window_s)
+    )
+    table.add_row(
+        "(b) chtxn, steady state (ledger: data txns but the last)",
+        f"{steady[0]:,}",
+        f"{steady[1]:.2f}",
+        f"{figures.rows_per_s:,.0f}",
+        f"{figures.rows_per_s / base:.2f}" if base else "-",
+    )
     drain = figures.drain_rows_per_s
-    table.add_row("(b) chtxn, first START -> last commit", f"{figures.rows:,}", f"{figures.window_s:.2f}",
-                  f"{drain:,.0f}", f"{drain / base:.2f}" if base else "-")
+    table.add_row(
+        "(b) chtxn, first START -> last commit",
+        f"{figures.rows:,}",
+        f"{figures.window_s:.2f}",
+        f"{drain:,.0f}",
+        f"{drain / base:.2f}" if base else "-",
+    )
     wall_rate = figures.rows / figures.wall_s if figures.wall_s else 0.0
-    table.add_row("(b) chtxn, wall time incl. Spark start-up", f"{figures.rows:,}", f"{figures.wall_s:.2f}",
-                  f"{wall_rate:,.0f}", f"{wall_rate / base:.2f}" if base else "-")
+    table.add_row(
+        "(b) chtxn, wall time incl. Spark start-up",
+        f"{figures.rows:,}",
+        f"{figures.wall_s:.2f}",
+        f"{wall_rate:,.0f}",
+        f"{wall_rate / base:.2f}" if base else "-",
+    )
     return table
 
 
@@ -62,8 +89,10 @@ def pipeline_table(f: PipelineFigures) -> Table:
     if p is not None:
         table.add_section()
         for name, value in (
-            (f"control topic, median of {p.txns} data txns: END -> last WRITE-STATUS ms (inserting the last chunks)",
-             f"{p.flush_ms:.0f}"),
+            (
+                f"control topic, median of {p.txns} data txns: END -> last WRITE-STATUS ms (inserting the last chunks)",
+                f"{p.flush_ms:.0f}",
+            ),
             ("END -> next START ms (nothing read; 0 when END carries the next START)", f"{p.turnaround_ms:.0f}"),
             ("last WRITE-STATUS -> ACK-COMMIT ms", f"{p.to_ack_ms:.0f}"),
             ("share of the cycle participants can read", f"{p.reading_share:.0%}"),
@@ -96,9 +125,15 @@ def cpu_table(outcomes: list[Outcome], figures: PipelineFigures) -> Table:
     for component in components:
         if any(usage.get(component) for _, usage, _, _ in runs):
             table.add_row(component, *(f"{usage.get(component, 0.0) / rows * 1e5:.2f}" for _, usage, rows, _ in runs))
-    table.add_row("share of the machine used by the run (other excluded)", *(
-        f"{sum(v for c, v in usage.items() if c != 'other') / (window * (os.cpu_count() or 1)):.0%}" if window else "-"
-        for _, usage, _, window in runs))
+    table.add_row(
+        "share of the machine used by the run (other excluded)",
+        *(
+            f"{sum(v for c, v in usage.items() if c != 'other') / (window * (os.cpu_count() or 1)):.0%}"
+            if window
+            else "-"
+            for _, usage, _, window in runs
+        ),
+    )
     return table
 
 
@@ -111,10 +146,15 @@ def paced_table(f: PacedFigures) -> Table:
     aborts = ", ".join(f"{n} x {reason}" for reason, n in f.aborts.items()) or "0"
     p = f.phases
     for name, value in (
-        ("events produced (achieved events/s; most behind schedule)", f"{r.sent:,} ({r.achieved_rate:,.0f}; {r.max_behind:,})"),
+        (
+            "events produced (achieved events/s; most behind schedule)",
+            f"{r.sent:,} ({r.achieved_rate:,.0f}; {r.max_behind:,})",
+        ),
         ("rows matched to a published txn", f"{f.rows:,}"),
-        ("freshness (produce -> published), p50 / p99 / max ms",
-         f"{f.freshness_ms['p50']:.0f} / {f.freshness_ms['p99']:.0f} / {f.freshness_ms['max']:.0f}"),
+        (
+            "freshness (produce -> published), p50 / p99 / max ms",
+            f"{f.freshness_ms['p50']:.0f} / {f.freshness_ms['p99']:.0f} / {f.freshness_ms['max']:.0f}",
+        ),
         ("producer flushed -> every row visible, s", f"{r.drain_s:.1f}"),
         ("data txns (aborts besides shutdown)", f"{f.data_txns} ({aborts})"),
         ("END -> commit point, p50 / p95 ms", f"{_pct(f.commit_ms, 0.5)} / {_pct(f.commit_ms, 0.95)}"),

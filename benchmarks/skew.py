@@ -40,8 +40,9 @@ class _Stack:
 
 def run_once(stack: _Stack, work: Path, *, rows: int, partitions: int, settings: dict, skewed: bool) -> float:
     """Seconds from the pipeline's start until all ``rows`` are in the target."""
-    pipeline = make_pipeline(stack, work, unique_name("skew" if skewed else "spread"), partitions=partitions,
-                             settings=settings)
+    pipeline = make_pipeline(
+        stack, work, unique_name("skew" if skewed else "spread"), partitions=partitions, settings=settings
+    )
     values = [json.dumps({"id": i, "user": f"u{i}", "amount": i / 2}).encode() for i in range(rows)]
     for p in range(partitions):
         produce_values(pipeline, p, values if skewed and p == 0 else [] if skewed else values[p::partitions])
@@ -60,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-batch", type=int, default=0, help="participant.poll_batch (default: chtxn's own)")
     parser.add_argument("--reps", type=int, default=3, help="alternating pairs of runs (default 3)")
     args = parser.parse_args(argv)
-    settings = {"transaction.size_trigger_rows": args.trigger, "transaction.interval_s": args.interval,
-                **({"participant.poll_batch": args.poll_batch} if args.poll_batch else {})}
+    settings = {
+        "transaction.size_trigger_rows": args.trigger,
+        "transaction.interval_s": args.interval,
+        **({"participant.poll_batch": args.poll_batch} if args.poll_batch else {}),
+    }
     with tempfile.TemporaryDirectory(prefix="chtxn-skew-") as tmp:
         work = Path(tmp)
         embedded = EmbeddedStack(work / "stack")
@@ -70,15 +74,23 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {"spread": [], "skewed": []}
             for rep in range(args.reps):
                 for kind in ("spread", "skewed") if rep % 2 == 0 else ("skewed", "spread"):
-                    took = run_once(stack, work, rows=args.rows, partitions=args.partitions, settings=settings,
-                                    skewed=kind == "skewed")
+                    took = run_once(
+                        stack,
+                        work,
+                        rows=args.rows,
+                        partitions=args.partitions,
+                        settings=settings,
+                        skewed=kind == "skewed",
+                    )
                     times[kind].append(took)
                     print(f"rep {rep + 1} {kind:>6}: {took:6.2f} s, {args.rows / took:8,.0f} rows/s", flush=True)
         finally:
             embedded.stop()
     spread, skewed = statistics.median(times["spread"]), statistics.median(times["skewed"])
-    print(f"median spread {spread:.2f} s ({args.rows / spread:,.0f} rows/s), skewed {skewed:.2f} s "
-          f"({args.rows / skewed:,.0f} rows/s): skewed takes {skewed / spread:.2f}x as long")
+    print(
+        f"median spread {spread:.2f} s ({args.rows / spread:,.0f} rows/s), skewed {skewed:.2f} s "
+        f"({args.rows / skewed:,.0f} rows/s): skewed takes {skewed / spread:.2f}x as long"
+    )
     return 0
 
 

@@ -28,10 +28,20 @@ SCHEMA = 1
 
 #: The figures repeated at the top level of the document, as medians.
 HEADLINE: tuple[str, ...] = (
-    "ratio_vs_plain", "chtxn_rows_per_s", "plain_rows_per_s", "insert_ceiling_rows_per_s",
-    "commit_p50_ms", "commit_p95_ms", "read_share", "freshness_p50_ms", "freshness_p99_ms",
-    "paced_commit_p50_ms", "paced_commit_p95_ms", "aborts",
-    "cpu_s_per_100k_rows_chtxn", "cpu_s_per_100k_rows_plain",
+    "ratio_vs_plain",
+    "chtxn_rows_per_s",
+    "plain_rows_per_s",
+    "insert_ceiling_rows_per_s",
+    "commit_p50_ms",
+    "commit_p95_ms",
+    "read_share",
+    "freshness_p50_ms",
+    "freshness_p99_ms",
+    "paced_commit_p50_ms",
+    "paced_commit_p95_ms",
+    "aborts",
+    "cpu_s_per_100k_rows_chtxn",
+    "cpu_s_per_100k_rows_plain",
 )
 
 
@@ -63,17 +73,26 @@ def summarize(repetitions: Sequence[Mapping[str, object]]) -> dict[str, dict[str
     names: dict[str, None] = {}
     for rep in repetitions:
         names.update(dict.fromkeys(rep))
-    return {name: spread([rep.get(name) for rep in repetitions]) for name in names
-            if all(_scalar(rep.get(name)) for rep in repetitions)}
+    return {
+        name: spread([rep.get(name) for rep in repetitions])
+        for name in names
+        if all(_scalar(rep.get(name)) for rep in repetitions)
+    }
 
 
 def _scalar(value: object) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def assemble(repetitions: Sequence[Mapping[str, object]], *, settings: Mapping[str, object],
-             git: Mapping[str, object], machine: Mapping[str, object], started_at: str,
-             wall_s: float) -> dict[str, object]:
+def assemble(
+    repetitions: Sequence[Mapping[str, object]],
+    *,
+    settings: Mapping[str, object],
+    git: Mapping[str, object],
+    machine: Mapping[str, object],
+    started_at: str,
+    wall_s: float,
+) -> dict[str, object]:
     """The JSON document of one run; every NaN in the repetitions becomes None (JSON has no NaN)."""
     if not repetitions:
         raise ValueError("a benchmark document needs at least one repetition")

@@ -65,8 +65,14 @@ def read(cfg: PipelineConfig, dump: Path | None = None, timeout_s: float = 30.0)
 
     With ``dump``, every message also goes there as one JSON line: ``{"ts": unix seconds, "msg": {...}}``.
     """
-    consumer = Consumer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "group.id": f"{cfg.name}.bench-timeline",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cfg.kafka.bootstrap_servers,
+            "group.id": f"{cfg.name}.bench-timeline",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([KafkaTP(cfg.control_topic, 0, OFFSET_BEGINNING)])
     txns: dict[str, TxnTimes] = {}
     order: list[str] = []
@@ -83,7 +89,7 @@ def read(cfg: PipelineConfig, dump: Path | None = None, timeout_s: float = 30.0)
                         at_end = True
                         continue
                     raise RuntimeError(f"reading {cfg.control_topic}: {error.str()}")
-                msg, ts = decode(m.value()), m.timestamp()[1] / 1000  # type: ignore[arg-type]  # a tombstone raises TypeError
+                msg, ts = decode(m.value()), m.timestamp()[1] / 1000
                 _note(txns, order, msg, ts)
                 if out is not None:
                     out.write(msgspec.json.encode({"ts": ts, "msg": msg}) + b"\n")

@@ -58,17 +58,33 @@ chunk_rows = {chunk_rows}
 """
 
 
-def write_config(path: Path, *, kafka: str, clickhouse: str, interval_s: float, size_trigger_rows: int,
-                 chunk_rows: int, properties: dict[str, str] | None = None) -> PipelineConfig:
+def write_config(
+    path: Path,
+    *,
+    kafka: str,
+    clickhouse: str,
+    interval_s: float,
+    size_trigger_rows: int,
+    chunk_rows: int,
+    properties: dict[str, str] | None = None,
+) -> PipelineConfig:
     """Write the benchmark pipeline's TOML to ``path`` and load it (the coordinator and job read it too).
 
     ``properties`` are librdkafka properties for ``[kafka.properties]``.
     """
-    path.write_text(PIPELINE_TOML.format(
-        topic=TOPIC, kafka=kafka, clickhouse=clickhouse, database=DATABASE, target=TARGET,
-        interval_s=interval_s, size_trigger_rows=size_trigger_rows, chunk_rows=chunk_rows,
-        properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),
-    ))
+    path.write_text(
+        PIPELINE_TOML.format(
+            topic=TOPIC,
+            kafka=kafka,
+            clickhouse=clickhouse,
+            database=DATABASE,
+            target=TARGET,
+            interval_s=interval_s,
+            size_trigger_rows=size_trigger_rows,
+            chunk_rows=chunk_rows,
+            properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),
+        )
+    )
     return load_config(str(path), {})
 
 
@@ -92,7 +108,8 @@ def table_ddl(table: str) -> str:
     if anchor not in TARGET_DDL:
         raise ChtxnError("cli.demo.TARGET_DDL changed: benchmarks.workload.table_ddl needs a new anchor for its column")
     return TARGET_DDL.replace("demo.events", f"{DATABASE}.{table}").replace(
-        anchor, anchor + f"    {PRODUCED_AT} Int64,\n")
+        anchor, anchor + f"    {PRODUCED_AT} Int64,\n"
+    )
 
 
 def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
@@ -102,8 +119,14 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
     reports: the embedded broker's high watermark is not reliable (it can lag behind the last
     record batch), so it is not asked.
     """
-    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "linger.ms": 20,
-                         "batch.size": 1_000_000, "compression.type": "none"})
+    producer = Producer(
+        {
+            "bootstrap.servers": cfg.kafka.bootstrap_servers,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "compression.type": "none",
+        }
+    )
     ends: dict[int, int] = {}
     failed: list[str] = []
 
@@ -125,8 +148,10 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
             producer.poll(0)
     left = producer.flush(120)
     if left or failed:
-        raise ChtxnError(f"{left + len(failed)} of the benchmark's {count} events were not acknowledged by the broker "
-                         f"within 120 s{': ' + failed[0] if failed else ''}")
+        raise ChtxnError(
+            f"{left + len(failed)} of the benchmark's {count} events were not acknowledged by the broker "
+            f"within 120 s{': ' + failed[0] if failed else ''}"
+        )
     return ends
 
 

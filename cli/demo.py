@@ -104,17 +104,23 @@ def events(count: int, seed: int = 7):
     start = time.time() - 3600
     for i in range(count):
         kind = rng.choice(KINDS)
-        yield i, json.dumps({
-            "event_id": i,
-            "ts": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(start + i * 0.018)) + f".{i % 1000:03d}",
-            "user_id": rng.randrange(1, 50_000),
-            "session": f"{rng.getrandbits(48):012x}",
-            "kind": kind,
-            "url": f"/products/{rng.randrange(1, 5000)}" if kind != "signup" else "/signup",
-            "amount": round(rng.uniform(3, 300), 2) if kind == "purchase" else 0.0,
-            "country": rng.choice(COUNTRIES),
-            "device": rng.choice(DEVICES),
-        }, separators=(",", ":")).encode()
+        yield (
+            i,
+            json.dumps(
+                {
+                    "event_id": i,
+                    "ts": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(start + i * 0.018)) + f".{i % 1000:03d}",
+                    "user_id": rng.randrange(1, 50_000),
+                    "session": f"{rng.getrandbits(48):012x}",
+                    "kind": kind,
+                    "url": f"/products/{rng.randrange(1, 5000)}" if kind != "signup" else "/signup",
+                    "amount": round(rng.uniform(3, 300), 2) if kind == "purchase" else 0.0,
+                    "country": rng.choice(COUNTRIES),
+                    "device": rng.choice(DEVICES),
+                },
+                separators=(",", ":"),
+            ).encode(),
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,17 +145,28 @@ def run(args: argparse.Namespace) -> int:
                 ("participant", ["participant", "--config", str(config_path)]),
             ):
                 log = open(work / f"{name}.log", "w")  # noqa: SIM115 -- closed with the process
-                procs.append(subprocess.Popen([sys.executable, "-m", "cli", *argv], stdout=log,
-                                              stderr=subprocess.STDOUT, env=env, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "cli", *argv],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
             elapsed = _follow(cfg, produced, procs, args.timeout, console, work)
         finally:
             for proc in procs:
                 _stop(proc)
-        console.print(f"[bold]wall time[/]: {produced:,} events committed {elapsed:.1f} s after start "
-                      f"(Spark start-up included)")
+        console.print(
+            f"[bold]wall time[/]: {produced:,} events committed {elapsed:.1f} s after start (Spark start-up included)"
+        )
         _throughput(cfg, console)
-        subprocess.run([sys.executable, "-m", "cli", "txn", "list", "--config", str(config_path),
-                        "--limit", "12"], check=False, env={**os.environ, "COLUMNS": "200"})
+        subprocess.run(
+            [sys.executable, "-m", "cli", "txn", "list", "--config", str(config_path), "--limit", "12"],
+            check=False,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         ok = _verify(cfg, console)
     console.print("[bold]stopped[/]: coordinator, participant job and the embedded stack")
     return 0 if ok else 1
@@ -157,20 +174,24 @@ def run(args: argparse.Namespace) -> int:
 
 def _prepare(cfg: PipelineConfig, partitions: int, console: Console) -> None:
     admin = KafkaClientFactory(cfg).admin()
-    kafka_clients.create_topics(admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1,
-                                        cfg.dead_letter_topic: 1})
+    kafka_clients.create_topics(
+        admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1, cfg.dead_letter_topic: 1}
+    )
     client = make_client(msgspec.structs.replace(cfg.clickhouse, database="default"))
     client.command("CREATE DATABASE IF NOT EXISTS demo")
     client.command(TARGET_DDL)
     LedgerStore(client, cfg.clickhouse.database, cfg.name).ensure_tables()
-    console.print(f"[bold]created[/]: topic {cfg.pipeline.topics[0]} ({partitions} partitions), "
-                  f"table demo.events with _topic/_partition/_offset, ledger demo.chtxn_ledger")
+    console.print(
+        f"[bold]created[/]: topic {cfg.pipeline.topics[0]} ({partitions} partitions), "
+        f"table demo.events with _topic/_partition/_offset, ledger demo.chtxn_ledger"
+    )
 
 
 def _produce(cfg: PipelineConfig, count: int, console: Console) -> int:
     producer = KafkaClientFactory(cfg).producer(**{"linger.ms": 20, "batch.size": 1_000_000})
-    with Progress(TextColumn("producing events"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(
+        TextColumn("producing events"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
         task = progress.add_task("produce", total=count)
         for i, value in events(count):
             while True:
@@ -188,12 +209,19 @@ def _produce(cfg: PipelineConfig, count: int, console: Console) -> int:
     return count
 
 
-def _follow(cfg: PipelineConfig, produced: int, procs: list[subprocess.Popen], timeout: float,
-            console: Console, work: Path) -> float:
+def _follow(
+    cfg: PipelineConfig, produced: int, procs: list[subprocess.Popen], timeout: float, console: Console, work: Path
+) -> float:
     client = make_client(cfg.clickhouse)
     started = time.monotonic()
-    with Progress(TextColumn("rows committed"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[rate]}"), console=console) as progress:
+    with Progress(
+        TextColumn("rows committed"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[rate]}"),
+        console=console,
+    ) as progress:
         task = progress.add_task("commit", total=produced, rate="")
         committed = 0
         while committed < produced:
@@ -202,7 +230,9 @@ def _follow(cfg: PipelineConfig, produced: int, procs: list[subprocess.Popen], t
                     tail = (work / f"{name}.log").read_text()[-3000:]
                     raise ChtxnError(f"the {name} exited with code {proc.returncode}:\n{tail}")
             if time.monotonic() - started > timeout:
-                raise ChtxnError(f"only {committed:,} of {produced:,} rows committed after {timeout:g} s; logs in {work}")
+                raise ChtxnError(
+                    f"only {committed:,} of {produced:,} rows committed after {timeout:g} s; logs in {work}"
+                )
             committed = int(client.command("SELECT count() FROM demo.events"))  # type: ignore[arg-type]  # count(): an int
             elapsed = time.monotonic() - started
             progress.update(task, completed=committed, rate=f"{committed / elapsed:,.0f} rows/s")
@@ -221,22 +251,34 @@ def _throughput(cfg: PipelineConfig, console: Console) -> None:
     rows = sum(t.total_rows for t in data)
     commit_ms = sorted(t.commit_ms for t in data if t.commit_ms is not None)
     p50 = commit_ms[len(commit_ms) // 2] if commit_ms else float("nan")
-    console.print(f"[bold]throughput[/]: {rows:,} rows in {len(data)} transactions over {last - first:.2f} s "
-                  f"= [bold]{rows / max(last - first, 1e-9):,.0f} rows/s[/] (first START to last commit); "
-                  f"commit latency END->commit p50 {p50:.0f} ms")
+    console.print(
+        f"[bold]throughput[/]: {rows:,} rows in {len(data)} transactions over {last - first:.2f} s "
+        f"= [bold]{rows / max(last - first, 1e-9):,.0f} rows/s[/] (first START to last commit); "
+        f"commit latency END->commit p50 {p50:.0f} ms"
+    )
 
 
 def _verify(cfg: PipelineConfig, console: Console) -> bool:
     client = make_client(cfg.clickhouse)
     ledger = LedgerHistory(client, cfg.clickhouse.database, cfg.name)
-    report = verify_deep(client, cfg.clickhouse.database, cfg.clickhouse.target_table, ledger.commits(),
-                         dead_letter_offsets(cfg), ledger.audit())
+    report = verify_deep(
+        client,
+        cfg.clickhouse.database,
+        cfg.clickhouse.target_table,
+        ledger.commits(),
+        dead_letter_offsets(cfg),
+        ledger.audit(),
+    )
     for check in report.partitions:
-        console.print(f"  {check.topic}-{check.partition}: offsets [{check.committed_from}, {check.committed_to}) "
-                      f"-> {check.rows:,} rows, {check.duplicates} duplicates, {check.outside} outside")
+        console.print(
+            f"  {check.topic}-{check.partition}: offsets [{check.committed_from}, {check.committed_to}) "
+            f"-> {check.rows:,} rows, {check.duplicates} duplicates, {check.outside} outside"
+        )
     if report.ok:
-        console.print(f"[bold green]exactly-once check passed[/]: {report.rows_in_target:,} rows, every committed "
-                      "offset exactly once, nothing else")
+        console.print(
+            f"[bold green]exactly-once check passed[/]: {report.rows_in_target:,} rows, every committed "
+            "offset exactly once, nothing else"
+        )
     else:
         for anomaly in report.anomalies:
             console.print(f"[red]anomaly[/]: {anomaly}")

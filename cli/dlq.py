@@ -86,12 +86,23 @@ def run_list(args: argparse.Namespace) -> int:
     which = "latest" if args.from_end else "oldest"
     table = Table(title=f"{which} {len(letters)} letters in {cfg.dead_letter_topic}")
     for column in ("#", "topic", "partition", "offset", "txn", "slot", "code", "error"):
-        table.add_column(column, justify="right" if column in ("partition", "offset", "slot", "code") else "left",
-                         no_wrap=column != "error")
+        table.add_column(
+            column,
+            justify="right" if column in ("partition", "offset", "slot", "code") else "left",
+            no_wrap=column != "error",
+        )
     for x in letters:
         error = x.error if len(x.error) <= ERROR_CHARS else x.error[: ERROR_CHARS - 3] + "..."
-        table.add_row(_where(x), x.topic, str(x.partition), str(x.offset), x.txn, str(x.commit_seq or ""),
-                      str(x.error_code), escape(error))
+        table.add_row(
+            _where(x),
+            x.topic,
+            str(x.partition),
+            str(x.offset),
+            x.txn,
+            str(x.commit_seq or ""),
+            str(x.error_code),
+            escape(error),
+        )
     console.print(table)
     return 0
 
@@ -118,8 +129,10 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     console = _console()
     if len(letters) > 1:
-        console.print(f"[yellow]{len(letters)} letters for {what}[/] (a publish cut short on a broker that shows "
-                      "aborted records, or the source topic was read again from scratch)")
+        console.print(
+            f"[yellow]{len(letters)} letters for {what}[/] (a publish cut short on a broker that shows "
+            "aborted records, or the source topic was read again from scratch)"
+        )
     for x in letters:
         _print_letter(console, x)
     return 0
@@ -145,15 +158,26 @@ def _time(ms: int) -> str:
 
 def _summary(x: PublishedLetter) -> dict[str, object]:
     return {
-        "position": _where(x), "dlq_partition": x.dlq_partition, "dlq_offset": x.dlq_offset,
-        "topic": x.topic, "partition": x.partition, "offset": x.offset, "txn": x.txn, "commit_seq": x.commit_seq,
-        "error_code": x.error_code, "error": x.error, "timestamp_ms": x.timestamp_ms or None,
+        "position": _where(x),
+        "dlq_partition": x.dlq_partition,
+        "dlq_offset": x.dlq_offset,
+        "topic": x.topic,
+        "partition": x.partition,
+        "offset": x.offset,
+        "txn": x.txn,
+        "commit_seq": x.commit_seq,
+        "error_code": x.error_code,
+        "error": x.error,
+        "timestamp_ms": x.timestamp_ms or None,
     }
 
 
 def _contents(x: PublishedLetter) -> dict[str, object]:
     return {
-        "pipeline": x.pipeline, **_bytes("key", x.key), **_bytes("value", x.value), "tombstone": x.value is None,
+        "pipeline": x.pipeline,
+        **_bytes("key", x.key),
+        **_bytes("value", x.value),
+        "tombstone": x.value is None,
         "headers": [{"name": name, **_bytes("value", raw)} for name, raw in x.headers],
     }
 
@@ -180,9 +204,13 @@ def _print_letter(console: Console, x: PublishedLetter) -> None:
     for name, value in (
         ("position", f"{_where(x)} of the dead-letter topic"),
         ("source", f"{x.topic} partition {x.partition} offset {x.offset}"),
-        ("record time", _time(x.timestamp_ms)), ("pipeline", x.pipeline), ("txn", x.txn),
-        ("commit slot", str(x.commit_seq or "-")), ("error code", str(x.error_code) + (" (found by chtxn)" if not x.error_code else "")),
-        ("error", escape(x.error)), ("key", _shown(x.key)),
+        ("record time", _time(x.timestamp_ms)),
+        ("pipeline", x.pipeline),
+        ("txn", x.txn),
+        ("commit slot", str(x.commit_seq or "-")),
+        ("error code", str(x.error_code) + (" (found by chtxn)" if not x.error_code else "")),
+        ("error", escape(x.error)),
+        ("key", _shown(x.key)),
         ("value", _shown(x.value) + (" (a tombstone)" if x.value is None else "")),
     ):
         facts.add_row(name, value)

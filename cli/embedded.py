@@ -32,35 +32,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="embedded_command", metavar="SUBCOMMAND", required=True)
 
     up = commands.add_parser(
-        "up", help="start the stack in the background", formatter_class=_FORMATTER,
+        "up",
+        help="start the stack in the background",
+        formatter_class=_FORMATTER,
         description="Start the broker and the ClickHouse endpoint unless they already run. A taken "
         "port moves to a free one (the output says so). Kafka data lives in memory and is gone "
         "after `down`; ClickHouse data stays in DATA_DIR/clickhouse.",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
-        "  eval \"$(chtxn embedded up --env)\"   # start it and point this shell's chtxn at it",
+        '  eval "$(chtxn embedded up --env)"   # start it and point this shell\'s chtxn at it',
     )
     _data_dir_arg(up)
     up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
-    up.add_argument("--clickhouse-port", type=int, default=8123,
-                    help="ClickHouse HTTP port (default 8123; 0: any free port)")
+    up.add_argument(
+        "--clickhouse-port", type=int, default=8123, help="ClickHouse HTTP port (default 8123; 0: any free port)"
+    )
     output = up.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the addresses as JSON, for scripts")
-    output.add_argument("--env", action="store_true",
-                        help="print only `export CHTXN_...=...` lines, for eval in a shell")
+    output.add_argument(
+        "--env", action="store_true", help="print only `export CHTXN_...=...` lines, for eval in a shell"
+    )
     up.set_defaults(func=run_up)
 
     down = commands.add_parser(
-        "down", help="stop the stack started by `up`", formatter_class=_FORMATTER,
+        "down",
+        help="stop the stack started by `up`",
+        formatter_class=_FORMATTER,
         description="Stop the servers `up` started from this data directory, and nothing else.",
         epilog="Example: chtxn embedded down --purge",
     )
     _data_dir_arg(down)
-    down.add_argument("--purge", action="store_true",
-                      help="also delete the ClickHouse data and logs the stack wrote in DATA_DIR")
+    down.add_argument(
+        "--purge", action="store_true", help="also delete the ClickHouse data and logs the stack wrote in DATA_DIR"
+    )
     down.set_defaults(func=run_down)
 
     status = commands.add_parser(
-        "status", help="show what runs", formatter_class=_FORMATTER,
+        "status",
+        help="show what runs",
+        formatter_class=_FORMATTER,
         description="Show the servers `up` started from this data directory: running or not, "
         "answering or not, addresses, pids, logs. Exits 1 unless everything runs and answers.",
         epilog="Example: chtxn embedded status --json",
@@ -71,8 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _data_dir_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=daemon.DEFAULT_DATA_DIR,
-                        help=f"where the stack keeps its data, logs and state (default {daemon.DEFAULT_DATA_DIR})")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=daemon.DEFAULT_DATA_DIR,
+        help=f"where the stack keeps its data, logs and state (default {daemon.DEFAULT_DATA_DIR})",
+    )
 
 
 def _env(state: daemon.StackState) -> dict[str, str]:
@@ -88,16 +101,21 @@ def run_up(args: argparse.Namespace) -> int:
     result = daemon.up(args.data_dir, kafka_port=args.kafka_port, clickhouse_port=args.clickhouse_port)
     state = result.state
     if args.json:
-        print(json.dumps({
-            "already_up": result.already_up,
-            "started": result.started,
-            "notes": result.notes,
-            "data_dir": state.data_dir,
-            "kafka_bootstrap": state.components["kafka"].address,
-            "clickhouse_url": state.components["clickhouse"].address,
-            "env": _env(state),
-            "components": {name: _component_json(c) for name, c in state.components.items()},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "already_up": result.already_up,
+                    "started": result.started,
+                    "notes": result.notes,
+                    "data_dir": state.data_dir,
+                    "kafka_bootstrap": state.components["kafka"].address,
+                    "clickhouse_url": state.components["clickhouse"].address,
+                    "env": _env(state),
+                    "components": {name: _component_json(c) for name, c in state.components.items()},
+                },
+                indent=2,
+            )
+        )
         return 0
     if args.env:
         print("".join(f"export {key}={value}\n" for key, value in _env(state).items()), end="")
@@ -122,11 +140,11 @@ def run_up(args: argparse.Namespace) -> int:
         + "".join(f"  export {key}={value}\n" for key, value in _env(state).items())
         + "\nUse it from Python:\n"
         "  from confluent_kafka import Producer, Consumer\n"
-        f"  producer = Producer({{\"bootstrap.servers\": \"{bootstrap}\"}})\n"
-        "  producer.produce(\"demo\", b'{\"id\": 1}'); producer.flush()\n"
+        f'  producer = Producer({{"bootstrap.servers": "{bootstrap}"}})\n'
+        '  producer.produce("demo", b\'{"id": 1}\'); producer.flush()\n'
         "  import clickhouse_connect\n"
-        f"  client = clickhouse_connect.get_client(host=\"{state.host}\", port={ch.port})\n"
-        "  client.query(\"SELECT version()\").result_rows\n"
+        f'  client = clickhouse_connect.get_client(host="{state.host}", port={ch.port})\n'
+        '  client.query("SELECT version()").result_rows\n'
         "\nStop it with: chtxn embedded down"
         + ("" if args.data_dir == daemon.DEFAULT_DATA_DIR else f" --data-dir {args.data_dir}")
         + "  (Kafka data lives in memory and is gone after `down`)",
@@ -148,18 +166,23 @@ def run_down(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     statuses = daemon.status(args.data_dir)
-    healthy = bool(statuses) and len(statuses) == len(daemon.COMPONENTS) and all(
-        s.running and s.answering for s in statuses
+    healthy = (
+        bool(statuses) and len(statuses) == len(daemon.COMPONENTS) and all(s.running and s.answering for s in statuses)
     )
     if args.json:
-        print(json.dumps({
-            "data_dir": str(Path(args.data_dir).resolve()),
-            "up": healthy,
-            "components": {
-                s.name: {**_component_json(s.state), "running": s.running, "answering": s.answering}
-                for s in statuses
-            },
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "data_dir": str(Path(args.data_dir).resolve()),
+                    "up": healthy,
+                    "components": {
+                        s.name: {**_component_json(s.state), "running": s.running, "answering": s.answering}
+                        for s in statuses
+                    },
+                },
+                indent=2,
+            )
+        )
         return 0 if healthy else 1
     if not statuses:
         print(f"not running: no embedded stack recorded in {args.data_dir} (start it with `chtxn embedded up`)")
@@ -168,8 +191,13 @@ def run_status(args: argparse.Namespace) -> int:
     for column in ("server", "state", "address", "pid", "started", "log"):
         table.add_column(column, no_wrap=True)
     for s in statuses:
-        state = ("[green]running[/green]" if s.answering
-                 else "[yellow]running, not answering[/yellow]" if s.running else "[red]stopped[/red]")
+        state = (
+            "[green]running[/green]"
+            if s.answering
+            else "[yellow]running, not answering[/yellow]"
+            if s.running
+            else "[red]stopped[/red]"
+        )
         table.add_row(daemon.TITLES[s.name], state, s.state.address, str(s.state.pid), s.state.started_at, s.state.log)
     _console().print(table)
     if not healthy:
@@ -183,5 +211,10 @@ def _console() -> Console:
 
 
 def _component_json(component: daemon.ComponentState) -> dict[str, object]:
-    return {"address": component.address, "port": component.port, "pid": component.pid,
-            "log": component.log, "started_at": component.started_at}
+    return {
+        "address": component.address,
+        "port": component.port,
+        "pid": component.pid,
+        "log": component.log,
+        "started_at": component.started_at,
+    }

@@ -54,8 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="pipeline TOML file")
-    parser.add_argument("--timeout", type=float, default=kafka_clients.DEFAULT_TIMEOUT_S,
-                        help="seconds to wait for the Kafka broker (default %(default)g)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=kafka_clients.DEFAULT_TIMEOUT_S,
+        help="seconds to wait for the Kafka broker (default %(default)g)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -88,14 +92,22 @@ def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: l
     for topic in cfg.pipeline.topics:
         found = topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
-            message = (f"source topic {topic} does not exist on {bootstrap}: create it (e.g. kafka-topics.sh "
-                       f"--create --topic {topic} --partitions N) or fix pipeline.topics")
+            message = (
+                f"source topic {topic} does not exist on {bootstrap}: create it (e.g. kafka-topics.sh "
+                f"--create --topic {topic} --partitions N) or fix pipeline.topics"
+            )
             items.append(Item(kind="kafka topic", name=topic, status="missing", detail="source topic"))
             problems.append(message)
             continue
         widest = max(widest, len(found.partitions))
-        items.append(Item(kind="kafka topic", name=topic, status="found",
-                          detail=f"source topic, {len(found.partitions)} partitions"))
+        items.append(
+            Item(
+                kind="kafka topic",
+                name=topic,
+                status="found",
+                detail=f"source topic, {len(found.partitions)} partitions",
+            )
+        )
 
     wanted = {cfg.control_topic: 1, cfg.dead_letter_topic: widest}
     try:
@@ -105,16 +117,27 @@ def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: l
         return
     try:
         kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
-        control = Item(kind="kafka topic", name=cfg.control_topic,
-                       status="created" if created[cfg.control_topic] else "found", detail="control topic, 1 partition")
+        control = Item(
+            kind="kafka topic",
+            name=cfg.control_topic,
+            status="created" if created[cfg.control_topic] else "found",
+            detail="control topic, 1 partition",
+        )
     except SetupError as exc:
         control = Item(kind="kafka topic", name=cfg.control_topic, status="wrong", detail="control topic")
         problems.append(str(exc))
     items.append(control)
-    dlq_partitions = len(kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics[cfg.dead_letter_topic].partitions)
-    items.append(Item(kind="kafka topic", name=cfg.dead_letter_topic,
-                      status="created" if created[cfg.dead_letter_topic] else "found",
-                      detail=f"dead-letter topic, {dlq_partitions} partitions"))
+    dlq_partitions = len(
+        kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics[cfg.dead_letter_topic].partitions
+    )
+    items.append(
+        Item(
+            kind="kafka topic",
+            name=cfg.dead_letter_topic,
+            status="created" if created[cfg.dead_letter_topic] else "found",
+            detail=f"dead-letter topic, {dlq_partitions} partitions",
+        )
+    )
 
 
 def _clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> None:
@@ -124,30 +147,52 @@ def _clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> 
     except ClickHouseError as exc:
         if exc.code == _UNKNOWN_DATABASE:
             items.append(Item(kind="clickhouse database", name=ch.database, status="missing"))
-            problems.append(f"ClickHouse database {ch.database} does not exist at {ch.url}: create it "
-                            f"(CREATE DATABASE {ch.database}) and the target table {ch.target_table} in it")
+            problems.append(
+                f"ClickHouse database {ch.database} does not exist at {ch.url}: create it "
+                f"(CREATE DATABASE {ch.database}) and the target table {ch.target_table} in it"
+            )
         else:
             items.append(Item(kind="clickhouse database", name=ch.url, status="unreachable", detail=str(exc)))
             problems.append(str(exc))
         return
     items.append(Item(kind="clickhouse database", name=ch.database, status="found"))
     try:
-        exists = retrying(3, "check the target table")(client.command, f"EXISTS TABLE `{ch.database}`.`{ch.target_table}`")
+        exists = retrying(3, "check the target table")(
+            client.command, f"EXISTS TABLE `{ch.database}`.`{ch.target_table}`"
+        )
         target_exists = int(exists) == 1
         if target_exists:
-            items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ch.target_table}", status="found",
-                              detail="target table"))
+            items.append(
+                Item(
+                    kind="clickhouse table",
+                    name=f"{ch.database}.{ch.target_table}",
+                    status="found",
+                    detail="target table",
+                )
+            )
         else:
-            items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ch.target_table}", status="missing",
-                              detail="target table"))
+            items.append(
+                Item(
+                    kind="clickhouse table",
+                    name=f"{ch.database}.{ch.target_table}",
+                    status="missing",
+                    detail="target table",
+                )
+            )
             problems.append(
                 f"target table {ch.database}.{ch.target_table} does not exist: create it (CREATE TABLE "
                 f"{ch.database}.{ch.target_table} (...) ENGINE = MergeTree ORDER BY ...) or fix "
                 "clickhouse.target_table; chtxn stages into clones of it"
             )
         created = LedgerStore(client, ch.database, cfg.name, retries=3).ensure_tables()
-        items.append(Item(kind="clickhouse table", name=f"{ch.database}.{ledger.TABLE}",
-                          status="created" if created else "found", detail="ledger"))
+        items.append(
+            Item(
+                kind="clickhouse table",
+                name=f"{ch.database}.{ledger.TABLE}",
+                status="created" if created else "found",
+                detail="ledger",
+            )
+        )
     except ClickHouseError as exc:
         problems.append(str(exc))
     finally:

@@ -61,6 +61,7 @@ FORMAT = 1
 
 Progress = Callable[[str], None]
 
+
 @dataclass(frozen=True)
 class EnvironmentSpec:
     """Everything an archive is built from; :meth:`digest` names it in the cache."""
@@ -139,7 +140,9 @@ def archive_path(spec: EnvironmentSpec, cache_dir: Path) -> Path:
     return cache_dir / f"chtxn-executor-env-{spec.digest()}.tar.gz"
 
 
-def ensure_archive(cache_dir: Path, *, python: str | None = None, progress: Progress | None = None) -> tuple[Path, bool]:
+def ensure_archive(
+    cache_dir: Path, *, python: str | None = None, progress: Progress | None = None
+) -> tuple[Path, bool]:
     """The archive for this launcher in ``cache_dir``, built when missing: ``(path, built now)``."""
     spec = executor_spec(python)
     target = archive_path(spec, cache_dir)
@@ -155,8 +158,10 @@ def build(spec: EnvironmentSpec, target: Path, progress: Progress) -> None:
 
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
-    progress(f"building the executors' Python environment ({len(spec.distributions)} distributions, "
-             f"{len(spec.sources)} project files) into {target}")
+    progress(
+        f"building the executors' Python environment ({len(spec.distributions)} distributions, "
+        f"{len(spec.sources)} project files) into {target}"
+    )
     with tempfile.TemporaryDirectory(prefix="chtxn-env-", dir=target.parent) as scratch:
         prefix = Path(scratch) / "env"
         venv.EnvBuilder(with_pip=False, symlinks=True).create(prefix)
@@ -195,8 +200,10 @@ def _link_python(prefix: Path, python: str) -> None:
 def _copy_distribution(dist: importlib.metadata.Distribution, site: Path) -> int:
     """Copy the installed files of ``dist`` that live in site-packages, bytecode left out; bytes copied."""
     if dist.files is None:
-        raise SetupError(f"{dist.metadata['Name']} has no RECORD of its files, so it cannot be shipped to the "
-                             "executors: reinstall it with pip")
+        raise SetupError(
+            f"{dist.metadata['Name']} has no RECORD of its files, so it cannot be shipped to the "
+            "executors: reinstall it with pip"
+        )
     copied = 0
     for file in dist.files:
         if file.parts[0] == ".." or "__pycache__" in file.parts or file.suffix == ".pyc":

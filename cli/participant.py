@@ -63,18 +63,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, help="pipeline TOML file")
     parser.add_argument("--master", default=None, help="Spark master URL (default: local[<tasks>,4])")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark property (repeatable)")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark property (repeatable)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the spark-submit command instead of running it")
-    parser.add_argument("--json", action="store_true",
-                        help="print the dry run as JSON: command, master, archive, executor_python (implies --dry-run)")
-    parser.add_argument("--cache-dir", default=None, metavar="DIR",
-                        help="where executor archives are built and kept (default: $CHTXN_CACHE_DIR, else "
-                        "$XDG_CACHE_HOME/chtxn or ~/.cache/chtxn)")
-    parser.add_argument("--executor-python", default=None, metavar="PATH",
-                        help="the CPython the executors run, a path on the cluster nodes, of this Python's minor "
-                        "version (default: the interpreter this Python's venv is based on)")
-    parser.add_argument("--startup-timeout", type=float, default=None, metavar="SECONDS",
-                        help="fail when not every task is running this long after a submission (default: 120)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the dry run as JSON: command, master, archive, executor_python (implies --dry-run)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="where executor archives are built and kept (default: $CHTXN_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/chtxn or ~/.cache/chtxn)",
+    )
+    parser.add_argument(
+        "--executor-python",
+        default=None,
+        metavar="PATH",
+        help="the CPython the executors run, a path on the cluster nodes, of this Python's minor "
+        "version (default: the interpreter this Python's venv is based on)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail when not every task is running this long after a submission (default: 120)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -85,14 +103,29 @@ def run(args: argparse.Namespace) -> int:
     if not is_local(master):
         cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
         archive, built = ensure_archive(cache_dir, python=args.executor_python, progress=_progress)
-    command = spark_submit_command(cfg, config_path=args.config, master=master, extra_conf=args.conf,
-                                   log_level=getattr(args, "log_level", "WARNING"), archive=archive,
-                                   startup_timeout_s=args.startup_timeout)
+    command = spark_submit_command(
+        cfg,
+        config_path=args.config,
+        master=master,
+        extra_conf=args.conf,
+        log_level=getattr(args, "log_level", "WARNING"),
+        archive=archive,
+        startup_timeout_s=args.startup_timeout,
+    )
     if args.dry_run or args.json:
         if args.json:
-            print(json.dumps({"command": command, "master": master, "archive": str(archive) if archive else None,
-                              "archive_built": built, "executor_python": EXECUTOR_PYTHON if archive else sys.executable},
-                             indent=2))
+            print(
+                json.dumps(
+                    {
+                        "command": command,
+                        "master": master,
+                        "archive": str(archive) if archive else None,
+                        "archive_built": built,
+                        "executor_python": EXECUTOR_PYTHON if archive else sys.executable,
+                    },
+                    indent=2,
+                )
+            )
         else:
             print(shlex.join(command))
         return 0
@@ -140,8 +173,14 @@ def default_master(cfg: PipelineConfig) -> str:
 
 
 def spark_submit_command(
-    cfg: PipelineConfig, *, config_path: str, master: str, extra_conf: Sequence[str] = (), log_level: str = "WARNING",
-    archive: Path | None = None, startup_timeout_s: float | None = None,
+    cfg: PipelineConfig,
+    *,
+    config_path: str,
+    master: str,
+    extra_conf: Sequence[str] = (),
+    log_level: str = "WARNING",
+    archive: Path | None = None,
+    startup_timeout_s: float | None = None,
 ) -> list[str]:
     """The spark-submit command line that runs ``participant/job.py`` for ``cfg``.
 
@@ -153,9 +192,14 @@ def spark_submit_command(
     conf = dict(_key_value(item) for item in extra_conf)
     command = [str(spark_submit()), "--master", master, "--name", f"chtxn-participant-{cfg.name}"]
     if is_local(master):
-        command += ["--py-files", str(py_files_zip()),
-                    "--conf", f"spark.pyspark.python={sys.executable}",
-                    "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+        command += [
+            "--py-files",
+            str(py_files_zip()),
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            "--conf",
+            f"spark.pyspark.driver.python={sys.executable}",
+        ]
     else:
         if archive is None:
             raise SetupError(f"master {master} runs executors elsewhere: they need the packed environment (archive)")
@@ -165,8 +209,13 @@ def spark_submit_command(
     command += ["--conf", "spark.speculation=false", "--conf", "spark.ui.showConsoleProgress=false"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    command += [str(Path(participant.job.__file__).resolve()), "--config", str(Path(config_path).resolve()),
-                "--log-level", log_level]
+    command += [
+        str(Path(participant.job.__file__).resolve()),
+        "--config",
+        str(Path(config_path).resolve()),
+        "--log-level",
+        log_level,
+    ]
     if startup_timeout_s is not None:
         command += ["--startup-timeout", f"{startup_timeout_s:g}"]
     return command

@@ -75,16 +75,27 @@ def collect(cfg: PipelineConfig, config_path: str) -> Status:
         for tp in partitions:
             _, high = consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10)
             committed = head.get(tp)
-            rows.append(PartitionStatus(
-                topic=tp.topic, partition=tp.partition, committed=committed, log_end=high,
-                lag=max(0, high - committed) if committed is not None else None, participant=holders.get(tp, ""),
-            ))
+            rows.append(
+                PartitionStatus(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    committed=committed,
+                    log_end=high,
+                    lag=max(0, high - committed) if committed is not None else None,
+                    participant=holders.get(tp, ""),
+                )
+            )
     finally:
         consumer.close()
     return Status(
-        pipeline=cfg.name, leader=leader, epoch=epoch, last_commit_seq=head_seq,
-        last_txn=latest[0].txn if latest else "", last_txn_state=latest[0].state if latest else "",
-        last_abort_reason=aborted.reason if aborted else "", partitions=tuple(rows),
+        pipeline=cfg.name,
+        leader=leader,
+        epoch=epoch,
+        last_commit_seq=head_seq,
+        last_txn=latest[0].txn if latest else "",
+        last_txn_state=latest[0].state if latest else "",
+        last_abort_reason=aborted.reason if aborted else "",
+        partitions=tuple(rows),
         healthy=bool(leader) and all(r.participant for r in rows),
     )
 
@@ -97,8 +108,9 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict[TopicPartition, str]]:
     whichever comes first. It never waits for an end-of-partition event, which a broker whose high
     watermark trails the log (Tansu) never sends while heartbeats keep coming.
     """
-    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(**{"group.id": naming.status_group(cfg.name),
-                                                                  "enable.partition.eof": True})
+    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(
+        **{"group.id": naming.status_group(cfg.name), "enable.partition.eof": True}
+    )
     try:
         control = KafkaTP(cfg.control_topic, 0)
         low, high = consumer.get_watermark_offsets(control, timeout=10)
@@ -139,16 +151,23 @@ def run(args: argparse.Namespace) -> int:
         print(msgspec.json.format(msgspec.json.encode(status)).decode())
         return 0 if status.healthy else 1
     console = Console()
-    console.print(f"pipeline [bold]{status.pipeline}[/]: leader {status.leader or '[red]none heard[/]'}; "
-                  f"highest epoch {status.epoch}; last commit slot {status.last_commit_seq}; "
-                  f"latest txn {status.last_txn or '-'} {status.last_txn_state}")
+    console.print(
+        f"pipeline [bold]{status.pipeline}[/]: leader {status.leader or '[red]none heard[/]'}; "
+        f"highest epoch {status.epoch}; last commit slot {status.last_commit_seq}; "
+        f"latest txn {status.last_txn or '-'} {status.last_txn_state}"
+    )
     if status.last_abort_reason:
         console.print(f"last abort: {status.last_abort_reason}")
     table = Table(title="source partitions")
     for column in ("partition", "committed", "log end", "lag", "participant"):
         table.add_column(column, justify="left" if column in ("partition", "participant") else "right")
     for p in status.partitions:
-        table.add_row(f"{p.topic}-{p.partition}", "-" if p.committed is None else str(p.committed), str(p.log_end),
-                      "-" if p.lag is None else str(p.lag), p.participant or "[red]none live[/]")
+        table.add_row(
+            f"{p.topic}-{p.partition}",
+            "-" if p.committed is None else str(p.committed),
+            str(p.log_end),
+            "-" if p.lag is None else str(p.lag),
+            p.participant or "[red]none live[/]",
+        )
     console.print(table)
     return 0 if status.healthy else 1

@@ -44,8 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     lister.add_argument("--config", required=True, help="pipeline TOML file")
     lister.add_argument("--limit", type=int, default=20, help="how many transactions (default 20)")
-    lister.add_argument("--state", type=str.upper, choices=ledger.STATE_PRECEDENCE,
-                        help="only transactions in this state")
+    lister.add_argument(
+        "--state", type=str.upper, choices=ledger.STATE_PRECEDENCE, help="only transactions in this state"
+    )
     lister.add_argument("--json", action="store_true", help="print JSON instead of a table")
     lister.set_defaults(func=run_list)
 
@@ -88,18 +89,40 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     if not summaries:
-        console.print(f"no transactions in the ledger of pipeline {cfg.name}"
-                      + (f" in state {args.state}" if args.state else ""))
+        console.print(
+            f"no transactions in the ledger of pipeline {cfg.name}" + (f" in state {args.state}" if args.state else "")
+        )
         return 0
     table = Table(title=f"transactions of {cfg.name}, newest first")
-    for column in ("txn", "state", "epoch", "slot", "rows", "partitions", "dead letters",
-                   "started (UTC)", "consume ms", "commit ms", "publish ms", "reason"):
+    for column in (
+        "txn",
+        "state",
+        "epoch",
+        "slot",
+        "rows",
+        "partitions",
+        "dead letters",
+        "started (UTC)",
+        "consume ms",
+        "commit ms",
+        "publish ms",
+        "reason",
+    ):
         table.add_column(column, justify="right" if column.endswith(("ms", "rows", "epoch", "slot")) else "left")
     for s in summaries:
         table.add_row(
-            s.txn, _state(s.state), str(s.epoch), str(s.commit_seq or ""), str(s.total_rows),
-            str(len(s.ranges)), str(s.dead_letters or ""), _time(s.started_at),
-            _num(s.consume_ms), _num(s.commit_ms), _num(s.publish_ms), s.reason,
+            s.txn,
+            _state(s.state),
+            str(s.epoch),
+            str(s.commit_seq or ""),
+            str(s.total_rows),
+            str(len(s.ranges)),
+            str(s.dead_letters or ""),
+            _time(s.started_at),
+            _num(s.consume_ms),
+            _num(s.commit_ms),
+            _num(s.publish_ms),
+            s.reason,
         )
     console.print(table)
     return 0
@@ -125,16 +148,27 @@ def _print_summary(console: Console, s: TxnSummary) -> None:
     facts.add_column(style="bold")
     facts.add_column()
     for name, value in (
-        ("txn", s.txn), ("state", _state(s.state)), ("epoch", str(s.epoch)),
-        ("commit slot", str(s.commit_seq or "-")), ("coordinator", s.coordinator),
-        ("target", s.target), ("stage table", s.stage_table),
-        ("rows", str(s.total_rows)), ("bytes", str(s.total_bytes)), ("dead letters", str(s.dead_letters)),
-        ("started", _time(s.started_at)), ("ended", _time(s.ended_at)),
-        ("committed", _time(s.committed_at)), ("published", _time(s.published_at)),
+        ("txn", s.txn),
+        ("state", _state(s.state)),
+        ("epoch", str(s.epoch)),
+        ("commit slot", str(s.commit_seq or "-")),
+        ("coordinator", s.coordinator),
+        ("target", s.target),
+        ("stage table", s.stage_table),
+        ("rows", str(s.total_rows)),
+        ("bytes", str(s.total_bytes)),
+        ("dead letters", str(s.dead_letters)),
+        ("started", _time(s.started_at)),
+        ("ended", _time(s.ended_at)),
+        ("committed", _time(s.committed_at)),
+        ("published", _time(s.published_at)),
         ("aborted", _time(s.aborted_at)),
-        ("consume", _ms(s.consume_ms)), ("commit", _ms(s.commit_ms)),
-        ("publish", _ms(s.publish_ms)), ("total", _ms(s.total_ms)),
-        ("reason", s.reason or "-"), ("events", " -> ".join(s.events)),
+        ("consume", _ms(s.consume_ms)),
+        ("commit", _ms(s.commit_ms)),
+        ("publish", _ms(s.publish_ms)),
+        ("total", _ms(s.total_ms)),
+        ("reason", s.reason or "-"),
+        ("events", " -> ".join(s.events)),
     ):
         facts.add_row(name, value)
     console.print(facts)
@@ -143,10 +177,14 @@ def _print_summary(console: Console, s: TxnSummary) -> None:
         for column in ("topic", "partition", "start", "end", "records", "rows staged"):
             parts.add_column(column, justify="left" if column == "topic" else "right")
         for r in s.ranges:
-            parts.add_row(r.topic, str(r.partition), str(r.start), str(r.end), str(max(0, r.end - r.start)), str(r.rows))
+            parts.add_row(
+                r.topic, str(r.partition), str(r.start), str(r.end), str(max(0, r.end - r.start)), str(r.rows)
+            )
         console.print(parts)
     for gap in s.gaps:
-        console.print(f"[yellow]gap[/]: {gap.topic}/{gap.partition} offsets {gap.start}..{gap.end - 1} were gone and skipped")
+        console.print(
+            f"[yellow]gap[/]: {gap.topic}/{gap.partition} offsets {gap.start}..{gap.end - 1} were gone and skipped"
+        )
 
 
 def _state(state: str) -> str:

@@ -41,9 +41,15 @@ def run(args: argparse.Namespace) -> int:
     report = None
     if args.deep:
         start, commits, _ = ledger.retained_chain()
-        report = verify_deep(make_client(cfg.clickhouse), cfg.clickhouse.database, cfg.clickhouse.target_table,
-                             commits, dead_letter_offsets(cfg), anomalies,
-                             checked_from={r.tp: r.end for r in start.ranges} if start else None)
+        report = verify_deep(
+            make_client(cfg.clickhouse),
+            cfg.clickhouse.database,
+            cfg.clickhouse.target_table,
+            commits,
+            dead_letter_offsets(cfg),
+            anomalies,
+            checked_from={r.tp: r.end for r in start.ranges} if start else None,
+        )
         anomalies = list(report.anomalies)
     ok = not anomalies
     if args.json:
@@ -55,9 +61,16 @@ def run(args: argparse.Namespace) -> int:
         for column in ("partition", "committed", "expected", "rows", "duplicates", "outside", "dead letters", "ok"):
             table.add_column(column, justify="right" if column not in ("partition", "committed") else "left")
         for c in report.partitions:
-            table.add_row(f"{c.topic}-{c.partition}", f"[{c.committed_from}, {c.committed_to})", str(c.expected_rows),
-                          str(c.rows), str(c.duplicates), str(c.outside), str(c.dead_letters),
-                          "[green]yes[/]" if c.ok else "[red]NO[/]")
+            table.add_row(
+                f"{c.topic}-{c.partition}",
+                f"[{c.committed_from}, {c.committed_to})",
+                str(c.expected_rows),
+                str(c.rows),
+                str(c.duplicates),
+                str(c.outside),
+                str(c.dead_letters),
+                "[green]yes[/]" if c.ok else "[red]NO[/]",
+            )
         console.print(table)
     for anomaly in anomalies:
         console.print(f"[red]anomaly:[/] {anomaly}")

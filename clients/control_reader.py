@@ -79,9 +79,16 @@ class ControlReader:
         for message in reader.read(500, timeout=0.05): ...
     """
 
-    def __init__(self, consumer: Consumer, topic: str, *, who: str = "",
-                 clock: Callable[[], float] = time.monotonic, wait_s: float = HOLE_WAIT_S,
-                 on_hole: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        topic: str,
+        *,
+        who: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        wait_s: float = HOLE_WAIT_S,
+        on_hole: Callable[[], None] | None = None,
+    ) -> None:
         self.consumer, self.topic, self.who, self.clock = consumer, topic, who, clock
         self.holes = Holes(wait_s=wait_s)
         self.on_hole = on_hole
@@ -112,8 +119,13 @@ class ControlReader:
         if self.holes.found > found and self.on_hole is not None:  # take() stops at the first hole
             self.on_hole()
         for first, after in self.holes.skipped[skipped:]:
-            log.warning("control topic offsets %d-%d never arrived within %g s: going on without them",
-                        first, after - 1, self.holes.wait_s, extra={"topic": self.topic})
+            log.warning(
+                "control topic offsets %d-%d never arrived within %g s: going on without them",
+                first,
+                after - 1,
+                self.holes.wait_s,
+                extra={"topic": self.topic},
+            )
         if again is not None:
             self.consumer.assign([KafkaTP(self.topic, 0, again)])  # drops what was fetched past it
         return [m for m in (messages[i] for i in deliver) if m is not None]

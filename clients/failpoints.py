@@ -49,7 +49,7 @@ POINTS: dict[str, str] = {
     "stage.mid-drop": "a published txn's tables are being dropped: the first is gone, the others are not",
     "participant.before-write-status": "a partition's chunks are staged; before its WRITE-STATUS is sent",
     "control.hide-record": "a control-topic record reaches a reader (who: <reader>/<kind>); `raise` hides it, as the "
-                           "embedded broker can, and the reader must read it again",
+    "embedded broker can, and the reader must read it again",
     "stage.before-insert": "a chunk is about to be inserted into the stage table",
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
 }

@@ -138,7 +138,11 @@ def create_topics(
     existed (its partition count is left as it is). Returns once the new topics show in metadata.
     """
     existing = cluster_metadata(client, timeout_s, bootstrap).topics
-    wanted = [NewTopic(name, num_partitions=n, replication_factor=-1) for name, n in partitions.items() if name not in existing]
+    wanted = [
+        NewTopic(name, num_partitions=n, replication_factor=-1)
+        for name, n in partitions.items()
+        if name not in existing
+    ]
     created = {name: False for name in partitions}
     if not wanted:
         return created
@@ -160,7 +164,9 @@ def _wait_visible(client: AdminClient, topics: list[str], timeout_s: float, boot
         visible = cluster_metadata(client, timeout_s, bootstrap).topics
         topics = [t for t in topics if t not in visible or not visible[t].partitions]
         if topics and time.monotonic() > deadline:
-            raise SetupError(f"created Kafka topics {topics} but they did not appear in metadata within {timeout_s:g} s")
+            raise SetupError(
+                f"created Kafka topics {topics} but they did not appear in metadata within {timeout_s:g} s"
+            )
         if topics:
             time.sleep(0.05)
 

@@ -22,8 +22,15 @@ class ControlChannel:
     starts again).
     """
 
-    def __init__(self, cfg: PipelineConfig, *, client_id: str, who: str = "",
-                 on_hole: Callable[[], None] | None = None, kafka: KafkaClientFactory | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        *,
+        client_id: str,
+        who: str = "",
+        on_hole: Callable[[], None] | None = None,
+        kafka: KafkaClientFactory | None = None,
+    ) -> None:
         self.cfg = cfg
         self.kafka = kafka or KafkaClientFactory(cfg)
         self.on_hole = on_hole  # called per hole in the control topic's offsets (``ControlReader``)
@@ -35,13 +42,24 @@ class ControlChannel:
 
     def open(self) -> None:
         kafka_clients.check_control_topic(self.kafka.admin(), self.topic)
-        self._reader = ControlReader(self.kafka.consumer(**{
-            "group.id": naming.control_reader_group(self.cfg.name), "enable.auto.commit": False,
-            "client.id": self.client_id, "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
-            "auto.offset.reset": "latest"}), self.topic, who=self.who, on_hole=self.on_hole)
+        self._reader = ControlReader(
+            self.kafka.consumer(
+                **{
+                    "group.id": naming.control_reader_group(self.cfg.name),
+                    "enable.auto.commit": False,
+                    "client.id": self.client_id,
+                    "fetch.wait.max.ms": self.cfg.kafka.control_fetch_wait_ms,
+                    "auto.offset.reset": "latest",
+                }
+            ),
+            self.topic,
+            who=self.who,
+            on_hole=self.on_hole,
+        )
         self._reader.assign(OFFSET_END)
-        self._producer = self.kafka.producer(**{
-            "client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True})
+        self._producer = self.kafka.producer(
+            **{"client.id": self.client_id, "linger.ms": 0, "acks": "all", "enable.idempotence": True}
+        )
 
     def close(self) -> None:
         if self._producer is not None:

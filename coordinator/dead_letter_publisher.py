@@ -75,8 +75,17 @@ def ensure_table(client: Any, database: str, *, replicated: bool = False, attemp
 class DeadLetterPublisher:
     """Publishes letters for one leader. The constructor does no I/O; ``close`` when done."""
 
-    def __init__(self, cfg: PipelineConfig, client: Any, ledger: LedgerStore, *, epoch: int, timeout_s: float = 30.0,
-                 retries: int = 8, kafka: KafkaClientFactory | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        client: Any,
+        ledger: LedgerStore,
+        *,
+        epoch: int,
+        timeout_s: float = 30.0,
+        retries: int = 8,
+        kafka: KafkaClientFactory | None = None,
+    ) -> None:
         self.cfg, self.client, self.ledger, self.epoch = cfg, client, ledger, epoch
         self.kafka = kafka or KafkaClientFactory(cfg)
         self.topic = cfg.dead_letter_topic
@@ -100,8 +109,10 @@ class DeadLetterPublisher:
 
     def _publish(self, txn: str, commit_seq: int) -> int:
         if self._newer is not None:
-            raise NewerLeader(f"the dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) stopped for good: "
-                              f"epoch {self._newer} leads")
+            raise NewerLeader(
+                f"the dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) stopped for good: "
+                f"epoch {self._newer} leads"
+            )
         # Dead-letter step 1: start (fencing any other publisher), read the marker
         self._start()
         if self._through is None:
@@ -137,28 +148,38 @@ class DeadLetterPublisher:
         newest = self.ledger.max_epoch()
         if newest > self.epoch:  # never fence a newer leader's publisher
             self._newer = newest
-            raise NewerLeader(f"the dead-letter publisher of {cfg.name} (epoch {self.epoch}) does not start: "
-                              f"epoch {newest} leads")
-        producer = self.kafka.producer(**{
-            "transactional.id": naming.dead_letter_transactional_id(cfg.name),
-            "client.id": f"chtxn-dlq-{cfg.coordinator_id}",
-        })
+            raise NewerLeader(
+                f"the dead-letter publisher of {cfg.name} (epoch {self.epoch}) does not start: epoch {newest} leads"
+            )
+        producer = self.kafka.producer(
+            **{
+                "transactional.id": naming.dead_letter_transactional_id(cfg.name),
+                "client.id": f"chtxn-dlq-{cfg.coordinator_id}",
+            }
+        )
         try:
             producer.init_transactions(self.timeout_s)
         except KafkaException as exc:
-            raise DeadLetterPublishError(f"cannot start the dead-letter publisher of {cfg.name}: {_reason(exc)}") from None
+            raise DeadLetterPublishError(
+                f"cannot start the dead-letter publisher of {cfg.name}: {_reason(exc)}"
+            ) from None
         self._producer = producer
         if self._marker_reader is None:
-            self._marker_reader = self.kafka.consumer(**{
-                "group.id": naming.dead_letter_marker_group(cfg.name), "isolation.level": "read_committed",
-            })
+            self._marker_reader = self.kafka.consumer(
+                **{
+                    "group.id": naming.dead_letter_marker_group(cfg.name),
+                    "isolation.level": "read_committed",
+                }
+            )
         self._through = None
 
     def _read_marker(self) -> int:
         try:
             [tp] = self._marker_reader.committed([KafkaTP(self.topic, 0)], timeout=self.timeout_s)
         except KafkaException as exc:
-            raise DeadLetterPublishError(f"cannot read the dead-letter marker of {self.cfg.name}: {_reason(exc)}") from None
+            raise DeadLetterPublishError(
+                f"cannot read the dead-letter marker of {self.cfg.name}: {_reason(exc)}"
+            ) from None
         if tp.error is not None:
             raise DeadLetterPublishError(f"cannot read the dead-letter marker of {self.cfg.name}: {tp.error}")
         return max(0, tp.offset)  # no commit yet: OFFSET_INVALID (-1001)
@@ -166,9 +187,12 @@ class DeadLetterPublisher:
     def _committed_with_letters(self, after: int, upto: int, txn: str) -> list[tuple[int, LedgerRow]]:
         """(slot, resolved COMMITTED row) of the slots in (after, upto] whose txn holds letters."""
         try:
-            rows = self._query("find unpublished committed txns holding dead letters",
-                               dead_letters.committed_with_letters_sql(self.cfg.clickhouse.database),
-                               after=after, upto=upto)
+            rows = self._query(
+                "find unpublished committed txns holding dead letters",
+                dead_letters.committed_with_letters_sql(self.cfg.clickhouse.database),
+                after=after,
+                upto=upto,
+            )
         except ClickHouseError as exc:
             if exc.code == UNKNOWN_TABLE:  # no letter was ever stored
                 return []
@@ -188,11 +212,16 @@ class DeadLetterPublisher:
 
     def _letters_of(self, row: LedgerRow) -> list[DeadLetter]:
         ranges = {(r.topic, r.partition): (r.start, r.end) for r in row.ranges}
-        rows = self._query(f"read the dead letters of {row.txn}",
-                           dead_letters.letters_sql(self.cfg.clickhouse.database), binary=True, txns=[row.txn])
+        rows = self._query(
+            f"read the dead letters of {row.txn}",
+            dead_letters.letters_sql(self.cfg.clickhouse.database),
+            binary=True,
+            txns=[row.txn],
+        )
         letters = [dead_letters.from_result_row(r) for r in rows]
         return [
-            letter for letter in letters
+            letter
+            for letter in letters
             if (span := ranges.get((letter.topic, letter.partition))) and span[0] <= letter.offset < span[1]
         ]
 
@@ -209,7 +238,9 @@ class DeadLetterPublisher:
                         break
                     except BufferError:  # the local queue is full: let it drain
                         if time.monotonic() > deadline:
-                            raise DeadLetterPublishError(f"the producer queue stayed full for {self.timeout_s:g} s") from None
+                            raise DeadLetterPublishError(
+                                f"the producer queue stayed full for {self.timeout_s:g} s"
+                            ) from None
                         producer.poll(0.1)
             marker = [KafkaTP(self.topic, 0, commit_seq)]
             producer.send_offsets_to_transaction(marker, self._marker_reader.consumer_group_metadata(), self.timeout_s)
@@ -223,9 +254,13 @@ class DeadLetterPublisher:
         if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FENCED):
             self._producer = None  # unusable: the next call makes a new one (dead-letter step 1 asks the ledger first)
             if error.code() in _FENCED:
-                return PublisherFenced(f"dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) fenced by "
-                                       f"another publisher: {error.str()}; the next publish asks the ledger who leads")
-            return DeadLetterPublishError(f"dead-letter producer failed for good ({error.str()}); a new one is made next time")
+                return PublisherFenced(
+                    f"dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) fenced by "
+                    f"another publisher: {error.str()}; the next publish asks the ledger who leads"
+                )
+            return DeadLetterPublishError(
+                f"dead-letter producer failed for good ({error.str()}); a new one is made next time"
+            )
         try:
             self._producer.abort_transaction(self.timeout_s)
         except KafkaException as abort:
@@ -240,8 +275,9 @@ class DeadLetterPublisher:
     def _query(self, what: str, sql: str, *, binary: bool = False, **params: Any) -> list[tuple]:
         """Rows of ``sql``; with ``binary``, String columns come back as bytes (keys, values, headers)."""
         parameters = {"pipeline": self.cfg.name, **params}
-        result = retrying(self.retries, what)(self.client.query, sql, parameters=parameters,
-                                              query_formats={"String": "bytes"} if binary else None)
+        result = retrying(self.retries, what)(
+            self.client.query, sql, parameters=parameters, query_formats={"String": "bytes"} if binary else None
+        )
         return list(result.result_rows)
 
 

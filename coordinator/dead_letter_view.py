@@ -29,13 +29,18 @@ def _order(letter: PublishedLetter) -> tuple:
 class DeadLetterReader:
     """Reads the dead-letter topic of ``cfg``; ``close`` when done."""
 
-    def __init__(self, cfg: PipelineConfig, *, timeout_s: float = 30.0,
-                 kafka: KafkaClientFactory | None = None) -> None:
+    def __init__(
+        self, cfg: PipelineConfig, *, timeout_s: float = 30.0, kafka: KafkaClientFactory | None = None
+    ) -> None:
         self.cfg, self.topic, self.timeout_s = cfg, cfg.dead_letter_topic, timeout_s
-        self.consumer: Any = (kafka or KafkaClientFactory(cfg)).consumer(**{
-            "group.id": naming.dead_letter_reader_group(cfg.name), "isolation.level": "read_committed",
-            "enable.partition.eof": True, "auto.offset.reset": "earliest",
-        })
+        self.consumer: Any = (kafka or KafkaClientFactory(cfg)).consumer(
+            **{
+                "group.id": naming.dead_letter_reader_group(cfg.name),
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            }
+        )
 
     def __enter__(self) -> DeadLetterReader:
         return self
@@ -86,7 +91,9 @@ class DeadLetterReader:
         try:
             return self.consumer.get_watermark_offsets(KafkaTP(self.topic, partition), timeout=self.timeout_s)
         except KafkaException as exc:
-            raise kafka_clients.BrokerUnreachable(f"cannot read the offsets of {self.topic}-{partition}: {exc}") from None
+            raise kafka_clients.BrokerUnreachable(
+                f"cannot read the offsets of {self.topic}-{partition}: {exc}"
+            ) from None
 
     def _tail(self, partition: int, low: int, high: int, limit: int) -> list[PublishedLetter]:
         """The last ``limit`` letters: read back from the end, further each time (markers take offsets)."""
@@ -125,8 +132,9 @@ class DeadLetterReader:
             self.consumer.unassign()
 
 
-def read_letters(cfg: PipelineConfig, *, limit: int | None = None, from_end: bool = False,
-                 timeout_s: float = 30.0) -> list[PublishedLetter]:
+def read_letters(
+    cfg: PipelineConfig, *, limit: int | None = None, from_end: bool = False, timeout_s: float = 30.0
+) -> list[PublishedLetter]:
     """Letters in the dead-letter topic of ``cfg`` (see ``DeadLetterReader.letters``)."""
     with DeadLetterReader(cfg, timeout_s=timeout_s) as reader:
         return reader.letters(limit=limit, from_end=from_end)

@@ -30,9 +30,13 @@ from protocol.coordinator_events import (
 
 #: Which lane runs each ClickHouse action (module docstring); others run on the loop.
 LANES: dict[type, str] = {
-    CountStage: "commit", Commit: "commit",
-    CreateStage: "stage", DropStage: "stage",
-    RecordStarted: "background", Publish: "background", AbortTxn: "background",
+    CountStage: "commit",
+    Commit: "commit",
+    CreateStage: "stage",
+    DropStage: "stage",
+    RecordStarted: "background",
+    Publish: "background",
+    AbortTxn: "background",
 }
 
 
@@ -58,8 +62,10 @@ class Lanes:
         self.in_flight: dict[int, float] = {}  # lane actions running or queued: id -> submitted at
 
     def open(self) -> None:
-        self._pools = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"chtxn-{lane}-e{self.epoch}")
-                       for lane in sorted(set(LANES.values()))}
+        self._pools = {
+            lane: ThreadPoolExecutor(1, thread_name_prefix=f"chtxn-{lane}-e{self.epoch}")
+            for lane in sorted(set(LANES.values()))
+        }
 
     def submit(self, lane: str, action: Action, handler: Callable[[Any], Event | None], step: Any) -> None:
         """Run ``handler(action)`` on ``lane``, timed by ``step`` (a histogram); its outcome is

@@ -74,9 +74,19 @@ POLL_S, BUSY_POLL_S = 0.02, 0.005
 class Leader:
     """Leads one epoch until it steps down or is stopped. Returns the reason it stopped."""
 
-    def __init__(self, cfg: PipelineConfig, *, epoch: int, coordinator: str, control: ControlChannel,
-                 ledger: LedgerStore, stages: StageTables, metrics: CoordinatorMetrics,
-                 clock: Callable[[], float] = time.monotonic, kafka: KafkaClientFactory | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        *,
+        epoch: int,
+        coordinator: str,
+        control: ControlChannel,
+        ledger: LedgerStore,
+        stages: StageTables,
+        metrics: CoordinatorMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        kafka: KafkaClientFactory | None = None,
+    ) -> None:
         self.cfg = cfg
         self.epoch = epoch
         self.coordinator = coordinator
@@ -88,10 +98,15 @@ class Leader:
         self.kafka = kafka or KafkaClientFactory(cfg)
         self.retry = lambda what: retrying(cfg.coordinator.clickhouse_retries, what)
         tx = cfg.transaction
-        timing = Timing(interval_s=tx.interval_s, size_trigger_rows=tx.size_trigger_rows,
-                        write_status_timeout_s=tx.write_status_timeout_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
-        self.state = CoordinatorState(pipeline=cfg.name, epoch=epoch, coordinator=coordinator,
-                                      target=cfg.clickhouse.target_table, timing=timing)
+        timing = Timing(
+            interval_s=tx.interval_s,
+            size_trigger_rows=tx.size_trigger_rows,
+            write_status_timeout_s=tx.write_status_timeout_s,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+        )
+        self.state = CoordinatorState(
+            pipeline=cfg.name, epoch=epoch, coordinator=coordinator, target=cfg.clickhouse.target_table, timing=timing
+        )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._offsets: Any = None  # SourceOffsets, made by ``run``
         self._progress_at = clock()
@@ -99,23 +114,51 @@ class Leader:
         self._gap_check_due = False
         # No I/O until ``run``: the dead-letter publisher connects on its first publish.
         self._dead_letters = DeadLetterPublisher(cfg, stages.client, ledger, epoch=epoch, kafka=self.kafka)
-        self._publisher = TxnPublisher(cfg.name, coordinator=coordinator, stages=stages, ledger=ledger,
-                                       dead_letters=self._dead_letters, metrics=metrics, retry=self.retry)
-        self._actions = TxnActions(cfg, epoch=epoch, coordinator=coordinator, clock=clock, ledger=ledger,
-                                   stages=stages, metrics=metrics, retry=self.retry, publisher=self._publisher,
-                                   acked_at=self._ack_at, on_participant_error=self._check_gaps_soon)
+        self._publisher = TxnPublisher(
+            cfg.name,
+            coordinator=coordinator,
+            stages=stages,
+            ledger=ledger,
+            dead_letters=self._dead_letters,
+            metrics=metrics,
+            retry=self.retry,
+        )
+        self._actions = TxnActions(
+            cfg,
+            epoch=epoch,
+            coordinator=coordinator,
+            clock=clock,
+            ledger=ledger,
+            stages=stages,
+            metrics=metrics,
+            retry=self.retry,
+            publisher=self._publisher,
+            acked_at=self._ack_at,
+            on_participant_error=self._check_gaps_soon,
+        )
         #: The handler of each action the machine asks for (``StepDown`` and ``Stopped`` end ``_feed``).
         self._handlers: dict[type, Callable[[Any], Event | None]] = {
-            Broadcast: self._broadcast, CountStage: self._count_stage, Commit: self._commit,
-            CreateStage: self._actions.create_stage, DropStage: self._actions.drop_stage,
-            RecordStarted: self._actions.record_started, Publish: self._actions.publish, AbortTxn: self._actions.abort,
+            Broadcast: self._broadcast,
+            CountStage: self._count_stage,
+            Commit: self._commit,
+            CreateStage: self._actions.create_stage,
+            DropStage: self._actions.drop_stage,
+            RecordStarted: self._actions.record_started,
+            Publish: self._actions.publish,
+            AbortTxn: self._actions.abort,
         }
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> str:
-        lease = Lease(self.cfg, self.kafka, epoch=self.epoch, coordinator=self.coordinator, clock=self.clock,
-                      last_progress=self._last_progress)
+        lease = Lease(
+            self.cfg,
+            self.kafka,
+            epoch=self.epoch,
+            coordinator=self.coordinator,
+            clock=self.clock,
+            last_progress=self._last_progress,
+        )
         lease.start()
         admin = self.kafka.admin()
         self._offsets = SourceOffsets(self.cfg, admin, self.ledger, epoch=self.epoch, coordinator=self.coordinator)
@@ -135,9 +178,16 @@ class Leader:
             self._dead_letters.close()
 
     def _run(self, stop: threading.Event) -> str:
-        head_seq, head = take_over(self.cfg, epoch=self.epoch, coordinator=self.coordinator, ledger=self.ledger,
-                                   stages=self.stages, retry=self.retry, publish=self._publisher.publish,
-                                   progress=self._made_progress)
+        head_seq, head = take_over(
+            self.cfg,
+            epoch=self.epoch,
+            coordinator=self.coordinator,
+            ledger=self.ledger,
+            stages=self.stages,
+            retry=self.retry,
+            publish=self._publisher.publish,
+            progress=self._made_progress,
+        )
         failpoints.hit("leader.after-take-over", self.coordinator)
         partitions = self._offsets.partitions()
         initial = self._offsets.initial(partitions, head)
@@ -165,8 +215,10 @@ class Leader:
                 shutting, give_up_at = True, self.clock() + SHUTDOWN_GRACE_S
                 outcome = outcome or self._feed(Shutdown())
             if shutting and outcome is None and self.clock() >= give_up_at:
-                log.error("stopping without finishing: the next leader finishes what is left",
-                          extra={"waited_s": SHUTDOWN_GRACE_S, "txns": [t.id for t in self.state.txns]})
+                log.error(
+                    "stopping without finishing: the next leader finishes what is left",
+                    extra={"waited_s": SHUTDOWN_GRACE_S, "txns": [t.id for t in self.state.txns]},
+                )
                 return "stopped: gave up waiting for publishes and clean-ups"
             if self.clock() - listened_at <= fresh_s:  # Tick judges silence: only right after listening
                 outcome = outcome or self._feed(Tick())

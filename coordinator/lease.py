@@ -27,8 +27,16 @@ class Lease:
     ``start`` and ``stop``, while ``last_progress()`` (when the loop, or its oldest lane action,
     last made progress) is recent. The constructor does no I/O."""
 
-    def __init__(self, cfg: PipelineConfig, kafka: KafkaClientFactory, *, epoch: int, coordinator: str,
-                 clock: Callable[[], float], last_progress: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        kafka: KafkaClientFactory,
+        *,
+        epoch: int,
+        coordinator: str,
+        clock: Callable[[], float],
+        last_progress: Callable[[], float],
+    ) -> None:
         self.cfg, self.kafka, self.epoch, self.coordinator = cfg, kafka, epoch, coordinator
         self.clock, self.last_progress = clock, last_progress
         self._done = threading.Event()
@@ -55,8 +63,10 @@ class Lease:
                     except BufferError:
                         pass  # the broker is unreachable: the lease lapses, as it should
                 else:
-                    log.error("the leader loop is stuck; no longer heartbeating",
-                              extra={"stuck_s": round(self.clock() - progress_at, 1)})
+                    log.error(
+                        "the leader loop is stuck; no longer heartbeating",
+                        extra={"stuck_s": round(self.clock() - progress_at, 1)},
+                    )
                 producer.poll(0)
                 self._done.wait(interval)
         finally:

@@ -36,12 +36,18 @@ class LedgerHistory(LedgerStore):
             return []
         for since_ms in self._windows():
             picked = self._query(
-                "list txns", ledger.history_txns_sql(self._database),
-                limit=limit + _SLACK, state=(state or "").upper(), since_ms=since_ms,
+                "list txns",
+                ledger.history_txns_sql(self._database),
+                limit=limit + _SLACK,
+                state=(state or "").upper(),
+                since_ms=since_ms,
             )
             grouped = self._rows_of([r[0] for r in picked])
-            inside = [t for t, _, _ in picked
-                      if t in grouped and min(round(r.event_time * 1000) for r in grouped[t]) >= since_ms]
+            inside = [
+                t
+                for t, _, _ in picked
+                if t in grouped and min(round(r.event_time * 1000) for r in grouped[t]) >= since_ms
+            ]
             if len(inside) >= limit or since_ms == 0:
                 return [summarize(grouped[t]) for t in inside[:limit]]
         raise AssertionError("the last window takes every row")
@@ -95,6 +101,7 @@ class LedgerHistory(LedgerStore):
         sql = ledger_checkpoint.checkpoint_times_sql(self._database)
         times = [int(r[0]) for r in self._query("read checkpoint times", sql, limit=_WINDOW_STEPS[-1] + 1)]
         now_ms = self._wall_clock() * 1000
-        bounds = ({times[i] for i in _WINDOW_STEPS if i < len(times)}
-                  | {int(now_ms - age * 1000) for age in _WINDOW_AGES_S})
+        bounds = {times[i] for i in _WINDOW_STEPS if i < len(times)} | {
+            int(now_ms - age * 1000) for age in _WINDOW_AGES_S
+        }
         return [*sorted(bounds, reverse=True), 0]

@@ -22,7 +22,9 @@ def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason
 
     ranges = tuple(
         PartitionRange(
-            topic=tp.topic, partition=tp.partition, start=start,
+            topic=tp.topic,
+            partition=tp.partition,
+            start=start,
             end=txn.statuses[tp].end_offset if tp in txn.statuses else start,
             rows=txn.statuses[tp].rows if tp in txn.statuses else 0,
         )
@@ -30,13 +32,21 @@ def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason
     )
     now = time.time()
     return LedgerRow(
-        pipeline=leader.cfg.name, txn=txn.id, event=LedgerEvent(event), epoch=leader.epoch,
-        commit_seq=commit_seq, coordinator=leader.coordinator,
+        pipeline=leader.cfg.name,
+        txn=txn.id,
+        event=LedgerEvent(event),
+        epoch=leader.epoch,
+        commit_seq=commit_seq,
+        coordinator=leader.coordinator,
         claim_id=uuid.uuid4().hex if event == "COMMITTED" else "",
-        target=leader.cfg.clickhouse.target_table, stage_table=txn.stage_table, ranges=ranges,
-        total_rows=txn.rows, total_bytes=sum(ws.bytes for ws in txn.statuses.values()),
+        target=leader.cfg.clickhouse.target_table,
+        stage_table=txn.stage_table,
+        ranges=ranges,
+        total_rows=txn.rows,
+        total_bytes=sum(ws.bytes for ws in txn.statuses.values()),
         dead_letters=sum(ws.dead_letters for ws in txn.statuses.values()),
-        started_at=wall(txn.started_at), ended_at=wall(txn.ended_at),
+        started_at=wall(txn.started_at),
+        ended_at=wall(txn.ended_at),
         committed_at=now if event in ("COMMITTED", "PUBLISHED") else 0.0,
         published_at=now if event == "PUBLISHED" else 0.0,
         reason=reason,
@@ -46,31 +56,60 @@ def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason
 def published_from(committed: LedgerRow, *, epoch: int, coordinator: str) -> LedgerRow:
     """The PUBLISHED row of a COMMITTED txn rolled forward by a later leader."""
     return msgspec.structs.replace(
-        committed, event=LedgerEvent.PUBLISHED, epoch=epoch, coordinator=coordinator, claim_id="",
-        published_at=time.time(), event_time=0.0,
+        committed,
+        event=LedgerEvent.PUBLISHED,
+        epoch=epoch,
+        coordinator=coordinator,
+        claim_id="",
+        published_at=time.time(),
+        event_time=0.0,
     )
 
 
 def published_from_summary(summary: Any, *, pipeline: str, epoch: int, coordinator: str) -> LedgerRow:
     """The PUBLISHED row of a committed txn known only by its ledger summary."""
     return LedgerRow(
-        pipeline=pipeline, txn=summary.txn, event=LedgerEvent.PUBLISHED, epoch=epoch, commit_seq=summary.commit_seq,
-        coordinator=coordinator, target=summary.target, stage_table=summary.stage_table, ranges=summary.ranges,
-        total_rows=summary.total_rows, committed_at=summary.committed_at, published_at=time.time(),
+        pipeline=pipeline,
+        txn=summary.txn,
+        event=LedgerEvent.PUBLISHED,
+        epoch=epoch,
+        commit_seq=summary.commit_seq,
+        coordinator=coordinator,
+        target=summary.target,
+        stage_table=summary.stage_table,
+        ranges=summary.ranges,
+        total_rows=summary.total_rows,
+        committed_at=summary.committed_at,
+        published_at=time.time(),
     )
 
 
-def orphan_aborted(txn: str, stage_table: str, *, pipeline: str, target: str, epoch: int, coordinator: str) -> LedgerRow:
+def orphan_aborted(
+    txn: str, stage_table: str, *, pipeline: str, target: str, epoch: int, coordinator: str
+) -> LedgerRow:
     return LedgerRow(
-        pipeline=pipeline, txn=txn, event=LedgerEvent.ABORTED, epoch=epoch, coordinator=coordinator,
-        target=target, stage_table=stage_table, reason="orphan stage table dropped at take-over",
+        pipeline=pipeline,
+        txn=txn,
+        event=LedgerEvent.ABORTED,
+        epoch=epoch,
+        coordinator=coordinator,
+        target=target,
+        stage_table=stage_table,
+        reason="orphan stage table dropped at take-over",
     )
 
 
-def gap(tp: TopicPartition, head: int, low: int, *, pipeline: str, target: str, epoch: int, coordinator: str) -> LedgerRow:
+def gap(
+    tp: TopicPartition, head: int, low: int, *, pipeline: str, target: str, epoch: int, coordinator: str
+) -> LedgerRow:
     """Offsets ``[head, low)`` of ``tp`` were gone (retention) before they were committed."""
     return LedgerRow(
-        pipeline=pipeline, txn="", event=LedgerEvent.GAP, epoch=epoch, coordinator=coordinator, target=target,
+        pipeline=pipeline,
+        txn="",
+        event=LedgerEvent.GAP,
+        epoch=epoch,
+        coordinator=coordinator,
+        target=target,
         ranges=(PartitionRange(topic=tp.topic, partition=tp.partition, start=head, end=low),),
         reason=f"offsets {head}..{low - 1} of {tp.topic}-{tp.partition} gone before they were committed",
     )

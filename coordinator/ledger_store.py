@@ -87,11 +87,19 @@ class LedgerStore:
 
         A ledger made by an earlier version gets the skip indexes it lacks (idempotent)."""
         self._retry("create the dead-letter table")(
-            self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated))
+            self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated)
+        )
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
         if int(exists) == 1:
-            found = {r[0] for r in self._query("list the ledger's indexes", ledger.existing_indexes_sql(),
-                                               database=self._database, table=ledger.TABLE)}
+            found = {
+                r[0]
+                for r in self._query(
+                    "list the ledger's indexes",
+                    ledger.existing_indexes_sql(),
+                    database=self._database,
+                    table=ledger.TABLE,
+                )
+            }
             for name, _ in ledger.SKIP_INDEXES:
                 if name not in found:
                     for statement in ledger.add_index_sql(self._database, name):
@@ -124,8 +132,13 @@ class LedgerStore:
         means some commit landed in the slot first: read the head again, roll it forward, seal again.
         """
         row = LedgerRow(
-            pipeline=self._pipeline, txn=naming.seal_txn(epoch), event=LedgerEvent.COMMITTED, epoch=epoch,
-            commit_seq=head_seq + 1, coordinator=coordinator, reason="seal: a new leader fences older ones",
+            pipeline=self._pipeline,
+            txn=naming.seal_txn(epoch),
+            event=LedgerEvent.COMMITTED,
+            epoch=epoch,
+            commit_seq=head_seq + 1,
+            coordinator=coordinator,
+            reason="seal: a new leader fences older ones",
         )
         return self.claim_commit(row)
 
@@ -133,11 +146,17 @@ class LedgerStore:
         """Fix where never-committed ``tp`` starts; returns the offset that won (the first claim)."""
         return self.claim_initials({tp: offset}, epoch=epoch, coordinator=coordinator)[tp]
 
-    def claim_initials(self, offsets: dict[TopicPartition, int], *, epoch: int, coordinator: str) -> dict[TopicPartition, int]:
+    def claim_initials(
+        self, offsets: dict[TopicPartition, int], *, epoch: int, coordinator: str
+    ) -> dict[TopicPartition, int]:
         """``claim_initial`` of many partitions: one INITIAL row each, then one read of what won."""
         for tp, offset in offsets.items():
             row = LedgerRow(
-                pipeline=self._pipeline, txn="", event=LedgerEvent.INITIAL, epoch=epoch, coordinator=coordinator,
+                pipeline=self._pipeline,
+                txn="",
+                event=LedgerEvent.INITIAL,
+                epoch=epoch,
+                coordinator=coordinator,
                 ranges=(ledger.PartitionRange(topic=tp.topic, partition=tp.partition, start=offset, end=offset),),
             )
             token = naming.initial_token(self._pipeline, tp.topic, tp.partition)
@@ -154,7 +173,9 @@ class LedgerStore:
         be told apart from another claimer's if claimed twice.
         """
         if row.event is not LedgerEvent.COMMITTED or row.commit_seq < 1:
-            raise ValueError(f"claim_commit needs a COMMITTED row with commit_seq >= 1, got {row.event.value}/{row.commit_seq}")
+            raise ValueError(
+                f"claim_commit needs a COMMITTED row with commit_seq >= 1, got {row.event.value}/{row.commit_seq}"
+            )
         mine = msgspec.structs.replace(row, pipeline=self._pipeline, claim_id=row.claim_id or uuid.uuid4().hex)
         self._insert(mine, naming.commit_token(self._pipeline, row.commit_seq), f"claim commit slot {row.commit_seq}")
         winner = self.commit_at(row.commit_seq)
@@ -183,8 +204,12 @@ class LedgerStore:
         Returns its slot, or the latest checkpoint's when there is nothing new to summarise."""
         latest = self.latest_checkpoint()
         after = latest.commit_seq if latest else 0
-        slots = [int(r[0]) for r in self._query(
-            "read the commit slots", ledger_checkpoint.chain_slots_sql(self._database), after=after)]
+        slots = [
+            int(r[0])
+            for r in self._query(
+                "read the commit slots", ledger_checkpoint.chain_slots_sql(self._database), after=after
+            )
+        ]
         pending = [r.commit_seq for r in self.committed_unpublished(after=after)]
         through = ledger_checkpoint.settled_through(after, slots, pending)
         if through <= after:
@@ -199,16 +224,22 @@ class LedgerStore:
         """Delete the history older than the retention that no reader needs
         (``protocol.ledger_checkpoint``); returns the last slot whose rows are now gone (0: none)."""
         before_ms = int((self._wall_clock() - self._retention_s) * 1000)
-        horizon = self._query("find the expiry horizon", ledger_checkpoint.expiry_horizon_sql(self._database),
-                              before_ms=before_ms)
+        horizon = self._query(
+            "find the expiry horizon", ledger_checkpoint.expiry_horizon_sql(self._database), before_ms=before_ms
+        )
         if not horizon:
             return 0
         through, at_ms = int(horizon[0][0]), int(horizon[0][1])
         if through > self._expired_through:
-            self._command("expire old checkpoints", ledger_checkpoint.expire_checkpoints_sql(self._database),
-                          through=through)
-            self._command("expire old ledger rows", ledger_checkpoint.expire_rows_sql(self._database),
-                          through=through, before_ms=at_ms)
+            self._command(
+                "expire old checkpoints", ledger_checkpoint.expire_checkpoints_sql(self._database), through=through
+            )
+            self._command(
+                "expire old ledger rows",
+                ledger_checkpoint.expire_rows_sql(self._database),
+                through=through,
+                before_ms=at_ms,
+            )
             self._expired_through = through
         return through
 
@@ -220,8 +251,12 @@ class LedgerStore:
         if epoch < 1:
             raise ValueError(f"epochs start at 1, got {epoch}")
         mine = LedgerRow(
-            pipeline=self._pipeline, txn="", event=LedgerEvent.EPOCH, epoch=epoch,
-            coordinator=coordinator, claim_id=claim_id or uuid.uuid4().hex,
+            pipeline=self._pipeline,
+            txn="",
+            event=LedgerEvent.EPOCH,
+            epoch=epoch,
+            coordinator=coordinator,
+            claim_id=claim_id or uuid.uuid4().hex,
         )
         self._insert(mine, naming.epoch_token(self._pipeline, epoch), f"claim epoch {epoch}")
         winner = self._slot_winner(LedgerEvent.EPOCH, epoch)
@@ -244,8 +279,9 @@ class LedgerStore:
 
     def latest_checkpoint(self) -> LedgerRow | None:
         """The CHECKPOINT row of the highest slot, or None (a ledger without one reads from slot 1)."""
-        rows = self._query("read the latest checkpoint", ledger_checkpoint.checkpoints_sql(self._database, newest_first=True),
-                           limit=1)
+        rows = self._query(
+            "read the latest checkpoint", ledger_checkpoint.checkpoints_sql(self._database, newest_first=True), limit=1
+        )
         return ledger.from_result_row(rows[0]) if rows else None
 
     def epoch_owner(self, epoch: int) -> str | None:
@@ -263,8 +299,9 @@ class LedgerStore:
         offset: the latest checkpoint overlaid with the commits after it."""
         latest = self.latest_checkpoint()
         after = latest.commit_seq if latest else 0
-        rows = self._query("read the ledger head", ledger.head_sql(self._database), after=after,
-                           through=ALL_SLOTS["through"])
+        rows = self._query(
+            "read the ledger head", ledger.head_sql(self._database), after=after, through=ALL_SLOTS["through"]
+        )
         return ledger_checkpoint.overlay(latest, rows)
 
     def committed_unpublished(self, *, after: int | None = None) -> list[LedgerRow]:

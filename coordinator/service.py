@@ -33,8 +33,14 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 class CoordinatorService:
     """One replica. ``run(stop)`` returns when ``stop`` is set (after a clean shutdown)."""
 
-    def __init__(self, cfg: PipelineConfig, *, clock: Callable[[], float] = time.monotonic,
-                 metrics: CoordinatorMetrics | None = None, leader_class: type[Leader] = Leader) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: CoordinatorMetrics | None = None,
+        leader_class: type[Leader] = Leader,
+    ) -> None:
         self.cfg = cfg
         self.id = cfg.coordinator_id
         self.clock = clock
@@ -67,8 +73,13 @@ class CoordinatorService:
     def _run_once(self, stop: threading.Event) -> None:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
-        control = ControlChannel(self.cfg, client_id=f"chtxn-coordinator-{self.id}", who=self.id,
-                                 on_hole=self.metrics.control_holes.labels(self.cfg.name).inc, kafka=self.kafka)
+        control = ControlChannel(
+            self.cfg,
+            client_id=f"chtxn-coordinator-{self.id}",
+            who=self.id,
+            on_hole=self.metrics.control_holes.labels(self.cfg.name).inc,
+            kafka=self.kafka,
+        )
         control.open()
         try:
             watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
@@ -86,16 +97,26 @@ class CoordinatorService:
         finally:
             control.close()
 
-    def _lead(self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables,
-              stop: threading.Event) -> None:
+    def _lead(
+        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables, stop: threading.Event
+    ) -> None:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
         self.epoch = epoch
         self.leaderships += 1
         self.metrics.leader.labels(self.cfg.name).set(1)
         self.metrics.epoch.labels(self.cfg.name).set(epoch)
         try:
-            leader = self.leader_class(self.cfg, epoch=epoch, coordinator=self.id, control=control, ledger=ledger,
-                            stages=stages, metrics=self.metrics, clock=self.clock, kafka=self.kafka)
+            leader = self.leader_class(
+                self.cfg,
+                epoch=epoch,
+                coordinator=self.id,
+                control=control,
+                ledger=ledger,
+                stages=stages,
+                metrics=self.metrics,
+                clock=self.clock,
+                kafka=self.kafka,
+            )
             outcome = leader.run(stop)
             log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
         finally:
@@ -112,9 +133,19 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
     ch, co = cfg.clickhouse, cfg.coordinator
     renice = {"os_thread_priority": co.clickhouse_nice} if co.clickhouse_nice else {}
     client = make_client(ch, **renice)
-    ledger = LedgerStore(client, ch.database, cfg.name, checkpoint_every=co.ledger_checkpoint_every,
-                         retention_s=co.ledger_retention_days * 86400)
-    stages = StageTables(client, database=ch.database, target=ch.target_table, pipeline=cfg.name,
-                         publish_mode=cfg.transaction.publish_mode,
-                         copy_settings={"os_thread_priority": 0} if renice else {})
+    ledger = LedgerStore(
+        client,
+        ch.database,
+        cfg.name,
+        checkpoint_every=co.ledger_checkpoint_every,
+        retention_s=co.ledger_retention_days * 86400,
+    )
+    stages = StageTables(
+        client,
+        database=ch.database,
+        target=ch.target_table,
+        pipeline=cfg.name,
+        publish_mode=cfg.transaction.publish_mode,
+        copy_settings={"os_thread_priority": 0} if renice else {},
+    )
     return ledger, stages

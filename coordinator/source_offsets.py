@@ -95,15 +95,24 @@ class SourceOffsets:
         return [PartitionsChanged(tuple(partitions), initial)]
 
     def _gap(self, tp: TopicPartition, head: int, low: int) -> None:
-        message = (f"{tp.topic}-{tp.partition}: offsets {head}..{low - 1} are gone (retention) before they were "
-                   "committed")
+        message = (
+            f"{tp.topic}-{tp.partition}: offsets {head}..{low - 1} are gone (retention) before they were committed"
+        )
         if (tp, head, low) not in self._gaps_recorded:
-            self.ledger.append(ledger_rows.gap(tp, head, low, pipeline=self.cfg.name,
-                                               target=self.cfg.clickhouse.target_table,
-                                               epoch=self.epoch, coordinator=self.coordinator))
+            self.ledger.append(
+                ledger_rows.gap(
+                    tp,
+                    head,
+                    low,
+                    pipeline=self.cfg.name,
+                    target=self.cfg.clickhouse.target_table,
+                    epoch=self.epoch,
+                    coordinator=self.coordinator,
+                )
+            )
             self._gaps_recorded.add((tp, head, low))
         if self.cfg.pipeline.on_gap == "fail":
-            raise SetupError(f"{message}; set pipeline.on_gap = \"skip\" to go on from offset {low}")
+            raise SetupError(f'{message}; set pipeline.on_gap = "skip" to go on from offset {low}')
         log.error("gap skipped", extra={"topic": tp.topic, "partition": tp.partition, "from": head, "to": low})
 
     def watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
@@ -116,8 +125,9 @@ class SourceOffsets:
 
     def _list_offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
         try:
-            futures = self._admin.list_offsets({KafkaTP(tp.topic, tp.partition): spec for tp in tps},
-                                               request_timeout=10)
+            futures = self._admin.list_offsets(
+                {KafkaTP(tp.topic, tp.partition): spec for tp in tps}, request_timeout=10
+            )
             return {TopicPartition(topic=k.topic, partition=k.partition): f.result().offset for k, f in futures.items()}
         except KafkaException as exc:
             raise BrokerUnreachable(

@@ -86,9 +86,16 @@ class StageTables:
     does not.
     """
 
-    def __init__(self, client: Any, *, database: str, target: str, pipeline: str,
-                 publish_mode: Literal["move", "insert-select"] = "move",
-                 copy_settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        database: str,
+        target: str,
+        pipeline: str,
+        publish_mode: Literal["move", "insert-select"] = "move",
+        copy_settings: dict[str, Any] | None = None,
+    ) -> None:
         self.client = client
         self.copy_settings = copy_settings or {}
         self.database = database
@@ -132,7 +139,8 @@ class StageTables:
         staged = staged_sql(self._q(stage), per_partition=per_partition)
         try:
             rows = self.client.query(
-                f"{SHAPES_SQL} UNION ALL {staged}", parameters={"db": self.database, "names": [stage, self.target]},
+                f"{SHAPES_SQL} UNION ALL {staged}",
+                parameters={"db": self.database, "names": [stage, self.target]},
             ).result_rows
         except Exception as exc:
             if error_code(exc) not in (UNKNOWN_TABLE, UNKNOWN_IDENTIFIER):
@@ -164,9 +172,12 @@ class StageTables:
 
     def _shapes(self, *tables: str) -> dict[str, Shape]:
         """Columns and keys of those of ``tables`` that exist, in one query."""
-        return shapes_of(self.client.query(
-            SHAPES_SQL, parameters={"db": self.database, "names": list(tables)},
-        ).result_rows)
+        return shapes_of(
+            self.client.query(
+                SHAPES_SQL,
+                parameters={"db": self.database, "names": list(tables)},
+            ).result_rows
+        )
 
     def _columns(self, table: str, *, insertable: bool = False) -> list[tuple[str, str]]:
         sql = columns_sql(insertable=insertable)
@@ -203,8 +214,9 @@ class StageTables:
                     raise
                 shapes, partition_ids = self._shapes(stage, self.target), None  # ALTERed again mid-move
                 if stage not in shapes:
-                    raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} "
-                                            "does not exist") from None
+                    raise StageTableMissing(
+                        f"stage table {self.database}.{stage} of committed txn {txn} does not exist"
+                    ) from None
         raise AssertionError("unreachable")
 
     def _align(self, stage: str, mine: Shape, target: Shape | None) -> None:
@@ -213,16 +225,22 @@ class StageTables:
         partitions can be moved. Each statement is idempotent; rows keep their values, and a column
         the target gained reads as the target's default, as rows already in the target do."""
         if target is None:
-            raise SetupError(f"target table {self.database}.{self.target} does not exist: a committed txn "
-                             f"({stage}) cannot be published until it is created again")
+            raise SetupError(
+                f"target table {self.database}.{self.target} does not exist: a committed txn "
+                f"({stage}) cannot be published until it is created again"
+            )
         if target.partition != mine.partition:
-            raise SetupError(f"the partition key of {self.database}.{self.target} changed after {stage} was staged "
-                             f"({mine.partition!r} -> {target.partition!r}); ClickHouse cannot move partitions "
-                             "between them: restore the key, or move the stage table's rows by hand")
+            raise SetupError(
+                f"the partition key of {self.database}.{self.target} changed after {stage} was staged "
+                f"({mine.partition!r} -> {target.partition!r}); ClickHouse cannot move partitions "
+                "between them: restore the key, or move the stage table's rows by hand"
+            )
         for clauses in alignment(mine, target, self._column_defs(self.target)):
             if clauses:
-                self.client.command(f"ALTER TABLE {self._q(stage)} {', '.join(clauses)}",
-                                    settings={"mutations_sync": 2, "alter_sync": 2})
+                self.client.command(
+                    f"ALTER TABLE {self._q(stage)} {', '.join(clauses)}",
+                    settings={"mutations_sync": 2, "alter_sync": 2},
+                )
 
     def _column_defs(self, table: str) -> list[tuple[str, str, str, str]]:
         """(name, type, default kind, default expression) of ``table``'s columns, in order."""

@@ -37,16 +37,25 @@ class SteppedDown(ChtxnError):
     """A newer leader exists (found by take-over, or by the dead-letter publisher): this replica must not lead."""
 
 
-def take_over(cfg: PipelineConfig, *, epoch: int, coordinator: str, ledger: LedgerStore, stages: StageTables,
-              retry: Callable[[str], Any], publish: PublishStep,
-              progress: Callable[[], None]) -> tuple[int, dict[TopicPartition, int]]:
+def take_over(
+    cfg: PipelineConfig,
+    *,
+    epoch: int,
+    coordinator: str,
+    ledger: LedgerStore,
+    stages: StageTables,
+    retry: Callable[[str], Any],
+    publish: PublishStep,
+    progress: Callable[[], None],
+) -> tuple[int, dict[TopicPartition, int]]:
     """Take-over steps 1-4 (module docstring) for the leader ``coordinator`` of ``epoch``; returns
     the head after the seal. ``retry(what)`` wraps a ClickHouse call in the coordinator's retries;
     ``progress()`` is called after each txn rolled forward and each stage table handled (a long
     take-over is progress: the lease holds)."""
     failpoints.hit("leader.before-take-over", coordinator)
     retry("check the target table")(  # Take-over step 1: check the target table
-        check_target, stages.client, database=stages.database, target=stages.target, publish_mode=stages.publish_mode)
+        check_target, stages.client, database=stages.database, target=stages.target, publish_mode=stages.publish_mode
+    )
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
         newest = ledger.max_epoch()  # read after the head: a newer seal in it shows here too
@@ -59,30 +68,45 @@ def take_over(cfg: PipelineConfig, *, epoch: int, coordinator: str, ledger: Ledg
         winner = ledger.commit_at(head_seq + 1)
         if winner is not None and winner.epoch > epoch:
             raise SteppedDown(f"slot {head_seq + 1} is held by epoch {winner.epoch} > {epoch}")
-        log.warning("a late commit took the slot to seal; rolling it forward",
-                    extra={"slot": head_seq + 1, "txn": winner.txn if winner else "?"})
+        log.warning(
+            "a late commit took the slot to seal; rolling it forward",
+            extra={"slot": head_seq + 1, "txn": winner.txn if winner else "?"},
+        )
     seal = ledger.commit_at(head_seq + 1)
     assert seal is not None
     ledger.append(ledger_rows.published_from(seal, epoch=epoch, coordinator=coordinator))
     for row in ledger.committed_unpublished():  # Take-over step 3: roll forward, in commit order
         log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
-        publish(row.txn, row.stage_table,
-                partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator))
+        publish(
+            row.txn, row.stage_table, partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator)
+        )
         progress()
     for txn_id, table in retry("list stage tables")(stages.existing).items():  # Take-over step 4: drop orphans
         summary = ledger.txn(txn_id)
         if summary is not None and summary.state == "PUBLISHED":  # its rows are in the target: only clean up
             retry(f"drop {table}")(stages.drop_all, table)
         elif summary is not None and summary.state == "COMMITTED" and _owns_slot(ledger, summary):
-            publish(txn_id, table, partial(ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch,
-                                           coordinator=coordinator))
+            publish(
+                txn_id,
+                table,
+                partial(
+                    ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch, coordinator=coordinator
+                ),
+            )
             retry(f"drop {table}")(stages.drop_all, table)
         else:
             log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
             retry(f"drop {table}")(stages.drop_all, table)
-            ledger.append(ledger_rows.orphan_aborted(
-                txn_id, table, pipeline=cfg.name, target=cfg.clickhouse.target_table,
-                epoch=epoch, coordinator=coordinator))
+            ledger.append(
+                ledger_rows.orphan_aborted(
+                    txn_id,
+                    table,
+                    pipeline=cfg.name,
+                    target=cfg.clickhouse.target_table,
+                    epoch=epoch,
+                    coordinator=coordinator,
+                )
+            )
         progress()
     return head_seq + 1, head
 

@@ -31,7 +31,7 @@ def check_target(client: Any, *, database: str, target: str, publish_mode: Liter
     if views and publish_mode == "move":
         raise SetupError(
             f"target table {database}.{target} has dependent materialized views ({', '.join(views)}), "
-            "which do not fire on ALTER TABLE ... MOVE PARTITION: set transaction.publish_mode = \"insert-select\""
+            'which do not fire on ALTER TABLE ... MOVE PARTITION: set transaction.publish_mode = "insert-select"'
         )
     if publish_mode == "insert-select" and not deduplicates(engine, engine_full):
         raise SetupError(
@@ -66,9 +66,11 @@ def _view_tables_without_dedup(client: Any, views: list[str]) -> list[tuple[str,
     views, where only the view's own table can drop it again. Servers whose ``system.tables``
     has no ``target_table`` column are not checked.
     """
-    if not views or not int(client.command(
-        "SELECT count() FROM system.columns WHERE database = 'system' AND table = 'tables' AND name = 'target_table'"
-    )):
+    if not views or not int(
+        client.command(
+            "SELECT count() FROM system.columns WHERE database = 'system' AND table = 'tables' AND name = 'target_table'"
+        )
+    ):
         return []
     rows = client.query(
         "SELECT concat(v.database, '.', v.name), concat(t.database, '.', t.name), t.engine, t.engine_full "
@@ -77,5 +79,8 @@ def _view_tables_without_dedup(client: Any, views: list[str]) -> list[tuple[str,
         "WHERE concat(v.database, '.', v.name) IN {views:Array(String)}",
         parameters={"views": views},
     ).result_rows
-    return [(view, table) for view, table, engine, full in sorted(rows)
-            if "MergeTree" in engine and not deduplicates(engine, full)]
+    return [
+        (view, table)
+        for view, table, engine, full in sorted(rows)
+        if "MergeTree" in engine and not deduplicates(engine, full)
+    ]

@@ -41,10 +41,21 @@ class TxnActions:
     ``on_participant_error`` is called once an abort of kind ``participant-error`` is cleaned up
     (an offset out of range may be a gap that opened while leading). The constructor does no I/O."""
 
-    def __init__(self, cfg: PipelineConfig, *, epoch: int, coordinator: str, clock: Callable[[], float],
-                 ledger: LedgerStore, stages: StageTables, metrics: CoordinatorMetrics, retry: Callable[[str], Any],
-                 publisher: TxnPublisher, acked_at: dict[str, float],
-                 on_participant_error: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        *,
+        epoch: int,
+        coordinator: str,
+        clock: Callable[[], float],
+        ledger: LedgerStore,
+        stages: StageTables,
+        metrics: CoordinatorMetrics,
+        retry: Callable[[str], Any],
+        publisher: TxnPublisher,
+        acked_at: dict[str, float],
+        on_participant_error: Callable[[], None],
+    ) -> None:
         self.cfg, self.epoch, self.coordinator, self.clock = cfg, epoch, coordinator, clock  # for ``ledger_row``
         self.ledger, self.stages, self.metrics, self.retry = ledger, stages, metrics, retry
         self.publisher, self.acked_at, self.on_participant_error = publisher, acked_at, on_participant_error
@@ -72,8 +83,9 @@ class TxnActions:
     def publish(self, action: Publish) -> Event:
         txn = action.txn
         try:
-            lost = self.publisher.publish(txn.id, txn.stage_table,
-                                          lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq))
+            lost = self.publisher.publish(
+                txn.id, txn.stage_table, lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq)
+            )
         except SteppedDown:
             raise
         except (ChtxnError, RuntimeError) as exc:

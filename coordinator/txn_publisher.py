@@ -30,8 +30,17 @@ class TxnPublisher:
     """Publishes committed txns for the leader ``coordinator`` of pipeline ``pipeline``; ``retry(what)``
     wraps a ClickHouse call in the coordinator's retries. The constructor does no I/O."""
 
-    def __init__(self, pipeline: str, *, coordinator: str, stages: StageTables, ledger: LedgerStore,
-                 dead_letters: DeadLetterPublisher, metrics: CoordinatorMetrics, retry: Callable[[str], Any]) -> None:
+    def __init__(
+        self,
+        pipeline: str,
+        *,
+        coordinator: str,
+        stages: StageTables,
+        ledger: LedgerStore,
+        dead_letters: DeadLetterPublisher,
+        metrics: CoordinatorMetrics,
+        retry: Callable[[str], Any],
+    ) -> None:
         self.pipeline, self.coordinator = pipeline, coordinator
         self.stages, self.ledger, self.dead_letters, self.metrics = stages, ledger, dead_letters, metrics
         self.retry = retry
@@ -53,7 +62,8 @@ class TxnPublisher:
         try:
             try:
                 self.retry(f"publish {txn_id}")(
-                    self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator))
+                    self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator)
+                )
             except ClickHouseError as exc:  # the stage table went away mid-publish: another leader finished it?
                 if exc.code != UNKNOWN_TABLE or self.retry(f"find {stage}")(self.stages.exists, stage):
                     raise

@@ -49,10 +49,16 @@ def committed_ranges(commits: list[LedgerRow]) -> dict[TopicPartition, list[tupl
     return ranges
 
 
-def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow],
-                dead_letters: dict[TopicPartition, set[int]] | None = None,
-                chain_anomalies: list[str] | None = None, topics: Collection[str] | None = None,
-                checked_from: dict[TopicPartition, int] | None = None) -> DeepReport:
+def verify_deep(
+    client: Any,
+    database: str,
+    target: str,
+    commits: list[LedgerRow],
+    dead_letters: dict[TopicPartition, set[int]] | None = None,
+    chain_anomalies: list[str] | None = None,
+    topics: Collection[str] | None = None,
+    checked_from: dict[TopicPartition, int] | None = None,
+) -> DeepReport:
     """Check the target against the committed ranges (``commits``: the resolved commit chain).
 
     ``topics``: the pipeline's source topics; rows of other topics in a shared target belong to
@@ -62,8 +68,10 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
     """
     floored = sorted((checked_from or {}).items())
     floors = {"floor_keys": [f"{tp.topic}/{tp.partition}" for tp, _ in floored], "floors": [o for _, o in floored]}
-    floor_sql = ("_offset >= arrayElement({floors:Array(Int64)}, "
-                 "indexOf({floor_keys:Array(String)}, concat(_topic, '/', toString(_partition))))")
+    floor_sql = (
+        "_offset >= arrayElement({floors:Array(Int64)}, "
+        "indexOf({floor_keys:Array(String)}, concat(_topic, '/', toString(_partition))))"
+    )
     dead_letters = dead_letters or {}
     anomalies = list(chain_anomalies or [])
     table = f"`{database}`.`{target}`"
@@ -71,7 +79,8 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
         (t, int(p)): (int(n), int(u), int(lo), int(hi))
         for t, p, n, u, lo, hi in client.query(
             f"SELECT _topic, _partition, count(), uniqExact(_offset), min(_offset), max(_offset) FROM {table} "
-            f"WHERE {floor_sql} GROUP BY _topic, _partition", parameters=floors
+            f"WHERE {floor_sql} GROUP BY _topic, _partition",
+            parameters=floors,
         ).result_rows
     }
     ranges = committed_ranges(commits)
@@ -91,17 +100,21 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
         outside = 0
         if rows:
             inside_sql = " OR ".join(f"(_offset >= {s} AND _offset < {e})" for s, e in spans) or "0"
-            outside = int(client.command(
-                f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
-                f"AND {floor_sql} AND NOT ({inside_sql})",
-                parameters={"t": tp.topic, "p": tp.partition, **floors},
-            ))
+            outside = int(
+                client.command(
+                    f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
+                    f"AND {floor_sql} AND NOT ({inside_sql})",
+                    parameters={"t": tp.topic, "p": tp.partition, **floors},
+                )
+            )
         if rows and dlq:  # a dead-lettered offset must not also be in the target
-            outside += int(client.command(
-                f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
-                "AND has({o:Array(Int64)}, _offset)",
-                parameters={"t": tp.topic, "p": tp.partition, "o": sorted(dlq)},
-            ))
+            outside += int(
+                client.command(
+                    f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
+                    "AND has({o:Array(Int64)}, _offset)",
+                    parameters={"t": tp.topic, "p": tp.partition, "o": sorted(dlq)},
+                )
+            )
         expected = len(covered) - len(dlq)
         duplicates = rows - distinct
         ok = duplicates == 0 and outside == 0 and distinct == expected and rows == expected
@@ -111,10 +124,21 @@ def verify_deep(client: Any, database: str, target: str, commits: list[LedgerRow
                 f"({len(dlq)} dead-lettered); target has {rows} rows, {distinct} distinct offsets, "
                 f"{duplicates} duplicates, {outside} outside the committed ranges"
             )
-        checks.append(PartitionCheck(
-            topic=tp.topic, partition=tp.partition, committed_from=lo, committed_to=hi, expected_rows=expected,
-            rows=rows, distinct_offsets=distinct, duplicates=duplicates, outside=outside, dead_letters=len(dlq), ok=ok,
-        ))
+        checks.append(
+            PartitionCheck(
+                topic=tp.topic,
+                partition=tp.partition,
+                committed_from=lo,
+                committed_to=hi,
+                expected_rows=expected,
+                rows=rows,
+                distinct_offsets=distinct,
+                duplicates=duplicates,
+                outside=outside,
+                dead_letters=len(dlq),
+                ok=ok,
+            )
+        )
     total = sum(c.rows for c in checks)
     return DeepReport(ok=not anomalies, partitions=tuple(checks), anomalies=tuple(anomalies), rows_in_target=total)
 

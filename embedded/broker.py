@@ -26,8 +26,12 @@ from protocol.errors import SetupError
 
 #: Variables Tansu reads that would change what the command line asks for.
 _TANSU_ENV = (
-    "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
-    "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
 
 
@@ -60,8 +64,15 @@ class EmbeddedBroker(LoopbackService):
     name = "kafka"
     title = "the embedded Kafka broker (Tansu)"
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, advertised_host: str = "",
-                 advertised_port: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        advertised_host: str = "",
+        advertised_port: int = 0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(port, host, **kwargs)
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
@@ -81,8 +92,16 @@ class EmbeddedBroker(LoopbackService):
     def _argv(self) -> list[str]:
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.advertised_host or self.host}:{self.advertised_port or self.port}"
-        return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
-                "--storage-engine", "memory://tansu/"]
+        return [
+            tansu_binary(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            advertised,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}

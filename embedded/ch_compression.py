@@ -38,8 +38,17 @@ LZ4 = 0x82
 ZSTD = 0x90
 #: ClickHouse's other codecs' method bytes: valid on a server, not decoded here.
 _OTHER_CODECS = {
-    0x91: "Multiple", 0x92: "Delta", 0x93: "T64", 0x94: "DoubleDelta", 0x95: "Gorilla", 0x96: "AES_128_GCM_SIV",
-    0x97: "AES_256_GCM_SIV", 0x98: "FPC", 0x9A: "GCD", 0x9B: "ZSTD_QPL", 0x9C: "SZ3",
+    0x91: "Multiple",
+    0x92: "Delta",
+    0x93: "T64",
+    0x94: "DoubleDelta",
+    0x95: "Gorilla",
+    0x96: "AES_128_GCM_SIV",
+    0x97: "AES_256_GCM_SIV",
+    0x98: "FPC",
+    0x9A: "GCD",
+    0x9B: "ZSTD_QPL",
+    0x9C: "SZ3",
 }
 CHECKSUM_SIZE = 16
 HEADER_SIZE = 9
@@ -103,10 +112,13 @@ def decompress(body: bytes | memoryview, verify: bool = True) -> bytes:
         _check_method(method)
         if size > MAX_BLOCK_SIZE:
             raise EngineError(
-                TOO_LARGE_SIZE_COMPRESSED, f"Too large size_compressed_without_checksum: {size}. Most likely corrupted data."
+                TOO_LARGE_SIZE_COMPRESSED,
+                f"Too large size_compressed_without_checksum: {size}. Most likely corrupted data.",
             )
         if raw_size > MAX_BLOCK_SIZE:
-            raise EngineError(TOO_LARGE_SIZE_COMPRESSED, f"Too large size_decompressed: {raw_size}. Most likely corrupted data.")
+            raise EngineError(
+                TOO_LARGE_SIZE_COMPRESSED, f"Too large size_decompressed: {raw_size}. Most likely corrupted data."
+            )
         if size < HEADER_SIZE:
             raise EngineError(
                 CORRUPTED_DATA,
@@ -152,7 +164,9 @@ def _decode(method: int, payload: memoryview, raw_size: int) -> bytes:
         name = "LZ4" if method == LZ4 else "ZSTD"
         raise EngineError(CANNOT_DECOMPRESS, f"Cannot decompress {name}-encoded data: {ex}") from None
     if len(data) != raw_size:
-        raise EngineError(CANNOT_DECOMPRESS, f"Cannot decompress: {len(data)} bytes decoded, the header says {raw_size}")
+        raise EngineError(
+            CANNOT_DECOMPRESS, f"Cannot decompress: {len(data)} bytes decoded, the header says {raw_size}"
+        )
     return data
 
 

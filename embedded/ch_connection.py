@@ -112,7 +112,13 @@ class EngineConnection:
             raise from_engine_message(str(ex)) from None
 
     def insert(
-        self, statement: bytes, input_format: str, data: bytes | memoryview, *, settings: Mapping[str, str], database: str
+        self,
+        statement: bytes,
+        input_format: str,
+        data: bytes | memoryview,
+        *,
+        settings: Mapping[str, str],
+        database: str,
     ) -> Outcome:
         """Run ``statement`` (an INSERT without FORMAT clause) with ``data`` in ``input_format``;
         all rows land or, on error, none of this call's blocks that failed do."""
@@ -130,7 +136,10 @@ class EngineConnection:
                 inserter.cancel()
             raise from_engine_message(str(ex)) from None
         return Outcome(
-            result_rows=res.rows_written, written_rows=res.rows_written, written_bytes=res.bytes_written, elapsed_s=res.elapsed
+            result_rows=res.rows_written,
+            written_rows=res.rows_written,
+            written_bytes=res.bytes_written,
+            elapsed_s=res.elapsed,
         )
 
     def apply(self, settings: Mapping[str, str], database: str) -> None:
@@ -163,7 +172,9 @@ class EngineConnection:
         for name in names:
             self._applied.pop(name, None)
 
-    def raw(self, sql: bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None) -> Any:  # chDB's result; its hint is Any
+    def raw(
+        self, sql: bytes, fmt: str = "TabSeparated", params: Mapping[str, str] | None = None
+    ) -> Any:  # chDB's result; its hint is Any
         """Run ``sql`` as it is; engine errors become EngineError."""
         try:
             return self._conn.query(sql, fmt, params=dict(params) if params else None)  # type: ignore[arg-type]  # bytes, as in ``stream``

@@ -48,24 +48,54 @@ _NAMES = {
 
 _STATUS_BY_NAME: dict[str, int] = {
     "REQUIRED_PASSWORD": 401,
-    **dict.fromkeys(("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE", "ACCESS_DENIED"), 403),
+    **dict.fromkeys(
+        ("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE", "ACCESS_DENIED"), 403
+    ),
     **dict.fromkeys(
         (
-            "BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT", "CANNOT_PARSE_ESCAPE_SEQUENCE",
-            "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER",
-            "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING", "CANNOT_PARSE_IPV4", "CANNOT_PARSE_IPV6",
-            "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN",
-            "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
-            "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
+            "BAD_ARGUMENTS",
+            "CANNOT_COMPILE_REGEXP",
+            "CANNOT_PARSE_TEXT",
+            "CANNOT_PARSE_ESCAPE_SEQUENCE",
+            "CANNOT_PARSE_QUOTED_STRING",
+            "CANNOT_PARSE_DATE",
+            "CANNOT_PARSE_DATETIME",
+            "CANNOT_PARSE_NUMBER",
+            "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+            "CANNOT_PARSE_IPV4",
+            "CANNOT_PARSE_IPV6",
+            "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+            "CANNOT_PARSE_UUID",
+            "DUPLICATE_COLUMN",
+            "ILLEGAL_COLUMN",
+            "UNKNOWN_ELEMENT_IN_AST",
+            "UNKNOWN_TYPE_OF_AST_NODE",
+            "THERE_IS_NO_COLUMN",
+            "TOO_DEEP_AST",
+            "TOO_BIG_AST",
+            "UNEXPECTED_AST_STRUCTURE",
+            "SYNTAX_ERROR",
+            "INCORRECT_DATA",
+            "TYPE_MISMATCH",
             "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
         ),
         400,
     ),
     **dict.fromkeys(
         (
-            "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
-            "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
-            "UNKNOWN_FORMAT", "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE",
+            "UNKNOWN_TABLE",
+            "UNKNOWN_FUNCTION",
+            "UNKNOWN_IDENTIFIER",
+            "UNKNOWN_TYPE",
+            "UNKNOWN_STORAGE",
+            "UNKNOWN_DATABASE",
+            "UNKNOWN_SETTING",
+            "UNKNOWN_DIRECTION_OF_SORTING",
+            "UNKNOWN_AGGREGATE_FUNCTION",
+            "UNKNOWN_FORMAT",
+            "UNKNOWN_DATABASE_ENGINE",
+            "UNKNOWN_TYPE_OF_QUERY",
+            "UNKNOWN_ROLE",
         ),
         404,
     ),
@@ -115,7 +145,7 @@ def from_engine_message(message: str) -> EngineError:
     if not matches:
         return EngineError(0, message.strip() or "unknown error in the embedded ClickHouse engine")
     last = matches[-1]
-    text = message[last.end():].strip()
+    text = message[last.end() :].strip()
     name = None
     trailer = _TRAILER_RE.search(text)
     if trailer:

@@ -31,8 +31,21 @@ _STREAMED_KINDS = frozenset({"SELECT", "WITH"})
 #: between blocks (JSON, Arrow, Parquet, ...WithNames, Values, Pretty) is sent whole instead.
 _STREAMED_FORMATS = frozenset(
     {
-        "Native", "TabSeparated", "TSV", "TabSeparatedRaw", "TSVRaw", "CSV", "JSONEachRow", "JSONLines", "NDJSON",
-        "JSONCompactEachRow", "JSONStringsEachRow", "JSONCompactStringsEachRow", "RowBinary", "LineAsString", "RawBLOB",
+        "Native",
+        "TabSeparated",
+        "TSV",
+        "TabSeparatedRaw",
+        "TSVRaw",
+        "CSV",
+        "JSONEachRow",
+        "JSONLines",
+        "NDJSON",
+        "JSONCompactEachRow",
+        "JSONStringsEachRow",
+        "JSONCompactStringsEachRow",
+        "RowBinary",
+        "LineAsString",
+        "RawBLOB",
     }
 )
 
@@ -92,7 +105,9 @@ def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
 def _run(conn: EngineConnection, request: Request, settings: dict[str, str], database: str) -> Outcome:
     stmt = request.statement
     if stmt.insert is not None and not (stmt.insert.input_format == "Values" and request.query_params):
-        return conn.insert(latin1(stmt.insert.statement), stmt.insert.input_format, stmt.data, settings=settings, database=database)
+        return conn.insert(
+            latin1(stmt.insert.statement), stmt.insert.input_format, stmt.data, settings=settings, database=database
+        )
     sql = stmt.sql
     if stmt.insert is not None:  # INSERT ... VALUES with {name:Type} placeholders: one statement
         sql = f"{stmt.insert.statement} VALUES {bytes(stmt.data).decode('latin-1')}"
@@ -108,7 +123,9 @@ def _run(conn: EngineConnection, request: Request, settings: dict[str, str], dat
         if revision:
             stream.transform = lambda chunk: reframe(chunk, revision, keep_binary_types)
         return Outcome(result_format=fmt, stream=stream)
-    outcome = conn.query(sql_bytes, fmt or request.default_format, settings=settings, database=database, params=request.query_params)
+    outcome = conn.query(
+        sql_bytes, fmt or request.default_format, settings=settings, database=database, params=request.query_params
+    )
     if fmt is None:
         return replace(outcome, body=b"", result_format=None, result_rows=outcome.written_rows)
     if revision:

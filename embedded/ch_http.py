@@ -141,10 +141,16 @@ class _Handler(BaseHTTPRequestHandler):
             body = read_body(self.rfile, self.headers.get("Transfer-Encoding"), self.headers.get("Content-Length"))
         except (EngineError, ValueError, OSError) as ex:
             self.close_connection = True
-            err = ex if isinstance(ex, EngineError) else EngineError(UNEXPECTED_END_OF_FILE, f"Cannot read the request body: {ex}")
+            err = (
+                ex
+                if isinstance(ex, EngineError)
+                else EngineError(UNEXPECTED_END_OF_FILE, f"Cannot read the request body: {ex}")
+            )
             self._send_error(err, query_id)
             return
-        if url.path.rstrip("/") in ("/ping", "/replicas_status") or (method == "GET" and "query" not in params.transport):
+        if url.path.rstrip("/") in ("/ping", "/replicas_status") or (
+            method == "GET" and "query" not in params.transport
+        ):
             self._send(200, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
             return
         # As on a server, only the URL's compress/decompress count (a form body is read unframed),
@@ -169,7 +175,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(err, query_id, framed_errors)
         except Exception as ex:
             log.exception("unexpected failure serving %s", self.path)
-            self._send_error(EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id, framed_errors)
+            self._send_error(
+                EngineError(_STD_EXCEPTION, f"{type(ex).__name__}: {ex}", "STD_EXCEPTION"), query_id, framed_errors
+            )
 
     def _execute(
         self, method: str, params: RequestParams, body: bytes, query_id: str, tables: list[ExternalTable], native: bool
@@ -190,7 +198,9 @@ class _Handler(BaseHTTPRequestHandler):
             settings=params.settings,
             query_params=params.query_params,
             database=params.transport.get("database") or self.headers.get("X-ClickHouse-Database"),
-            default_format=params.transport.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated",
+            default_format=params.transport.get("default_format")
+            or self.headers.get("X-ClickHouse-Format")
+            or "TabSeparated",
             query_id=query_id,
             protocol_version=_protocol_version(params.transport.get("client_protocol_version")),
             external_tables=tables,
@@ -240,7 +250,11 @@ class _Handler(BaseHTTPRequestHandler):
                 break
         else:
             return partial(
-                self._send_outcome, _with_counters(outcome, bytes(head), time.monotonic() - started), params, query_id, native
+                self._send_outcome,
+                _with_counters(outcome, bytes(head), time.monotonic() - started),
+                params,
+                query_id,
+                native,
             )
         headers = self._result_headers(_with_counters(outcome, b"", time.monotonic() - started), query_id, len(head))
         tag = secrets.token_hex(8)
@@ -342,8 +356,13 @@ def _with_counters(outcome: Outcome, body: bytes, elapsed_s: float) -> Outcome:
     stream = outcome.stream
     assert stream is not None
     return replace(
-        outcome, body=body, stream=None, result_rows=stream.result_rows, read_rows=stream.read_rows,
-        read_bytes=stream.read_bytes, elapsed_s=elapsed_s,
+        outcome,
+        body=body,
+        stream=None,
+        result_rows=stream.result_rows,
+        read_rows=stream.read_rows,
+        read_bytes=stream.read_bytes,
+        elapsed_s=elapsed_s,
     )
 
 

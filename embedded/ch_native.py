@@ -32,19 +32,53 @@ _BLOCK_INFO = b"\x01\x00\x02\xff\xff\xff\xff\x00"  # field 1: is_overflows=0; fi
 _HAS_ADDITIONAL_KEYS = 1 << 9
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FIXED = {
-    0x00: ("Nothing", 1), 0x01: ("UInt8", 1), 0x02: ("UInt16", 2), 0x03: ("UInt32", 4), 0x04: ("UInt64", 8),
-    0x05: ("UInt128", 16), 0x06: ("UInt256", 32), 0x07: ("Int8", 1), 0x08: ("Int16", 2), 0x09: ("Int32", 4),
-    0x0A: ("Int64", 8), 0x0B: ("Int128", 16), 0x0C: ("Int256", 32), 0x0D: ("Float32", 4), 0x0E: ("Float64", 8),
-    0x0F: ("Date", 2), 0x10: ("Date32", 4), 0x11: ("DateTime", 4), 0x1D: ("UUID", 16), 0x28: ("IPv4", 4),
-    0x29: ("IPv6", 16), 0x2D: ("Bool", 1), 0x31: ("BFloat16", 2), 0x32: ("Time", 4),
+    0x00: ("Nothing", 1),
+    0x01: ("UInt8", 1),
+    0x02: ("UInt16", 2),
+    0x03: ("UInt32", 4),
+    0x04: ("UInt64", 8),
+    0x05: ("UInt128", 16),
+    0x06: ("UInt256", 32),
+    0x07: ("Int8", 1),
+    0x08: ("Int16", 2),
+    0x09: ("Int32", 4),
+    0x0A: ("Int64", 8),
+    0x0B: ("Int128", 16),
+    0x0C: ("Int256", 32),
+    0x0D: ("Float32", 4),
+    0x0E: ("Float64", 8),
+    0x0F: ("Date", 2),
+    0x10: ("Date32", 4),
+    0x11: ("DateTime", 4),
+    0x1D: ("UUID", 16),
+    0x28: ("IPv4", 4),
+    0x29: ("IPv6", 16),
+    0x2D: ("Bool", 1),
+    0x31: ("BFloat16", 2),
+    0x32: ("Time", 4),
 }
 _INTERVALS = {
-    0x00: "Nanosecond", 0x01: "Microsecond", 0x02: "Millisecond", 0x03: "Second", 0x04: "Minute", 0x05: "Hour",
-    0x06: "Day", 0x07: "Week", 0x08: "Month", 0x09: "Quarter", 0x0A: "Year", 0x1A: "Year",
+    0x00: "Nanosecond",
+    0x01: "Microsecond",
+    0x02: "Millisecond",
+    0x03: "Second",
+    0x04: "Minute",
+    0x05: "Hour",
+    0x06: "Day",
+    0x07: "Week",
+    0x08: "Month",
+    0x09: "Quarter",
+    0x0A: "Year",
+    0x1A: "Year",
 }
 _UNSUPPORTED = {
-    0x21: "Set", 0x24: "Function", 0x25: "AggregateFunction", 0x2B: "Dynamic", 0x2E: "SimpleAggregateFunction",
-    0x30: "JSON", 0x36: "QBit",
+    0x21: "Set",
+    0x24: "Function",
+    0x25: "AggregateFunction",
+    0x2B: "Dynamic",
+    0x2E: "SimpleAggregateFunction",
+    0x30: "JSON",
+    0x36: "QBit",
 }
 
 
@@ -79,8 +113,9 @@ def reframe(native: bytes, revision: int, keep_binary_types: bool = False) -> by
             out += native[start : reader.pos]
             type_start = reader.pos
             col_type = _decode_type(reader)
-            if ((col_type.kind == "low_cardinality" or "LowCardinality(" in col_type.name)
-                    and revision < _WITH_LOW_CARDINALITY):
+            if (
+                col_type.kind == "low_cardinality" or "LowCardinality(" in col_type.name
+            ) and revision < _WITH_LOW_CARDINALITY:
                 raise _cannot(f"LowCardinality for client_protocol_version {revision} (< {_WITH_LOW_CARDINALITY})")
             if keep_binary_types:
                 out += native[type_start : reader.pos]
@@ -199,7 +234,9 @@ def _decode_type(r: _Reader) -> ColumnType:
         for _ in range(r.varuint()):
             element = r.text() if tag != 0x1F else None
             elements.append((element, _decode_type(r)))
-        body = ", ".join(t.name if label is None else f"{_back_quote_if_needed(label)} {t.name}" for label, t in elements)
+        body = ", ".join(
+            t.name if label is None else f"{_back_quote_if_needed(label)} {t.name}" for label, t in elements
+        )
         tuple_type = ColumnType(f"Tuple({body})", "tuple", children=tuple(t for _, t in elements))
         if tag == 0x2F:
             return ColumnType(f"Nested({body})", "array", children=(tuple_type,))

@@ -33,15 +33,34 @@ if TYPE_CHECKING:
 
 TRANSPORT_PARAMS = frozenset(
     {
-        "query", "database", "default_format", "session_id", "session_timeout", "session_check", "close_session",
-        "query_id", "user", "password", "quota_key", "stacktrace", "role", "wait_end_of_query", "buffer_size",
-        "compress", "decompress", "client_protocol_version", "readonly",
+        "query",
+        "database",
+        "default_format",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "close_session",
+        "query_id",
+        "user",
+        "password",
+        "quota_key",
+        "stacktrace",
+        "role",
+        "wait_end_of_query",
+        "buffer_size",
+        "compress",
+        "decompress",
+        "client_protocol_version",
+        "readonly",
     }
 )
 HTTP_ONLY_SETTINGS = frozenset(
     {
-        "enable_http_compression", "send_progress_in_http_headers", "http_headers_progress_interval_ms",
-        "cancel_http_readonly_queries_on_client_close", "add_http_cors_header",
+        "enable_http_compression",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+        "cancel_http_readonly_queries_on_client_close",
+        "add_http_cors_header",
     }
 )
 #: ClickHouse parses at most max_query_size (256 KiB) of text looking for an INSERT's data.
@@ -64,7 +83,9 @@ class RequestParams:
     ) -> RequestParams:
         """Sort the URL's parameters, then a form body's fields (which win over the URL's)."""
         parsed = cls()
-        external_names = {f"{table}_{suffix}" for table in external_tables for suffix in ("structure", "types", "format")}
+        external_names = {
+            f"{table}_{suffix}" for table in external_tables for suffix in ("structure", "types", "format")
+        }
         pairs = [*parse_qsl(query_string, keep_blank_values=True, encoding="latin-1"), *form_fields]
         for name, value in pairs:
             if name in external_names:

@@ -28,10 +28,26 @@ DEFAULT_TIMEOUT_S = 60.0
 POOL_SIZE = 8
 #: Statements after which a connection holds nothing a later request could see: no temporary
 #: table, role or transaction (a statement naming TEMPORARY is excluded whatever its kind).
-_CLEAN_KINDS = frozenset({
-    "SELECT", "WITH", "INSERT", "ALTER", "CREATE", "DROP", "EXISTS", "SHOW", "DESCRIBE", "DESC", "EXPLAIN",
-    "CHECK", "OPTIMIZE", "TRUNCATE", "RENAME", "KILL",
-})
+_CLEAN_KINDS = frozenset(
+    {
+        "SELECT",
+        "WITH",
+        "INSERT",
+        "ALTER",
+        "CREATE",
+        "DROP",
+        "EXISTS",
+        "SHOW",
+        "DESCRIBE",
+        "DESC",
+        "EXPLAIN",
+        "CHECK",
+        "OPTIMIZE",
+        "TRUNCATE",
+        "RENAME",
+        "KILL",
+    }
+)
 
 
 @dataclass
@@ -142,5 +158,7 @@ class SessionStore:
         conn.close()
 
     def _expire(self, now: float) -> None:
-        for sid in [sid for sid, st in self._states.items() if now - st.last_used > st.timeout_s and sid not in self._busy]:
+        for sid in [
+            sid for sid, st in self._states.items() if now - st.last_used > st.timeout_s and sid not in self._busy
+        ]:
             self._states.pop(sid).release()

@@ -118,7 +118,7 @@ def output_format(text: str) -> str | None:
     toks = list(_top_level(text))
     for tok, nxt in pairwise(toks):
         if tok.is_word("FORMAT") and nxt.kind in ("word", "quoted"):
-            found = nxt.text.strip("`\"")
+            found = nxt.text.strip('`"')
     return found
 
 
@@ -152,7 +152,7 @@ def split_insert(text: str) -> InsertWithData | None:
             name = next(toks, None)
             if name is None or name.kind not in ("word", "quoted"):
                 return None
-            return InsertWithData(text[: tok.start].rstrip(), name.text.strip("`\""), _data_start(text, name.end))
+            return InsertWithData(text[: tok.start].rstrip(), name.text.strip('`"'), _data_start(text, name.end))
     return None
 
 
@@ -181,7 +181,7 @@ def set_assignments(text: str) -> list[tuple[str, str]] | None:
     for seg in segments:
         if len(seg) < 3 or seg[0].kind not in ("word", "quoted") or seg[1].text != "=":
             return None
-        pairs.append((seg[0].text.strip("`\""), text[seg[2].start : seg[-1].end]))
+        pairs.append((seg[0].text.strip('`"'), text[seg[2].start : seg[-1].end]))
     return pairs
 
 
@@ -189,7 +189,7 @@ def use_database(text: str) -> str | None:
     """The database named by ``USE db``, or None."""
     toks = list(tokens(text))
     if len(toks) >= 2 and toks[0].is_word("USE") and toks[1].kind in ("word", "quoted"):
-        return toks[1].text.strip("`\"")
+        return toks[1].text.strip('`"')
     return None
 
 
@@ -216,7 +216,13 @@ def with_http_query_ids(text: str) -> str:
         edits = [(t.start, t.end, "Settings['log_comment']") for t in toks if t.kind == "word" and t.text == "query_id"]
     else:
         for first, dot, second in zip(toks, toks[1:], toks[2:]):
-            if (first.kind, first.text, dot.text, second.kind, second.text) == ("word", "system", ".", "word", "processes"):
+            if (first.kind, first.text, dot.text, second.kind, second.text) == (
+                "word",
+                "system",
+                ".",
+                "word",
+                "processes",
+            ):
                 edits.append((first.start, second.end, PROCESSES_WITH_HTTP_IDS))
     for start, end, replacement in reversed(edits):
         text = text[:start] + replacement + text[end:]

@@ -49,8 +49,17 @@ class EmbeddedClickHouse(LoopbackService):
         return self.start()
 
     def _argv(self) -> list[str]:
-        return [sys.executable, "-m", "embedded.clickhouse_server",
-                "--data-dir", str(self.data_dir), "--port", str(self.port), "--host", self.host]
+        return [
+            sys.executable,
+            "-m",
+            "embedded.clickhouse_server",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--host",
+            self.host,
+        ]
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": "1"}

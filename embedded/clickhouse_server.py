@@ -39,7 +39,12 @@ class ClickHouseEndpoint:
     authenticate; ``/ping`` never needs to. One endpoint per process."""
 
     def __init__(
-        self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0, user: str | None = None, password: str | None = None
+        self,
+        data_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        user: str | None = None,
+        password: str | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.host = host
@@ -59,7 +64,9 @@ class ClickHouseEndpoint:
         except OSError:
             engine.close()
             raise
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="clickhouse-endpoint")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="clickhouse-endpoint"
+        )
         self._thread.start()
         return self
 
@@ -75,7 +82,9 @@ class ClickHouseEndpoint:
         if self._thread is not None:
             self._thread.join()
         if not server.drain(timeout_s=30):
-            logging.getLogger("embedded.clickhouse").warning("statements still running at shutdown; closing the engine anyway")
+            logging.getLogger("embedded.clickhouse").warning(
+                "statements still running at shutdown; closing the engine anyway"
+            )
         server.watcher.stop()
         server.sessions.close_all()
         server.engine.close()
@@ -124,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True, help="directory holding the ClickHouse data (created if missing)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8123, help="port to listen on; 0 picks a free one (default 8123)")
-    parser.add_argument("--user", default=None, help="user name clients must give (default 'default' when --password is set)")
+    parser.add_argument(
+        "--user", default=None, help="user name clients must give (default 'default' when --password is set)"
+    )
     parser.add_argument("--password", default=None, help="password clients must give (default: no authentication)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")

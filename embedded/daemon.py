@@ -113,8 +113,9 @@ def up(data_dir: Path, *, kafka_port: int = 9092, clickhouse_port: int = 8123, h
             if name not in state.components and wanted[name] and not port_is_free(host, wanted[name]):
                 result.notes.append(f"port {wanted[name]} is taken: the {TITLES[name]} uses a free port instead")
                 wanted[name] = 0
-        stack = EmbeddedStack(data_dir, kafka_port=wanted["kafka"], clickhouse_port=wanted["clickhouse"],
-                              host=state.host, detached=True)
+        stack = EmbeddedStack(
+            data_dir, kafka_port=wanted["kafka"], clickhouse_port=wanted["clickhouse"], host=state.host, detached=True
+        )
         try:
             for name in COMPONENTS:
                 if name in state.components:
@@ -122,8 +123,12 @@ def up(data_dir: Path, *, kafka_port: int = 9092, clickhouse_port: int = 8123, h
                 service = stack.start_kafka() if name == "kafka" else stack.start_clickhouse()
                 address = service.bootstrap if isinstance(service, EmbeddedBroker) else service.url
                 state.components[name] = ComponentState(
-                    pid=service.pid, token=service.token, port=service.port, address=address,
-                    log=str(service.log_path), started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    pid=service.pid,
+                    token=service.token,
+                    port=service.port,
+                    address=address,
+                    log=str(service.log_path),
+                    started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 )
                 result.started.append(name)
         except BaseException:
@@ -175,7 +180,10 @@ def status(data_dir: Path) -> list[ComponentStatus]:
         if component is None:
             continue
         running = _alive(component)
-        probe = (EmbeddedBroker(component.port, state.host) if name == "kafka"
-                 else EmbeddedClickHouse(Path(data_dir) / "clickhouse", component.port, state.host))
+        probe = (
+            EmbeddedBroker(component.port, state.host)
+            if name == "kafka"
+            else EmbeddedClickHouse(Path(data_dir) / "clickhouse", component.port, state.host)
+        )
         out.append(ComponentStatus(name, component, running, running and probe.answers()))
     return out

@@ -95,8 +95,12 @@ class LoopbackService:
                     "stop what listens there or choose another port (port 0 picks a free one)"
                 )
             self._process = ManagedProcess(
-                self.name, self._argv(), log_path=self.log_path, env=self._env(),
-                detached=self.detached, cwd=self._cwd(),
+                self.name,
+                self._argv(),
+                log_path=self.log_path,
+                env=self._env(),
+                detached=self.detached,
+                cwd=self._cwd(),
             )
             self._process.start()
             try:
@@ -106,8 +110,10 @@ class LoopbackService:
                 process.stop()
                 taken = not port_is_free(self.host, self.port)
                 if taken and attempt < attempts:
-                    log.info("port taken before the server could bind, retrying",
-                             extra={"service": self.name, "port": self.port})
+                    log.info(
+                        "port taken before the server could bind, retrying",
+                        extra={"service": self.name, "port": self.port},
+                    )
                     continue
                 raise SetupError(
                     f"{self.title} exited while starting on {self.host}:{self.port}"
@@ -161,8 +167,10 @@ class LoopbackService:
 
         try:
             for attempt in Retrying(
-                stop=stop_after_delay(self.ready_timeout_s), wait=wait_fixed(0.05),
-                retry=retry_if_exception_type(NotReady), reraise=True,
+                stop=stop_after_delay(self.ready_timeout_s),
+                wait=wait_fixed(0.05),
+                retry=retry_if_exception_type(NotReady),
+                reraise=True,
             ):
                 with attempt:
                     probe()

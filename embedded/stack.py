@@ -42,12 +42,13 @@ class EmbeddedStack:
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
-        self.broker = EmbeddedBroker(
-            kafka_port, host, log_path=self.data_dir / "logs" / "kafka.log", detached=detached
-        )
+        self.broker = EmbeddedBroker(kafka_port, host, log_path=self.data_dir / "logs" / "kafka.log", detached=detached)
         self.clickhouse = EmbeddedClickHouse(
-            self.data_dir / "clickhouse", clickhouse_port, host,
-            log_path=self.data_dir / "logs" / "clickhouse.log", detached=detached,
+            self.data_dir / "clickhouse",
+            clickhouse_port,
+            host,
+            log_path=self.data_dir / "logs" / "clickhouse.log",
+            detached=detached,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------

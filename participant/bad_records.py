@@ -45,16 +45,20 @@ from protocol.chunking import RecordLike, record_problem
 from protocol.errors import ClickHouseError
 
 #: The error of a record with a null value (a Kafka tombstone).
-TOMBSTONE = ("tombstone: null value (a Kafka delete marker); chtxn inserts rows and has no delete to apply, "
-             "so the record is set aside here with its key")
+TOMBSTONE = (
+    "tombstone: null value (a Kafka delete marker); chtxn inserts rows and has no delete to apply, "
+    "so the record is set aside here with its key"
+)
 #: The error of a record with a zero-length value.
 EMPTY = "empty record: zero-length value, nothing to insert"
 #: The error of a JSON record that is not one object.
 NOT_AN_OBJECT = "not a JSON object: JSONEachRow takes exactly one {...} object per record"
 
 #: The start of the error of a record ClickHouse runs out of memory for, alone, while it has memory to spare.
-TOO_BIG_FOR_MEMORY = ("too big for ClickHouse's memory: this record failed alone, again, while the server had memory "
-                      "for other queries, so parsing it needs more than a query may use (max_memory_usage)")
+TOO_BIG_FOR_MEMORY = (
+    "too big for ClickHouse's memory: this record failed alone, again, while the server had memory "
+    "for other queries, so parsing it needs more than a query may use (max_memory_usage)"
+)
 
 #: Errors are kept (and stored with letters) cut to this many characters.
 MAX_ERROR_CHARS = 4096
@@ -89,7 +93,10 @@ class Refused(Exception):
 
 
 def precheck(
-    records: Sequence[RecordLike], *, json_objects: bool, remembered: Mapping[int, Remembrance] | None = None,
+    records: Sequence[RecordLike],
+    *,
+    json_objects: bool,
+    remembered: Mapping[int, Remembrance] | None = None,
 ) -> tuple[Sequence[RecordLike], list[Letter]]:
     """Bad records step 1: (records that may each be one row, letters for the others), in offset order.
 
@@ -99,7 +106,8 @@ def precheck(
     if json_objects and not remembered and _all_objects(records):
         return records, []
     suspects = [
-        i for i, r in enumerate(records)
+        i
+        for i, r in enumerate(records)
         if not (v := r.value())
         or (json_objects and (v[0] != _OPEN or len(v) < 2 or (v[-1] != _CLOSE and v.rstrip(_BLANKS)[-1:] != b"}")))
     ]
@@ -161,8 +169,13 @@ def split_joined(records: Sequence[RecordLike]) -> tuple[list[RecordLike], list[
         value: bytes = record.value()  # type: ignore[assignment]  # prechecked: never None
         problem = json_problem(value) if _JOIN.search(value) else None
         if problem:
-            letters.append(Letter(record, f"not one JSON object but several back to back, which ClickHouse "
-                                          f"would store as several rows ({problem})"))
+            letters.append(
+                Letter(
+                    record,
+                    f"not one JSON object but several back to back, which ClickHouse "
+                    f"would store as several rows ({problem})",
+                )
+            )
         else:
             kept.append(record)
     return kept, letters

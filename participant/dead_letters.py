@@ -37,8 +37,15 @@ class DeadLetterSink:
     A missing table is created (``chtxn init`` creates it first where participants may not).
     """
 
-    def __init__(self, client: Any, *, database: str, pipeline: str, attempts: int = 8,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        database: str,
+        pipeline: str,
+        attempts: int = 8,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.client, self.database, self.pipeline = client, database, pipeline
         self.attempts, self._sleep = attempts, sleep
 
@@ -55,7 +62,8 @@ class DeadLetterSink:
                     raise
                 log.warning("creating %s", dead_letters.qualified(self.database))
                 retrying(self.attempts, f"create {dead_letters.qualified(self.database)}", sleep=self._sleep)(
-                    self.client.command, dead_letters.create_table_sql(self.database))
+                    self.client.command, dead_letters.create_table_sql(self.database)
+                )
                 self._insert(rows, token)
         except ClickHouseError as exc:
             raise DeadLetterError(
@@ -66,8 +74,12 @@ class DeadLetterSink:
 
     def _insert(self, rows: list[list[object]], token: str) -> None:
         retrying(self.attempts, f"store dead letters {token}", sleep=self._sleep)(
-            self.client.insert, dead_letters.TABLE, rows, column_names=list(dead_letters.INSERT_COLUMNS),
-            column_type_names=list(dead_letters.INSERT_TYPES), database=self.database,
+            self.client.insert,
+            dead_letters.TABLE,
+            rows,
+            column_names=list(dead_letters.INSERT_COLUMNS),
+            column_type_names=list(dead_letters.INSERT_TYPES),
+            database=self.database,
             settings={"insert_deduplication_token": token, "insert_deduplicate": 1, "async_insert": 0},
         )
 
@@ -78,8 +90,15 @@ class DeadLetterSink:
         headers = getattr(record, "headers", None)
         own = tuple((name, value or b"") for name, value in (headers() or ())) if callable(headers) else ()
         return dead_letters.DeadLetter(
-            pipeline=self.pipeline, txn=txn, topic=record.topic(), partition=record.partition(),
-            offset=record.offset(), key=record.key(), value=record.value(), headers=own,
-            timestamp_ms=ms if kind else 0, error=letter.error, error_code=letter.code,
+            pipeline=self.pipeline,
+            txn=txn,
+            topic=record.topic(),
+            partition=record.partition(),
+            offset=record.offset(),
+            key=record.key(),
+            value=record.value(),
+            headers=own,
+            timestamp_ms=ms if kind else 0,
+            error=letter.error,
+            error_code=letter.code,
         )
-

@@ -75,8 +75,14 @@ def task_function(cfg: Any, log_level: str = "WARNING") -> Callable[[Iterator[Gr
 class ParticipantJob:
     """The driver's loop; ``run`` returns the exit code (0 after a clean stop)."""
 
-    def __init__(self, cfg: Any, *, log_level: str = "WARNING", startup_timeout_s: float = STARTUP_TIMEOUT_S,
-                 partition_poll_s: float = PARTITION_POLL_S) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        log_level: str = "WARNING",
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        partition_poll_s: float = PARTITION_POLL_S,
+    ) -> None:
         self.cfg, self.log_level = cfg, log_level
         self.startup_timeout_s, self.partition_poll_s = startup_timeout_s, partition_poll_s
         self.stop = threading.Event()
@@ -132,8 +138,10 @@ class ParticipantJob:
             log.warning("cannot check the target table now (tasks will retry): %s", exc)
             return
         try:
-            check_target(Stager(client=client, section=self.cfg.clickhouse, dead_letters=None, attempts=3),
-                         self.cfg.clickhouse.target_table)
+            check_target(
+                Stager(client=client, section=self.cfg.clickhouse, dead_letters=None, attempts=3),
+                self.cfg.clickhouse.target_table,
+            )
         except ClickHouseError as exc:
             log.warning("cannot check the target table now (tasks will retry): %s", exc)
         finally:
@@ -166,8 +174,13 @@ class ParticipantJob:
             finally:
                 done.set()
 
-        log.info("submitting %d participant tasks for %d partitions (%d slots)", len(groups), len(partitions), slots,
-                    extra={"job_group": job_group, "groups": [list(g) for g in groups]})
+        log.info(
+            "submitting %d participant tasks for %d partitions (%d slots)",
+            len(groups),
+            len(partitions),
+            slots,
+            extra={"job_group": job_group, "groups": [list(g) for g in groups]},
+        )
         InheritableThread(target=submit, daemon=True).start()
         submitted, next_poll, all_running = time.monotonic(), time.monotonic() + self.partition_poll_s, False
         while not done.wait(1.0):
@@ -214,19 +227,25 @@ def too_few_slots(master: str, needed: int, running: int, timeout_s: float) -> s
     """Why the job gave up when only ``running`` of ``needed`` tasks started on ``master``, and what to do."""
     fewer = max(running, 1)
     if master.startswith("local"):
-        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
-                f"{timeout_s:g} s: run with --master local[{needed},4] or set participant.task_slots to {fewer} or "
-                "fewer (each task then holds more partitions)")
+        return (
+            f"the participant job needs {needed} task slots running at once but only {running} started within "
+            f"{timeout_s:g} s: run with --master local[{needed},4] or set participant.task_slots to {fewer} or "
+            "fewer (each task then holds more partitions)"
+        )
     if master.startswith("spark://"):
-        return (f"the participant job needs {needed} task slots running at once but only {running} started within "
-                f"{timeout_s:g} s: give the application {needed} cores on the cluster's workers: enough workers with "
-                f"free cores, --conf spark.cores.max={needed} (or unset it), other applications stopped, or set "
-                f"participant.task_slots to {fewer} or fewer (each task then holds more partitions)")
-    return (f"the participant job needs {needed} task slots running at once but only {running} started within "
-            f"{timeout_s:g} s: give the application {needed} executor cores in all: --conf "
-            f"spark.executor.instances=E and --conf spark.executor.cores=C with E x C >= {needed}, and "
-            f"spark.dynamicAllocation.enabled=false, or set participant.task_slots to {fewer} or fewer (each task "
-            "then holds more partitions)")
+        return (
+            f"the participant job needs {needed} task slots running at once but only {running} started within "
+            f"{timeout_s:g} s: give the application {needed} cores on the cluster's workers: enough workers with "
+            f"free cores, --conf spark.cores.max={needed} (or unset it), other applications stopped, or set "
+            f"participant.task_slots to {fewer} or fewer (each task then holds more partitions)"
+        )
+    return (
+        f"the participant job needs {needed} task slots running at once but only {running} started within "
+        f"{timeout_s:g} s: give the application {needed} executor cores in all: --conf "
+        f"spark.executor.instances=E and --conf spark.executor.cores=C with E x C >= {needed}, and "
+        f"spark.dynamicAllocation.enabled=false, or set participant.task_slots to {fewer} or fewer (each task "
+        "then holds more partitions)"
+    )
 
 
 def _running_tasks(sc: Any, job_group: str) -> int:
@@ -249,10 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="participant/job.py", description="The chtxn participant Spark job.")
     parser.add_argument("--config", required=True, help="the pipeline TOML file")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
-    parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S,
-                        help=f"seconds every task has to start after a submission (default: {STARTUP_TIMEOUT_S:g})")
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=STARTUP_TIMEOUT_S,
+        help=f"seconds every task has to start after a submission (default: {STARTUP_TIMEOUT_S:g})",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     from protocol.config import load_config
     from protocol.errors import ChtxnError, ConfigError
 

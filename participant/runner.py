@@ -76,8 +76,13 @@ class TaskRunner:
     """The participant of one task: ``partitions`` of the pipeline in ``cfg``."""
 
     def __init__(
-        self, cfg: PipelineConfig, partitions: Sequence[TopicPartition], *, participant_id: str = "",
-        workers: int = 2, clock: Callable[[], float] = time.monotonic,
+        self,
+        cfg: PipelineConfig,
+        partitions: Sequence[TopicPartition],
+        *,
+        participant_id: str = "",
+        workers: int = 2,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not partitions:
             raise ValueError("a participant task needs at least one partition")
@@ -108,25 +113,46 @@ class _Loop:
         first = runner.partitions[0]
         self.sender = runner.participant_id or f"{socket.gethostname()}-{os.getpid()}-{first.topic}-{first.partition}"
         self.machine = ParticipantState(
-            pipeline=cfg.name, sender=self.sender, partitions=runner.partitions,
-            chunk_rows=cfg.participant.chunk_rows, chunk_bytes=cfg.participant.chunk_bytes,
+            pipeline=cfg.name,
+            sender=self.sender,
+            partitions=runner.partitions,
+            chunk_rows=cfg.participant.chunk_rows,
+            chunk_bytes=cfg.participant.chunk_bytes,
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
             size_trigger_rows=cfg.transaction.size_trigger_rows,
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         kafka = runner.kafka
         self.producer = kafka.producer(**{"linger.ms": 2})
-        self.control = ControlReader(kafka.consumer(**{
-            "group.id": naming.participant_control_group(cfg.name), "enable.partition.eof": False,
-            "fetch.wait.max.ms": cfg.kafka.control_fetch_wait_ms,
-        }), cfg.control_topic, who=self.sender, clock=self.clock)
-        self.data = kafka.consumer(**{
-            "isolation.level": "read_committed", "auto.offset.reset": "error", "enable.partition.eof": False,
-        })
+        self.control = ControlReader(
+            kafka.consumer(
+                **{
+                    "group.id": naming.participant_control_group(cfg.name),
+                    "enable.partition.eof": False,
+                    "fetch.wait.max.ms": cfg.kafka.control_fetch_wait_ms,
+                }
+            ),
+            cfg.control_topic,
+            who=self.sender,
+            clock=self.clock,
+        )
+        self.data = kafka.consumer(
+            **{
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "error",
+                "enable.partition.eof": False,
+            }
+        )
         self.stager = Stager(
-            client=self.client, section=cfg.clickhouse, attempts=cfg.participant.insert_retries,
-            dead_letters=DeadLetterSink(self.client, database=cfg.clickhouse.database, pipeline=cfg.name,
-                                        attempts=cfg.participant.insert_retries),
+            client=self.client,
+            section=cfg.clickhouse,
+            attempts=cfg.participant.insert_retries,
+            dead_letters=DeadLetterSink(
+                self.client,
+                database=cfg.clickhouse.database,
+                pipeline=cfg.name,
+                attempts=cfg.participant.insert_retries,
+            ),
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)
@@ -179,8 +205,12 @@ class _Loop:
 
     def _on_data_error(self, m: Message, error: KafkaError) -> None:
         topic, partition = m.topic(), m.partition()
-        if (topic is not None and partition is not None and (topic, partition) in self.machine.parts
-                and not error.retriable()):
+        if (
+            topic is not None
+            and partition is not None
+            and (topic, partition) in self.machine.parts
+            and not error.retriable()
+        ):
             self._feed(PartitionFailed(topic, partition, f"cannot read {topic}/{partition}: {error.str()}"))
         else:
             log.warning("data consumer: %s", error.str(), extra={"topic": topic, "partition": partition})
@@ -209,7 +239,9 @@ class _Loop:
             self.dropped.append(a.txn)
         elif isinstance(a, CommitOffsets):
             try:
-                self.data.commit(offsets=[KafkaTP(o.topic, o.partition, o.offset) for o in a.offsets], asynchronous=True)
+                self.data.commit(
+                    offsets=[KafkaTP(o.topic, o.partition, o.offset) for o in a.offsets], asynchronous=True
+                )
             except Exception as exc:  # lag reporting only: never worth failing the task
                 log.warning("cannot commit offsets to the consumer group: %s", exc)
         else:
@@ -236,7 +268,10 @@ class _Loop:
         except Exception as exc:  # a bug: report it so the txn aborts instead of hanging
             log.exception("staging chunk %s crashed", chunk.token)
             result = ChunkStaged(
-                txn=chunk.txn, topic=chunk.topic, partition=chunk.partition, chunk_no=chunk.chunk_no,
+                txn=chunk.txn,
+                topic=chunk.topic,
+                partition=chunk.partition,
+                chunk_no=chunk.chunk_no,
                 error=f"staging crashed: {type(exc).__name__}: {exc}",
             )
         self.results.put((chunk.rows, result))

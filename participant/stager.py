@@ -104,8 +104,14 @@ class Stager:
     """Stages chunks; thread-safe, so a pool of workers may share one instance."""
 
     def __init__(
-        self, *, client: Any, section: ClickHouseSection, dead_letters: DeadLetterSink | None, attempts: int,
-        sleep: Callable[[float], None] | None = None, remembered: Remembered | None = None,
+        self,
+        *,
+        client: Any,
+        section: ClickHouseSection,
+        dead_letters: DeadLetterSink | None,
+        attempts: int,
+        sleep: Callable[[float], None] | None = None,
+        remembered: Remembered | None = None,
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
         self.remembered = remembered if remembered is not None else Remembered()
@@ -142,10 +148,17 @@ class Stager:
 
     def stage(self, stage_table: str, chunk: Chunk) -> ChunkStaged:
         """Stage ``chunk`` into ``stage_table``; never raises for what ClickHouse or the data did."""
-        result: _ChunkKey = {"txn": chunk.txn, "topic": chunk.topic, "partition": chunk.partition, "chunk_no": chunk.chunk_no}
+        result: _ChunkKey = {
+            "txn": chunk.txn,
+            "topic": chunk.topic,
+            "partition": chunk.partition,
+            "chunk_no": chunk.chunk_no,
+        }
         try:
             bodies = BodyBuilder(
-                topic=chunk.topic, partition=chunk.partition, input_format=self.section.input_format,
+                topic=chunk.topic,
+                partition=chunk.partition,
+                input_format=self.section.input_format,
                 columns=self.metadata_columns(stage_table),
             )
             # Stager step 1: records that cannot be one row, and those remembered
@@ -158,7 +171,9 @@ class Stager:
             letters.sort(key=lambda letter: letter.record.offset())
             if letters:
                 log.warning(
-                    "%d bad records of chunk %s are dead letters", len(letters), chunk.token,
+                    "%d bad records of chunk %s are dead letters",
+                    len(letters),
+                    chunk.token,
                     extra={"txn": chunk.txn, "first_error": letters[0].error[:500]},
                 )
                 # Stager step 4: the letters are stored before the chunk counts as staged
@@ -198,13 +213,23 @@ class Stager:
             return json_problem(record.value()) is not None  # type: ignore[arg-type]  # prechecked: never None
 
         rows, refused_letters = isolate_refused(
-            records, refused, insert, self._has_memory, suspect=malformed if bodies.json_objects else None,
+            records,
+            refused,
+            insert,
+            self._has_memory,
+            suspect=malformed if bodies.json_objects else None,
         )
         letters += refused_letters
         return rows
 
     def _insert(
-        self, table: str, records: Sequence[RecordLike], token: str, body: bytes, *, retry_memory: bool = True,
+        self,
+        table: str,
+        records: Sequence[RecordLike],
+        token: str,
+        body: bytes,
+        *,
+        retry_memory: bool = True,
     ) -> int:
         """Stager step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
         Without ``retry_memory``, a memory error is raised at once (stager step 3 splits the part instead)."""
@@ -219,7 +244,8 @@ class Stager:
         if written and written != len(records):  # 0: deduplicated, or a server without summaries
             raise NotOneRow(
                 f"ClickHouse stored {written} rows for the {len(records)} records of chunk {token}",
-                records=records, written=written,
+                records=records,
+                written=written,
             )
         return len(records)
 
@@ -236,14 +262,23 @@ class Stager:
         self.remembered.remember(found)
         offsets = ", ".join(str(letter.record.offset()) for letter in found[:20]) + (" ..." if len(found) > 20 else "")
         if found:
-            log.warning("records at offsets %s of %s/%d are not one row each; dead-lettered when read again",
-                        offsets, chunk.topic, chunk.partition, extra={"txn": chunk.txn, "first_error": found[0].error[:500]})
-            return (f"{exc}: the records at offsets {offsets} are not exactly one {self.section.input_format} row each; "
-                    "they are set aside for the dead-letter topic when read again, and this txn must abort")
+            log.warning(
+                "records at offsets %s of %s/%d are not one row each; dead-lettered when read again",
+                offsets,
+                chunk.topic,
+                chunk.partition,
+                extra={"txn": chunk.txn, "first_error": found[0].error[:500]},
+            )
+            return (
+                f"{exc}: the records at offsets {offsets} are not exactly one {self.section.input_format} row each; "
+                "they are set aside for the dead-letter topic when read again, and this txn must abort"
+            )
         log.error("%s and %s", exc, why, extra={"txn": chunk.txn})
         return f"{exc}: some record is not exactly one {self.section.input_format} row, and {why}; the txn will abort"
 
-    def _isolate(self, stage_table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder) -> list[Letter]:
+    def _isolate(
+        self, stage_table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder
+    ) -> list[Letter]:
         """JSON records that are not one object, then a bisection of the rest on a Null-engine clone."""
         letters: list[Letter] = []
         rest: Sequence[RecordLike] = records
@@ -261,7 +296,10 @@ class Stager:
         def probe(part: Sequence[RecordLike]) -> int:
             try:
                 summary = self._retrying(f"probe {len(part)} records in {probe_table}")(
-                    self.client.raw_insert, probe_table, insert_block=bodies.body(part), fmt=self.section.input_format,
+                    self.client.raw_insert,
+                    probe_table,
+                    insert_block=bodies.body(part),
+                    fmt=self.section.input_format,
                     settings=settings,
                 )
             except ClickHouseError as exc:
@@ -273,12 +311,15 @@ class Stager:
             return summary.written_rows
 
         self._retrying(f"create {probe_table}")(
-            self.client.command, f"CREATE TABLE IF NOT EXISTS {db}.{_ident(probe_table)} AS {db}.{_ident(stage_table)} ENGINE = Null"
+            self.client.command,
+            f"CREATE TABLE IF NOT EXISTS {db}.{_ident(probe_table)} AS {db}.{_ident(stage_table)} ENGINE = Null",
         )
         try:
             letters += isolate(rest, probe)
         finally:
-            self._retrying(f"drop {probe_table}")(self.client.command, f"DROP TABLE IF EXISTS {db}.{_ident(probe_table)}")
+            self._retrying(f"drop {probe_table}")(
+                self.client.command, f"DROP TABLE IF EXISTS {db}.{_ident(probe_table)}"
+            )
         return sorted(letters, key=lambda letter: letter.record.offset())
 
     def _has_memory(self) -> bool:
@@ -286,10 +327,14 @@ class Stager:
         Asked once, not retried; any failure (unreachable included) is a no."""
         try:
             retrying(1, "control query after a memory error")(
-                self.client.query, f"SELECT length(randomString({CONTROL_BYTES}))")
+                self.client.query, f"SELECT length(randomString({CONTROL_BYTES}))"
+            )
         except ClickHouseError as exc:
-            log.warning("ClickHouse cannot give a query %d bytes now (%s): a memory error is its load, not a record's",
-                        CONTROL_BYTES, exc)
+            log.warning(
+                "ClickHouse cannot give a query %d bytes now (%s): a memory error is its load, not a record's",
+                CONTROL_BYTES,
+                exc,
+            )
             return False
         return True
 

@@ -62,9 +62,7 @@ def start_token(pid: int) -> str | None:
         fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces
         state, started = fields[0], fields[19]
         return None if state in ("Z", "X") else f"linux:{started}"
-    result = subprocess.run(
-        ["ps", "-o", "stat=,lstart=", "-p", str(pid)], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run(["ps", "-o", "stat=,lstart=", "-p", str(pid)], capture_output=True, text=True, check=False)
     line = result.stdout.strip()
     if result.returncode != 0 or not line or line.startswith("Z"):
         return None
@@ -152,8 +150,13 @@ class ManagedProcess:
             out = open(self.log_path, "ab")  # noqa: SIM115 -- the child keeps its own copy
         try:
             self._proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self.env, cwd=self.cwd, start_new_session=True,
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
             )
         finally:
             if not isinstance(out, int):  # a log file, not DEVNULL
@@ -205,7 +208,9 @@ def start_watchdog(child: int, grace_s: float) -> subprocess.Popen[bytes]:
     """
     return subprocess.Popen(
         [sys.executable, "-m", "procs", str(os.getpid()), str(child), str(grace_s)],
-        stdin=subprocess.DEVNULL, start_new_session=True, cwd=_project_root(),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=_project_root(),
     )
 
 
@@ -231,4 +236,3 @@ def watchdog(owner: int, child: int, grace_s: float) -> None:
             signal_group(child, signal.SIGKILL)
             return
         time.sleep(_POLL_S)
-

@@ -82,8 +82,15 @@ class ChunkBuilder:
     """
 
     def __init__(
-        self, *, pipeline: str, txn: str, topic: str, partition: int, start_offset: int,
-        chunk_rows: int, chunk_bytes: int,
+        self,
+        *,
+        pipeline: str,
+        txn: str,
+        topic: str,
+        partition: int,
+        start_offset: int,
+        chunk_rows: int,
+        chunk_bytes: int,
     ) -> None:
         if chunk_rows <= 0 or chunk_bytes <= 0:
             raise ValueError(f"chunk_rows ({chunk_rows}) and chunk_bytes ({chunk_bytes}) must be > 0")
@@ -163,10 +170,16 @@ class ChunkBuilder:
 
     def _cut(self) -> Chunk:
         chunk = Chunk(
-            txn=self.txn, topic=self.topic, partition=self.partition, chunk_no=self.chunks_cut,
-            token=chunk_token(self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut,
-                              self._open_first, self.next_offset),
-            records=tuple(self._open), first_offset=self._open_first, next_offset=self.next_offset,
+            txn=self.txn,
+            topic=self.topic,
+            partition=self.partition,
+            chunk_no=self.chunks_cut,
+            token=chunk_token(
+                self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut, self._open_first, self.next_offset
+            ),
+            records=tuple(self._open),
+            first_offset=self._open_first,
+            next_offset=self.next_offset,
             bytes=self._open_bytes,
         )
         self.chunks_cut += 1
@@ -257,7 +270,7 @@ class BodyBuilder:
 
     def _splice_slowly(self, value: bytes, offset: bytes) -> bytes:
         """Blanks around the brace, or an empty object (``{}`` takes no comma)."""
-        rest = value[_object_start(value) + 1:]
+        rest = value[_object_start(value) + 1 :]
         empty = rest.lstrip(_WHITESPACE)[:1] == b"}"
         return self._head + offset + (b"" if empty else b",") + rest
 

@@ -47,7 +47,9 @@ def decode(data: bytes | None) -> ControlMessage | None:
     if envelope.version > PROTOCOL_VERSION:
         log.warning(
             "skipping %s message of version %d: this reader knows version %d; upgrade chtxn",
-            envelope.kind, envelope.version, PROTOCOL_VERSION,
+            envelope.kind,
+            envelope.version,
+            PROTOCOL_VERSION,
         )
         return None
     try:

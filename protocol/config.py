@@ -63,8 +63,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _SECTIONS: dict[str, type[msgspec.Struct]] = {
-    name: msgspec.structs.fields(PipelineConfig)[i].type
-    for i, name in enumerate(PipelineConfig.__struct_fields__)
+    name: msgspec.structs.fields(PipelineConfig)[i].type for i, name in enumerate(PipelineConfig.__struct_fields__)
 }
 
 
@@ -113,7 +112,9 @@ def _validate(config: PipelineConfig) -> None:
         if not re.match(_TOPIC, topic):
             raise bad("pipeline.topics", topic, "not a valid Kafka topic name")
     if config.control_topic in p.topics or config.dead_letter_topic in p.topics:
-        raise bad("pipeline.control_topic", config.control_topic, "control and dead-letter topics must not be source topics")
+        raise bad(
+            "pipeline.control_topic", config.control_topic, "control and dead-letter topics must not be source topics"
+        )
     if not ch.target_table or not re.match(_IDENT, ch.target_table):
         raise bad("clickhouse.target_table", ch.target_table, "required; a plain table name in clickhouse.database")
     if not re.match(_IDENT, ch.database):
@@ -141,15 +142,23 @@ def _validate(config: PipelineConfig) -> None:
             raise bad(key, value, "must be greater than 0")
     if config.heartbeat_timeout_s >= tx.write_status_timeout_s:
         raise bad(
-            "transaction.heartbeat_misses", tx.heartbeat_misses,
+            "transaction.heartbeat_misses",
+            tx.heartbeat_misses,
             f"heartbeat_interval_s x heartbeat_misses ({config.heartbeat_timeout_s:g} s) must be shorter "
             f"than write_status_timeout_s ({tx.write_status_timeout_s:g} s)",
         )
     if "group.id" in config.kafka.properties or "bootstrap.servers" in config.kafka.properties:
-        raise bad("kafka.properties", dict(config.kafka.properties), "set bootstrap servers in kafka.bootstrap_servers; group ids are chtxn's")
+        raise bad(
+            "kafka.properties",
+            dict(config.kafka.properties),
+            "set bootstrap servers in kafka.bootstrap_servers; group ids are chtxn's",
+        )
     if not -20 <= config.coordinator.clickhouse_nice <= 19:
-        raise bad("coordinator.clickhouse_nice", config.coordinator.clickhouse_nice,
-                  "a nice value is between -20 (first) and 19 (last); 0 leaves the server's default")
+        raise bad(
+            "coordinator.clickhouse_nice",
+            config.coordinator.clickhouse_nice,
+            "a nice value is between -20 (first) and 19 (last); 0 leaves the server's default",
+        )
     for setting, setting_value in ch.insert_settings.items():
         if why := insert_settings.problem(setting, setting_value):
             raise bad(f"clickhouse.insert_settings.{setting}", setting_value, why)
@@ -181,14 +190,17 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
             key = f"{key}.{field}" if key else field
             raise ConfigError(f"{source}: unknown key {key!r}: check its spelling against the docs", key=key) from None
         value = secrets.masked(key, _lookup(merged, key))
-        raise ConfigError(f"{source}: {key} = {value!r}: {message.split(' - at ', 1)[0]}", key=key, value=value) from None
+        raise ConfigError(
+            f"{source}: {key} = {value!r}: {message.split(' - at ', 1)[0]}", key=key, value=value
+        ) from None
     try:
         _validate(config)
         config = _credentials_from_url(config)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}", key=exc.key, value=exc.value) from None
-    secrets.remember([config.clickhouse.password,
-                      *(v for k, v in config.kafka.properties.items() if secrets.is_secret_key(k))])
+    secrets.remember(
+        [config.clickhouse.password, *(v for k, v in config.kafka.properties.items() if secrets.is_secret_key(k))]
+    )
     return config
 
 
@@ -203,11 +215,17 @@ def _credentials_from_url(config: PipelineConfig) -> PipelineConfig:
     user, password = unquote(parts.username or ""), unquote(parts.password or "")
     shown = secrets.mask_url(ch.url)
     if password and ch.password and password != ch.password:
-        raise ConfigError(f"clickhouse.url = {shown!r}: holds a password other than clickhouse.password; "
-                          "set it in one place", key="clickhouse.url", value=shown)
+        raise ConfigError(
+            f"clickhouse.url = {shown!r}: holds a password other than clickhouse.password; set it in one place",
+            key="clickhouse.url",
+            value=shown,
+        )
     if user and ch.user not in ("default", user):
-        raise ConfigError(f"clickhouse.url = {shown!r}: holds user {user!r}, but clickhouse.user is {ch.user!r}; "
-                          "set it in one place", key="clickhouse.url", value=shown)
+        raise ConfigError(
+            f"clickhouse.url = {shown!r}: holds user {user!r}, but clickhouse.user is {ch.user!r}; set it in one place",
+            key="clickhouse.url",
+            value=shown,
+        )
     url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
     section = msgspec.structs.replace(ch, url=url, user=user or ch.user, password=password or ch.password)
     return msgspec.structs.replace(config, clickhouse=section)

@@ -165,8 +165,18 @@ class Shutdown:
     """SIGTERM: finish what is committed, abort what is not, then stop."""
 
 
-Event = (Ready | PartitionsChanged | Tick | Received | StageCreated | Counted | CommitResult | PublishResult | Shutdown
-         | GapFound)
+Event = (
+    Ready
+    | PartitionsChanged
+    | Tick
+    | Received
+    | StageCreated
+    | Counted
+    | CommitResult
+    | PublishResult
+    | Shutdown
+    | GapFound
+)
 
 
 # ---- actions ----------------------------------------------------------------------------
@@ -272,4 +282,6 @@ class Stopped:
     """Nothing is in flight after a Shutdown: the runner may exit."""
 
 
-Action = CreateStage | DropStage | Broadcast | RecordStarted | CountStage | Commit | Publish | AbortTxn | StepDown | Stopped
+Action = (
+    CreateStage | DropStage | Broadcast | RecordStarted | CountStage | Commit | Publish | AbortTxn | StepDown | Stopped
+)

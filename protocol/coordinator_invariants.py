@@ -54,8 +54,11 @@ def _seq(state: CoordinatorState, txn: str) -> int:
 
 def _check_lifecycle(state: CoordinatorState) -> None:
     if not state.ready and (state.txns or state.spare is not None):
-        raise _broken("", "no txn and no spare stage table before Ready",
-                      f"txns {[t.id for t in state.txns]}, spare {state.spare}")
+        raise _broken(
+            "",
+            "no txn and no spare stage table before Ready",
+            f"txns {[t.id for t in state.txns]}, spare {state.spare}",
+        )
     if state.stopping:
         if state.spare is not None:
             raise _broken(state.spare.txn, "no spare stage table once stopping", "one kept")
@@ -75,21 +78,26 @@ def _check_order(state: CoordinatorState) -> None:
         if seqs and _seq(state, state.spare.txn) <= seqs[-1]:
             raise _broken(state.spare.txn, f"a spare newer than every txn (newest {state.txns[-1].id})", "an older one")
     committed = [t for t in state.txns if t.phase is Phase.PUBLISHING]
-    if state.txns[:len(committed)] != committed:
-        raise _broken(committed[-1].id, "committed txns before every uncommitted one",
-                      f"phases {[t.phase.value for t in state.txns]}")
+    if state.txns[: len(committed)] != committed:
+        raise _broken(
+            committed[-1].id,
+            "committed txns before every uncommitted one",
+            f"phases {[t.phase.value for t in state.txns]}",
+        )
     slots = [t.commit_seq for t in committed]
     if slots != sorted(set(slots)) or (slots and (slots[0] <= 0 or slots[-1] > state.head_seq)):
-        raise _broken(committed[0].id, f"commit slots increasing, in 1..{state.head_seq} (the ledger head)",
-                      f"{slots}")
-    uncommitted = state.txns[len(committed):]
+        raise _broken(committed[0].id, f"commit slots increasing, in 1..{state.head_seq} (the ledger head)", f"{slots}")
+    uncommitted = state.txns[len(committed) :]
     if len(uncommitted) > 2:
         raise _broken(uncommitted[-1].id, "at most two uncommitted txns", f"{[t.id for t in uncommitted]}")
     if len(uncommitted) == 2:
         older, newer = uncommitted
         if newer.phase is not Phase.COLLECTING or older.phase is Phase.COLLECTING:
-            raise _broken(newer.id, f"only the newer of two uncommitted txns collecting (older {older.id})",
-                          f"{older.phase.value} then {newer.phase.value}")
+            raise _broken(
+                newer.id,
+                f"only the newer of two uncommitted txns collecting (older {older.id})",
+                f"{older.phase.value} then {newer.phase.value}",
+            )
         if newer.after != older.id:
             raise _broken(newer.id, f"it pipelined after {older.id}", f"after {newer.after}")
 
@@ -98,31 +106,44 @@ def _check_txn(state: CoordinatorState, txn: Txn) -> None:
     if txn.stage_table != naming.stage_table(state.target, state.pipeline, txn.id):
         raise _broken(txn.id, "its stage table named after it", txn.stage_table)
     if not set(txn.holders) <= set(txn.start) or not set(txn.statuses) <= set(txn.start):
-        raise _broken(txn.id, "holders and WRITE-STATUS of START's partitions only",
-                      f"holders {sorted(txn.holders)}, statuses {sorted(txn.statuses)}, start {sorted(txn.start)}")
+        raise _broken(
+            txn.id,
+            "holders and WRITE-STATUS of START's partitions only",
+            f"holders {sorted(txn.holders)}, statuses {sorted(txn.statuses)}, start {sorted(txn.start)}",
+        )
     if txn.buffered_rows != sum(txn.buffered.values()):
-        raise _broken(txn.id, f"buffered rows {sum(txn.buffered.values())} (the sum per partition)",
-                      f"{txn.buffered_rows}")
+        raise _broken(
+            txn.id, f"buffered rows {sum(txn.buffered.values())} (the sum per partition)", f"{txn.buffered_rows}"
+        )
     _check_phase(state, txn)
     _check_continue(state, txn)
     for tp, ws in txn.statuses.items():
         where = f"{tp.topic}-{tp.partition}"
         if (ws.txn, ws.epoch, ws.tp) != (txn.id, state.epoch, tp):
-            raise _broken(txn.id, f"the WRITE-STATUS of {where} for it, epoch {state.epoch}",
-                          f"one of {ws.txn}, epoch {ws.epoch}, {ws.topic}-{ws.partition}")
+            raise _broken(
+                txn.id,
+                f"the WRITE-STATUS of {where} for it, epoch {state.epoch}",
+                f"one of {ws.txn}, epoch {ws.epoch}, {ws.topic}-{ws.partition}",
+            )
         if tp in txn.holders and ws.sender != txn.holders[tp]:
             raise _broken(txn.id, f"the WRITE-STATUS of {where} from its holder {txn.holders[tp]}", ws.sender)
         if ws.start_offset != txn.start[tp] or ws.end_offset < ws.start_offset or ws.errors:
-            raise _broken(txn.id, f"the WRITE-STATUS of {where} in [{txn.start[tp]}, ...) without errors",
-                          f"[{ws.start_offset}, {ws.end_offset}), errors {list(ws.errors)}")
+            raise _broken(
+                txn.id,
+                f"the WRITE-STATUS of {where} in [{txn.start[tp]}, ...) without errors",
+                f"[{ws.start_offset}, {ws.end_offset}), errors {list(ws.errors)}",
+            )
 
 
 def _check_phase(state: CoordinatorState, txn: Txn) -> None:
     phase = txn.phase
     ended = phase is not Phase.COLLECTING
     if ended != (txn.end_message is not None):
-        raise _broken(txn.id, f"an END sent exactly when past collecting ({phase.value})",
-                      f"END {'sent' if txn.end_message else 'not sent'}")
+        raise _broken(
+            txn.id,
+            f"an END sent exactly when past collecting ({phase.value})",
+            f"END {'sent' if txn.end_message else 'not sent'}",
+        )
     if ended and CONTINUE in txn.start.values():
         raise _broken(txn.id, f"explicit start offsets once ended ({phase.value})", "a CONTINUE start")
     if phase is Phase.ENDING and txn.complete:
@@ -130,8 +151,9 @@ def _check_phase(state: CoordinatorState, txn: Txn) -> None:
     if phase not in _OPEN and not txn.complete:
         raise _broken(txn.id, f"every WRITE-STATUS in once {phase.value}", f"{txn.missing} missing")
     if phase is Phase.COMMITTING and txn.commit_seq != state.head_seq + 1:
-        raise _broken(txn.id, f"commit slot {state.head_seq + 1} (the head's next) while committing",
-                      f"{txn.commit_seq}")
+        raise _broken(
+            txn.id, f"commit slot {state.head_seq + 1} (the head's next) while committing", f"{txn.commit_seq}"
+        )
     if phase not in (Phase.COMMITTING, Phase.PUBLISHING) and txn.commit_seq:
         raise _broken(txn.id, f"no commit slot while {phase.value}", f"{txn.commit_seq}")
     if txn.publish_in_flight and phase is not Phase.PUBLISHING:
@@ -145,9 +167,13 @@ def _check_continue(state: CoordinatorState, txn: Txn) -> None:
         return
     parent = state.txn(txn.after) if txn.chained and txn.after else None
     if parent is None:
-        raise _broken(txn.id, "CONTINUE starts only when chained to a txn in flight",
-                      f"chained {txn.chained}, after {txn.after}")
+        raise _broken(
+            txn.id, "CONTINUE starts only when chained to a txn in flight", f"chained {txn.chained}, after {txn.after}"
+        )
     for tp in waiting:
         if tp not in parent.start or tp in parent.statuses:
-            raise _broken(txn.id, f"a CONTINUE start of {tp.topic}-{tp.partition} awaiting {parent.id}'s WRITE-STATUS",
-                          "none due" if tp not in parent.start else "it already in")
+            raise _broken(
+                txn.id,
+                f"a CONTINUE start of {tp.topic}-{tp.partition} awaiting {parent.id}'s WRITE-STATUS",
+                "none due" if tp not in parent.start else "it already in",
+            )

@@ -228,7 +228,9 @@ class CoordinatorState:
     def _on_partitions_changed(self, event: PartitionsChanged, now: float) -> list[Action]:
         self.partitions = tuple(sorted(event.partitions))
         # A partition's initial offset is fixed once known: a START may already have gone out from it.
-        self.initial.update({tp: o for tp, o in event.initial.items() if tp not in self.head and tp not in self.initial})
+        self.initial.update(
+            {tp: o for tp, o in event.initial.items() if tp not in self.head and tp not in self.initial}
+        )
         return []
 
     def _on_tick(self, event: Tick, now: float) -> list[Action]:
@@ -264,8 +266,9 @@ class CoordinatorState:
         collecting = next((t for t in self.txns if t.phase is Phase.COLLECTING), None)
         for pos in msg.partitions:
             copies = self.alive.setdefault(pos.tp, {})
-            copies[msg.sender] = _Liveness(msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues,
-                                           pos.position)
+            copies[msg.sender] = _Liveness(
+                msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues, pos.position
+            )
             if collecting is not None and collecting.holders.get(pos.tp) == msg.sender:
                 rows = pos.buffered_rows if msg.txn == collecting.id else 0  # rows of another txn do not count
                 collecting.buffered_rows += rows - collecting.buffered.get(pos.tp, 0)
@@ -319,8 +322,10 @@ class CoordinatorState:
         if event.count is None:
             return self._abort(txn, f"could not count the stage table: {event.error}", now, AbortKind.COUNT_FAILED)
         if event.altered:  # the spare was made like the old target too
-            why = (f"the target table changed after the stage table was made ({event.altered}); "
-                   "the next txn stages in the new structure")
+            why = (
+                f"the target table changed after the stage table was made ({event.altered}); "
+                "the next txn stages in the new structure"
+            )
             return self._abort(txn, why, now, AbortKind.TARGET_ALTERED) + self._drop_spare()
         if event.count != txn.rows:
             why = f"row-count mismatch: stage table holds {event.count}, participants reported {txn.rows}"
@@ -350,7 +355,9 @@ class CoordinatorState:
         self.head.update(txn.end)
         # Commit step 7: ACK-COMMIT, then publish (``_advance`` publishes in commit order).
         txn.phase = Phase.PUBLISHING
-        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.end.items()))
+        offsets = tuple(
+            PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.end.items())
+        )
         ack = AckCommit(**self._envelope(txn.id), offsets=offsets, commit_seq=txn.commit_seq)
         return [Broadcast(ack)]
 
@@ -373,14 +380,22 @@ class CoordinatorState:
         txn = self.txn(event.txn)
         if txn is not None and txn.phase is not phase:
             raise InvalidTransition(
-                f"{type(event).__name__} for {event.txn}: expected the txn {phase.value}, found {txn.phase.value}")
+                f"{type(event).__name__} for {event.txn}: expected the txn {phase.value}, found {txn.phase.value}"
+            )
         return txn
 
     #: The handler of each event type, taken by ``handle``.
     _HANDLERS: ClassVar[dict[type, Callable[[Any, Any, float], list[Action]]]] = {
-        Ready: _on_ready, PartitionsChanged: _on_partitions_changed, GapFound: _on_gap_found, Tick: _on_tick,
-        Received: _on_received, StageCreated: _on_stage_created, Counted: _on_counted,
-        CommitResult: _on_commit_result, PublishResult: _on_publish_result, Shutdown: _on_shutdown,
+        Ready: _on_ready,
+        PartitionsChanged: _on_partitions_changed,
+        GapFound: _on_gap_found,
+        Tick: _on_tick,
+        Received: _on_received,
+        StageCreated: _on_stage_created,
+        Counted: _on_counted,
+        CommitResult: _on_commit_result,
+        PublishResult: _on_publish_result,
+        Shutdown: _on_shutdown,
     }
 
     # ---- the driver of every commit step ----------------------------------------------
@@ -400,8 +415,9 @@ class CoordinatorState:
                     actions += self._abort(txn, why, now, AbortKind.PARTICIPANT_DEAD)
                     continue
             if txn.phase is Phase.ENDING and txn.end_message is not None and (unaware := self._missed_end(txn)):
-                log.warning("%s still reads %s %.1f s after its END: sending the END again", unaware, txn.id,
-                            now - txn.ended_at)
+                log.warning(
+                    "%s still reads %s %.1f s after its END: sending the END again", unaware, txn.id, now - txn.ended_at
+                )
                 txn.end_sent_at = now
                 actions.append(Broadcast(txn.end_message))
             if txn.phase is Phase.ENDING and now - txn.ended_at > t.write_status_timeout_s:
@@ -412,8 +428,12 @@ class CoordinatorState:
             if txn.phase is Phase.COMPLETE and self._is_oldest_uncommitted(txn):
                 txn.phase = Phase.VERIFYING  # Commit step 5
                 actions.append(CountStage(txn.id, txn.stage_table))
-            if (txn.phase is Phase.PUBLISHING and not txn.publish_in_flight and now >= txn.publish_not_before
-                    and self._is_oldest_publishing(txn)):
+            if (
+                txn.phase is Phase.PUBLISHING
+                and not txn.publish_in_flight
+                and now >= txn.publish_not_before
+                and self._is_oldest_publishing(txn)
+            ):
                 txn.publish_not_before = 0.0
                 txn.publish_in_flight = True
                 actions.append(Publish(txn))
@@ -429,12 +449,15 @@ class CoordinatorState:
         meanwhile); at once when shutting down."""
         if self.stopping:
             return True
-        if any(t.phase in _UNCOMMITTED for t in self.txns[:self.txns.index(txn)]):
+        if any(t.phase in _UNCOMMITTED for t in self.txns[: self.txns.index(txn)]):
             return False
         trigger = self.timing.size_trigger_rows
         full = size_trigger.full_rows(size_trigger.share(trigger, len(txn.start)))
-        return (now - txn.started_at >= self.timing.interval_s or txn.buffered_rows >= trigger
-                or (full > 0 and any(rows >= full for rows in txn.buffered.values())))
+        return (
+            now - txn.started_at >= self.timing.interval_s
+            or txn.buffered_rows >= trigger
+            or (full > 0 and any(rows >= full for rows in txn.buffered.values()))
+        )
 
     def _end(self, txn: Txn, now: float) -> list[Action]:
         txn.phase = Phase.ENDING
@@ -457,7 +480,12 @@ class CoordinatorState:
             return ""
         for tp in txn.missing:
             copy = self.alive.get(tp, {}).get(txn.holders.get(tp, ""))
-            if copy is not None and copy.continues and copy.txn == txn.id and copy.seen_at - txn.end_sent_at >= RESEND_END_S:
+            if (
+                copy is not None
+                and copy.continues
+                and copy.txn == txn.id
+                and copy.seen_at - txn.end_sent_at >= RESEND_END_S
+            ):
                 return f"the holder of {tp.topic}-{tp.partition} ({copy.sender})"
         return ""
 
@@ -516,16 +544,36 @@ class CoordinatorState:
         return txn
 
     def _start_message(self, txn: Txn) -> StartCommit:
-        offsets = tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items()))
-        holders = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items()))
-        behind = {tp: c.log_end - c.position for tp, copies in self.alive.items() if tp in txn.start
-                  for c in copies.values() if c.sender == txn.holders.get(tp) and c.log_end >= 0 and c.position >= 0}
-        return StartCommit(**self._envelope(txn.id), stage_table=txn.stage_table, offsets=offsets, holders=holders,
-                           chunk_rows=self.sizer.chunk_rows(behind))
+        offsets = tuple(
+            PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(txn.start.items())
+        )
+        holders = tuple(
+            PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items())
+        )
+        behind = {
+            tp: c.log_end - c.position
+            for tp, copies in self.alive.items()
+            if tp in txn.start
+            for c in copies.values()
+            if c.sender == txn.holders.get(tp) and c.log_end >= 0 and c.position >= 0
+        }
+        return StartCommit(
+            **self._envelope(txn.id),
+            stage_table=txn.stage_table,
+            offsets=offsets,
+            holders=holders,
+            chunk_rows=self.sizer.chunk_rows(behind),
+        )
 
     def _prepare_spare(self, now: float) -> list[Action]:
         """Commit step 2, one txn ahead: the next txn's stage table."""
-        if self.spare is not None or not self.ready or self.stopping or not self.partitions or now < self._spare_not_before:
+        if (
+            self.spare is not None
+            or not self.ready
+            or self.stopping
+            or not self.partitions
+            or now < self._spare_not_before
+        ):
             return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
@@ -543,8 +591,9 @@ class CoordinatorState:
         actions: list[Action] = []
         doomed = [txn] + [t for t in self.txns if self._follows(t, txn)]
         for victim in doomed:
-            why, why_kind = (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})",
-                                                                  AbortKind.CASCADE)
+            why, why_kind = (
+                (reason, kind) if victim is txn else (f"cascade: {txn.id} aborted ({reason})", AbortKind.CASCADE)
+            )
             actions.append(Broadcast(Abort(**self._envelope(victim.id), reason=why)))
             actions.append(AbortTxn(victim, why, why_kind))
             self.txns.remove(victim)
@@ -567,9 +616,10 @@ class CoordinatorState:
             return ""
         limit = self.timing.heartbeat_timeout_s
         gone = [
-            tp for tp in txn.start
-            if tp not in txn.statuses and ((c := self.alive.get(tp, {}).get(txn.holders.get(tp, ""))) is None
-                                           or now - c.seen_at > limit)
+            tp
+            for tp in txn.start
+            if tp not in txn.statuses
+            and ((c := self.alive.get(tp, {}).get(txn.holders.get(tp, ""))) is None or now - c.seen_at > limit)
         ]
         return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(gone))
 
@@ -584,8 +634,10 @@ class CoordinatorState:
             if (got.rows if got else 0) != rows:
                 return f"{tp.topic}-{tp.partition}: stage table holds {got.rows if got else 0} rows, its participant reported {rows}"
             if got and ws and not (ws.start_offset <= got.min_offset and got.max_offset < ws.end_offset):
-                return (f"{tp.topic}-{tp.partition}: stage table holds offsets {got.min_offset}..{got.max_offset}, "
-                        f"outside the reported [{ws.start_offset}, {ws.end_offset})")
+                return (
+                    f"{tp.topic}-{tp.partition}: stage table holds offsets {got.min_offset}..{got.max_offset}, "
+                    f"outside the reported [{ws.start_offset}, {ws.end_offset})"
+                )
         return ""
 
     def _is_oldest_publishing(self, txn: Txn) -> bool:

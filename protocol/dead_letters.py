@@ -31,7 +31,13 @@ DEDUP_WINDOW = 10_000
 #: Letters are kept this long after their insert (long enough to publish after any outage).
 TTL_DAYS = 30
 
-ERROR, ERROR_CODE, PIPELINE, TXN, COMMIT_SEQ = "chtxn.error", "chtxn.error_code", "chtxn.pipeline", "chtxn.txn", "chtxn.commit_seq"
+ERROR, ERROR_CODE, PIPELINE, TXN, COMMIT_SEQ = (
+    "chtxn.error",
+    "chtxn.error_code",
+    "chtxn.pipeline",
+    "chtxn.txn",
+    "chtxn.commit_seq",
+)
 TOPIC, PARTITION, OFFSET, TIMESTAMP = "chtxn.topic", "chtxn.partition", "chtxn.offset", "chtxn.timestamp"
 #: Headers chtxn adds to every letter on the dead-letter topic, in this order.
 HEADERS = (ERROR, ERROR_CODE, PIPELINE, TXN, COMMIT_SEQ, TOPIC, PARTITION, OFFSET, TIMESTAMP)
@@ -94,8 +100,17 @@ def letters_token(chunk_token: str) -> str:
 
 def to_insert_values(letter: DeadLetter) -> list[object]:
     return [
-        letter.pipeline, letter.txn, letter.topic, letter.partition, letter.offset, letter.key, letter.value,
-        [(k, v) for k, v in letter.headers], letter.timestamp_ms, letter.error, letter.error_code,
+        letter.pipeline,
+        letter.txn,
+        letter.topic,
+        letter.partition,
+        letter.offset,
+        letter.key,
+        letter.value,
+        [(k, v) for k, v in letter.headers],
+        letter.timestamp_ms,
+        letter.error,
+        letter.error_code,
     ]
 
 
@@ -108,9 +123,14 @@ def from_result_row(values: Sequence[Any]) -> DeadLetter:
     v = dict(zip(INSERT_COLUMNS, values))
     text = {name: _text(v[name]) for name in ("pipeline", "txn", "topic", "error")}
     return DeadLetter(
-        **text, partition=int(v["partition"]), offset=int(v["offset"]),
-        key=v["key"], value=v["value"], headers=tuple((_text(k), bytes(h)) for k, h in v["headers"]),
-        timestamp_ms=int(v["timestamp_ms"]), error_code=int(v["error_code"]),
+        **text,
+        partition=int(v["partition"]),
+        offset=int(v["offset"]),
+        key=v["key"],
+        value=v["value"],
+        headers=tuple((_text(k), bytes(h)) for k, h in v["headers"]),
+        timestamp_ms=int(v["timestamp_ms"]),
+        error_code=int(v["error_code"]),
     )
 
 
@@ -145,11 +165,23 @@ def committed_with_letters_sql(database: str) -> str:
 
 def kafka_headers(letter: DeadLetter, commit_seq: int, max_error_bytes: int = 4096) -> list[tuple[str, bytes]]:
     """The letter's own headers, then chtxn's (``HEADERS``)."""
-    return [*letter.headers, *zip(HEADERS, (
-        letter.error.encode("utf-8", "replace")[:max_error_bytes], b"%d" % letter.error_code,
-        letter.pipeline.encode(), letter.txn.encode(), b"%d" % commit_seq, letter.topic.encode(),
-        b"%d" % letter.partition, b"%d" % letter.offset, b"%d" % letter.timestamp_ms,
-    ))]
+    return [
+        *letter.headers,
+        *zip(
+            HEADERS,
+            (
+                letter.error.encode("utf-8", "replace")[:max_error_bytes],
+                b"%d" % letter.error_code,
+                letter.pipeline.encode(),
+                letter.txn.encode(),
+                b"%d" % commit_seq,
+                letter.topic.encode(),
+                b"%d" % letter.partition,
+                b"%d" % letter.offset,
+                b"%d" % letter.timestamp_ms,
+            ),
+        ),
+    ]
 
 
 class PublishedLetter(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,8 +203,13 @@ class PublishedLetter(msgspec.Struct, frozen=True, kw_only=True):
     headers: tuple[tuple[str, bytes], ...] = ()  # the record's own headers
 
 
-def published(dlq_partition: int, dlq_offset: int, key: bytes | None, value: bytes | None,
-              headers: Sequence[tuple[str, bytes | None]] | None) -> PublishedLetter | None:
+def published(
+    dlq_partition: int,
+    dlq_offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+) -> PublishedLetter | None:
     """The letter of a dead-letter topic message; None when chtxn's headers are missing."""
     own: list[tuple[str, bytes]] = []
     ours: dict[str, str] = {}
@@ -185,10 +222,20 @@ def published(dlq_partition: int, dlq_offset: int, key: bytes | None, value: byt
         return None
     try:
         return PublishedLetter(
-            dlq_partition=dlq_partition, dlq_offset=dlq_offset, pipeline=ours[PIPELINE], txn=ours.get(TXN, ""),
-            commit_seq=int(ours.get(COMMIT_SEQ) or 0), topic=ours[TOPIC], partition=int(ours[PARTITION]),
-            offset=int(ours[OFFSET]), error_code=int(ours.get(ERROR_CODE) or 0), error=ours.get(ERROR, ""),
-            timestamp_ms=int(ours.get(TIMESTAMP) or 0), key=key, value=value, headers=tuple(own),
+            dlq_partition=dlq_partition,
+            dlq_offset=dlq_offset,
+            pipeline=ours[PIPELINE],
+            txn=ours.get(TXN, ""),
+            commit_seq=int(ours.get(COMMIT_SEQ) or 0),
+            topic=ours[TOPIC],
+            partition=int(ours[PARTITION]),
+            offset=int(ours[OFFSET]),
+            error_code=int(ours.get(ERROR_CODE) or 0),
+            error=ours.get(ERROR, ""),
+            timestamp_ms=int(ours.get(TIMESTAMP) or 0),
+            key=key,
+            value=value,
+            headers=tuple(own),
         )
     except ValueError:
         return None

@@ -27,8 +27,10 @@ CHUNK_INSERT_SETTINGS: dict[str, int] = {
 }
 
 _REMOVE = "remove it from clickhouse.insert_settings"
-_SKIPS = ("skips records silently, so a chunk stores fewer rows than it has records and its txn can never commit; "
-          f"{_REMOVE} (chtxn sends records ClickHouse refuses to the dead-letter topic instead)")
+_SKIPS = (
+    "skips records silently, so a chunk stores fewer rows than it has records and its txn can never commit; "
+    f"{_REMOVE} (chtxn sends records ClickHouse refuses to the dead-letter topic instead)"
+)
 
 #: setting -> (the only value allowed, why any other breaks chtxn, what to do).
 _REQUIRED: dict[str, tuple[float, str]] = {
@@ -39,10 +41,16 @@ _REQUIRED: dict[str, tuple[float, str]] = {
     "input_format_csv_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
     "input_format_tsv_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
     "input_format_custom_detect_header": (0, f"takes a first record that looks like a header for one and {_SKIPS}"),
-    "async_insert": (0, "chunk inserts must be synchronous: a chunk counts as staged only once ClickHouse has "
-                        f"stored it; {_REMOVE} or set it to 0"),
-    "insert_deduplicate": (1, "a retried insert would be stored twice; chtxn deduplicates every chunk by its "
-                              f"token: {_REMOVE} or set it to 1"),
+    "async_insert": (
+        0,
+        "chunk inserts must be synchronous: a chunk counts as staged only once ClickHouse has "
+        f"stored it; {_REMOVE} or set it to 0",
+    ),
+    "insert_deduplicate": (
+        1,
+        "a retried insert would be stored twice; chtxn deduplicates every chunk by its "
+        f"token: {_REMOVE} or set it to 1",
+    ),
 }
 _FORBIDDEN: dict[str, str] = {
     "insert_deduplication_token": f"chtxn sets its own token on every chunk insert: {_REMOVE}",

@@ -147,7 +147,8 @@ def dedup_engine(replicated: bool, window: int) -> tuple[str, str]:
     """(engine, settings) of a chtxn table that remembers ``window`` inserted blocks for deduplication."""
     if replicated:
         return "ReplicatedMergeTree", (
-            f"replicated_deduplication_window = {window}, replicated_deduplication_window_seconds = 604800")
+            f"replicated_deduplication_window = {window}, replicated_deduplication_window_seconds = 604800"
+        )
     return "MergeTree", f"non_replicated_deduplication_window = {window}"
 
 
@@ -193,20 +194,34 @@ def to_insert_values(row: LedgerRow) -> list[object]:
     """``row`` as one insert row matching ``INSERT_COLUMNS``."""
     r = row.ranges
     return [
-        row.pipeline, row.txn, row.event.value, row.epoch, row.commit_seq, row.coordinator,
-        row.claim_id, row.target, row.stage_table,
-        [p.topic for p in r], [p.partition for p in r], [p.start for p in r], [p.end for p in r],
+        row.pipeline,
+        row.txn,
+        row.event.value,
+        row.epoch,
+        row.commit_seq,
+        row.coordinator,
+        row.claim_id,
+        row.target,
+        row.stage_table,
+        [p.topic for p in r],
+        [p.partition for p in r],
+        [p.start for p in r],
+        [p.end for p in r],
         [p.rows for p in r],
-        row.total_rows, row.total_bytes, row.dead_letters,
-        _dt(row.started_at), _dt(row.ended_at), _dt(row.committed_at), _dt(row.published_at),
+        row.total_rows,
+        row.total_bytes,
+        row.dead_letters,
+        _dt(row.started_at),
+        _dt(row.ended_at),
+        _dt(row.committed_at),
+        _dt(row.published_at),
         row.reason,
     ]
 
 
 #: Select list matching ``from_result_row``: times come back as unix milliseconds.
 SELECT_COLUMNS = ", ".join(
-    f"toUnixTimestamp64Milli({c}) AS {c}_ms" if c in _TIMES else c
-    for c in (*INSERT_COLUMNS, "event_time")
+    f"toUnixTimestamp64Milli({c}) AS {c}_ms" if c in _TIMES else c for c in (*INSERT_COLUMNS, "event_time")
 )
 
 
@@ -218,11 +233,21 @@ def from_result_row(values: Sequence[Any]) -> LedgerRow:
         for t, p, s, e, n in zip(v["topics"], v["partitions"], v["start_offsets"], v["end_offsets"], v["rows"])
     )
     return LedgerRow(
-        pipeline=v["pipeline"], txn=v["txn"], event=LedgerEvent(v["event"]), epoch=int(v["epoch"]),
-        commit_seq=int(v["commit_seq"]), coordinator=v["coordinator"], claim_id=v["claim_id"],
-        target=v["target"], stage_table=v["stage_table"], ranges=ranges,
-        total_rows=int(v["total_rows"]), total_bytes=int(v["total_bytes"]), dead_letters=int(v["dead_letters"]),
-        reason=v["reason"], **{c: int(v[c]) / 1000 for c in _TIMES},
+        pipeline=v["pipeline"],
+        txn=v["txn"],
+        event=LedgerEvent(v["event"]),
+        epoch=int(v["epoch"]),
+        commit_seq=int(v["commit_seq"]),
+        coordinator=v["coordinator"],
+        claim_id=v["claim_id"],
+        target=v["target"],
+        stage_table=v["stage_table"],
+        ranges=ranges,
+        total_rows=int(v["total_rows"]),
+        total_bytes=int(v["total_bytes"]),
+        dead_letters=int(v["dead_letters"]),
+        reason=v["reason"],
+        **{c: int(v[c]) / 1000 for c in _TIMES},
     )
 
 

@@ -34,23 +34,31 @@ from protocol.messages import TopicPartition
 DEFAULT_EVERY = 1000
 
 
-def checkpoint_row(pipeline: str, seq: int, offsets: Mapping[TopicPartition, int], *, epoch: int,
-                   coordinator: str) -> LedgerRow:
+def checkpoint_row(
+    pipeline: str, seq: int, offsets: Mapping[TopicPartition, int], *, epoch: int, coordinator: str
+) -> LedgerRow:
     """The CHECKPOINT row of the head ``(seq, offsets)``."""
     ranges = tuple(
         PartitionRange(topic=tp.topic, partition=tp.partition, start=end, end=end)
         for tp, end in sorted(offsets.items())
     )
-    return LedgerRow(pipeline=pipeline, txn="", event=LedgerEvent.CHECKPOINT, epoch=epoch, commit_seq=seq,
-                     coordinator=coordinator, ranges=ranges, reason=f"the head at commit slot {seq}")
+    return LedgerRow(
+        pipeline=pipeline,
+        txn="",
+        event=LedgerEvent.CHECKPOINT,
+        epoch=epoch,
+        commit_seq=seq,
+        coordinator=coordinator,
+        ranges=ranges,
+        reason=f"the head at commit slot {seq}",
+    )
 
 
 def offsets_of(checkpoint: LedgerRow | None) -> dict[TopicPartition, int]:
     return {r.tp: r.end for r in checkpoint.ranges} if checkpoint else {}
 
 
-def overlay(checkpoint: LedgerRow | None,
-            head_rows: Sequence[Sequence[Any]]) -> tuple[int, dict[TopicPartition, int]]:
+def overlay(checkpoint: LedgerRow | None, head_rows: Sequence[Sequence[Any]]) -> tuple[int, dict[TopicPartition, int]]:
     """The head: ``checkpoint`` overlaid with ``head_rows`` (``protocol.ledger.head_sql`` rows of
     the commits after it: topic, partition, end offset, last slot). Returns the last slot and each
     partition's committed end offset."""

@@ -42,10 +42,22 @@ class TxnSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 #: Order of events of one txn written within the same millisecond.
-_EVENT_ORDER = {e: i for i, e in enumerate((
-    LedgerEvent.EPOCH, LedgerEvent.STARTED, LedgerEvent.GAP, LedgerEvent.ABORTED,
-    LedgerEvent.COMMITTED, LedgerEvent.LOST, LedgerEvent.PUBLISHED, LedgerEvent.INITIAL, LedgerEvent.CHECKPOINT,
-))}
+_EVENT_ORDER = {
+    e: i
+    for i, e in enumerate(
+        (
+            LedgerEvent.EPOCH,
+            LedgerEvent.STARTED,
+            LedgerEvent.GAP,
+            LedgerEvent.ABORTED,
+            LedgerEvent.COMMITTED,
+            LedgerEvent.LOST,
+            LedgerEvent.PUBLISHED,
+            LedgerEvent.INITIAL,
+            LedgerEvent.CHECKPOINT,
+        )
+    )
+}
 
 
 def _ms(start: float, end: float) -> float | None:
@@ -71,8 +83,9 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
         ranges = aborted.ranges
     else:
         ranges = started.ranges if started else ()
-    started_at = next((t for t in (
-        started and started.started_at, main.started_at, started and started.event_time) if t), 0.0)
+    started_at = next(
+        (t for t in (started and started.started_at, main.started_at, started and started.event_time) if t), 0.0
+    )
     ended_at = max((r.ended_at for r in (committed, aborted, published) if r), default=0.0)
     committed_at = (committed.committed_at or committed.event_time) if committed else 0.0
     published_at = (published.published_at or published.event_time) if published else 0.0
@@ -117,8 +130,14 @@ def _name(row: LedgerRow) -> str:
     return f"commit {row.commit_seq} (txn {row.txn})"
 
 
-def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Sequence[LedgerRow] = (), *,
-          start: LedgerRow | None = None, checkpoints: Sequence[LedgerRow] = ()) -> list[str]:
+def audit(
+    commits: Sequence[LedgerRow],
+    gaps: Sequence[LedgerRow] = (),
+    lost: Sequence[LedgerRow] = (),
+    *,
+    start: LedgerRow | None = None,
+    checkpoints: Sequence[LedgerRow] = (),
+) -> list[str]:
     """Anomalies of the commit chain, one sentence each; empty when the chain is sound.
 
     ``commits`` are the resolved COMMITTED rows in slot order (one per slot). Checked: slots
@@ -170,8 +189,7 @@ def audit(commits: Sequence[LedgerRow], gaps: Sequence[LedgerRow] = (), lost: Se
                 before = _name(prev)
                 if r.start < prev_end:
                     problems.append(
-                        f"{_fmt(r.tp)}: offsets {r.start}..{prev_end - 1} are committed twice, "
-                        f"by {before} and {where}"
+                        f"{_fmt(r.tp)}: offsets {r.start}..{prev_end - 1} are committed twice, by {before} and {where}"
                     )
                 elif r.start > prev_end:
                     note = recorded.get((r.tp, prev_end, r.start))

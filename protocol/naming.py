@@ -50,7 +50,7 @@ def probe_table(stage: str, token: str) -> str:
 def is_side_table(stage: str, table: str) -> bool:
     """Whether ``table`` is one of the tables named after stage table ``stage`` (a probe or a
     restage table), which go when the stage table goes."""
-    return table.startswith(stage) and _SIDE_RE.fullmatch(table[len(stage):]) is not None
+    return table.startswith(stage) and _SIDE_RE.fullmatch(table[len(stage) :]) is not None
 
 
 def stage_table_prefix(target: str, pipeline: str) -> str:
@@ -68,14 +68,16 @@ def txn_of_stage_table(target: str, pipeline: str, table: str) -> str | None:
     prefix = stage_table_prefix(target, pipeline)
     if not table.startswith(prefix):
         return None
-    rest = table[len(prefix):]
+    rest = table[len(prefix) :]
     txn, _, _ = rest.partition("__")
     if not _TXN_RE.match(txn) or (txn != rest and not is_side_table(stage_table(target, pipeline, txn), table)):
         return None
     return txn
 
 
-def chunk_token(pipeline: str, txn: str, topic: str, partition: int, chunk_no: int, first: int, next_offset: int) -> str:
+def chunk_token(
+    pipeline: str, txn: str, topic: str, partition: int, chunk_no: int, first: int, next_offset: int
+) -> str:
     """``insert_deduplication_token`` of a staged chunk: the same chunk always gets the same token,
     and the offset range binds the token to the chunk's content (the chunk cut at END is cut by
     time, so two writers of one chunk number may hold different records)."""

@@ -131,8 +131,15 @@ class ParticipantState:
     """The participant's decisions, for the partitions of one task."""
 
     def __init__(
-        self, *, pipeline: str, sender: str, partitions: Iterable[TopicPartition],
-        chunk_rows: int, chunk_bytes: int, heartbeat_interval_s: float, size_trigger_rows: int = 0,
+        self,
+        *,
+        pipeline: str,
+        sender: str,
+        partitions: Iterable[TopicPartition],
+        chunk_rows: int,
+        chunk_bytes: int,
+        heartbeat_interval_s: float,
+        size_trigger_rows: int = 0,
     ) -> None:
         self.pipeline, self.sender = pipeline, sender
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
@@ -159,7 +166,8 @@ class ParticipantState:
         reading waits for END, so a txn ended by the trigger stays within ``SIZE_SLACK`` of it (to a
         poll batch)."""
         return any(
-            p.open is not None and p.open.status is Status.STAGING
+            p.open is not None
+            and p.open.status is Status.STAGING
             and not (p.open.share and p.open.builder.rows_read >= size_trigger.full_rows(p.open.share))
             for p in self.parts.values()
         )
@@ -234,8 +242,14 @@ class ParticipantState:
                 continue
             holder = holders.get((po.topic, po.partition), self.sender)
             if holder != self.sender:  # another copy of this participant holds it: stand down
-                log.warning("START of %s names %s as holder of %s/%d, not this copy (%s): standing down",
-                            m.txn, holder, po.topic, po.partition, self.sender)
+                log.warning(
+                    "START of %s names %s as holder of %s/%d, not this copy (%s): standing down",
+                    m.txn,
+                    holder,
+                    po.topic,
+                    po.partition,
+                    self.sender,
+                )
                 continue
             if p.open is not None:  # still reading an older txn: it will never report
                 log.warning("START of %s: abandoning %s of %s/%d", m.txn, p.open.txn, po.topic, po.partition)
@@ -243,8 +257,12 @@ class ParticipantState:
             offset = po.offset
             if offset == CONTINUE:
                 if cuts is None or p.tp not in cuts:
-                    log.warning("START of %s continues %s/%d from a txn this copy did not read to its END: "
-                                "taking no part", m.txn, po.topic, po.partition)
+                    log.warning(
+                        "START of %s continues %s/%d from a txn this copy did not read to its END: taking no part",
+                        m.txn,
+                        po.topic,
+                        po.partition,
+                    )
                     continue
                 offset = cuts[p.tp]
             self._join(p, m, offset, share)
@@ -261,11 +279,17 @@ class ParticipantState:
 
     def _join(self, p: Partition, m: StartCommit, offset: int, share: int) -> None:
         builder = ChunkBuilder(
-            pipeline=self.pipeline, txn=m.txn, topic=p.tp.topic, partition=p.tp.partition,
-            start_offset=offset, chunk_rows=min(self.chunk_rows, m.chunk_rows or self.chunk_rows),
+            pipeline=self.pipeline,
+            txn=m.txn,
+            topic=p.tp.topic,
+            partition=p.tp.partition,
+            start_offset=offset,
+            chunk_rows=min(self.chunk_rows, m.chunk_rows or self.chunk_rows),
             chunk_bytes=self.chunk_bytes,
         )
-        p.open = Stint(txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share)
+        p.open = Stint(
+            txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share
+        )
 
     def _on_end(self, m: EndCommit) -> list[Action]:
         """Participant step 3: END, then the START it carries, if any."""
@@ -312,7 +336,7 @@ class ParticipantState:
         """Participant step 5: ABORT."""
         if m.txn in self.unacked:  # txns of the same leader started after an aborted one abort too
             epoch, txns = self.unacked[m.txn], list(self.unacked)
-            doomed = [t for t in txns[txns.index(m.txn):] if self.unacked[t] == epoch]
+            doomed = [t for t in txns[txns.index(m.txn) :] if self.unacked[t] == epoch]
             if self.current_open and self.current_epoch == epoch:
                 doomed.append(self.current)
         elif m.txn == self.current and self.current_open:
@@ -360,7 +384,11 @@ class ParticipantState:
                 if stint.share and stint.builder.rows_read // stint.share > stint.reported_share:
                     stint.reported_share = stint.builder.rows_read // stint.share
                     self._report_now = True
-                if stint.share and not stint.reported_full and stint.builder.rows_read >= size_trigger.full_rows(stint.share):
+                if (
+                    stint.share
+                    and not stint.reported_full
+                    and stint.builder.rows_read >= size_trigger.full_rows(stint.share)
+                ):
                     stint.reported_full = True  # full: the coordinator ends the txn at once
                     self._report_now = True
             elif p is not None:  # delivered outside a txn: not staged; a later START seeks back
@@ -389,12 +417,18 @@ class ParticipantState:
 
     #: The handler of each event type, taken by ``handle``.
     _HANDLERS: ClassVar[dict[type, Callable[[Any, Any, float], list[Action]]]] = {
-        Polled: _on_polled, Received: _on_received, ChunkStaged: _on_staged, Tick: _on_tick,
+        Polled: _on_polled,
+        Received: _on_received,
+        ChunkStaged: _on_staged,
+        Tick: _on_tick,
         PartitionFailed: _on_partition_failed,
     }
     #: The handler of each control message this task acts on; ``_on_received`` ignores the others.
     _MESSAGE_HANDLERS: ClassVar[dict[type, Callable[[Any, Any], list[Action]]]] = {
-        StartCommit: _on_start, EndCommit: _on_end, AckCommit: _on_ack, Abort: _on_abort,
+        StartCommit: _on_start,
+        EndCommit: _on_end,
+        AckCommit: _on_ack,
+        Abort: _on_abort,
     }
 
     def _fail(self, p: Partition, stint: Stint, error: str) -> list[Action]:
@@ -410,12 +444,25 @@ class ParticipantState:
         while p.ending and not p.ending[0].pending:
             stint = p.ending.pop(0)
             b = stint.builder
-            actions.append(Send(WriteStatus(
-                pipeline=self.pipeline, epoch=stint.epoch, txn=stint.txn, sender=self.sender,
-                topic=p.tp.topic, partition=p.tp.partition, start_offset=stint.start_offset,
-                end_offset=b.next_offset, rows=stint.rows, chunks=b.chunks_cut, dead_letters=stint.dead_letters,
-                bytes=b.bytes_read, errors=tuple(stint.errors),
-            )))
+            actions.append(
+                Send(
+                    WriteStatus(
+                        pipeline=self.pipeline,
+                        epoch=stint.epoch,
+                        txn=stint.txn,
+                        sender=self.sender,
+                        topic=p.tp.topic,
+                        partition=p.tp.partition,
+                        start_offset=stint.start_offset,
+                        end_offset=b.next_offset,
+                        rows=stint.rows,
+                        chunks=b.chunks_cut,
+                        dead_letters=stint.dead_letters,
+                        bytes=b.bytes_read,
+                        errors=tuple(stint.errors),
+                    )
+                )
+            )
         return actions
 
     # ---- helpers --------------------------------------------------------------------------
@@ -432,11 +479,23 @@ class ParticipantState:
         in_txn = self.current if self.current_open else ""
         positions = tuple(
             PartitionPosition(
-                topic=p.tp.topic, partition=p.tp.partition, position=p.position,
+                topic=p.tp.topic,
+                partition=p.tp.partition,
+                position=p.position,
                 log_end=self.log_ends.get(p.tp, -1),
                 buffered_rows=p.buffered_rows if in_txn and p.open is not None and p.open.txn == in_txn else 0,
             )
             for p in self.parts.values()
         )
-        return [Send(Heartbeat(pipeline=self.pipeline, epoch=self.epoch, txn=in_txn, sender=self.sender,
-                               partitions=positions, continues=True))]
+        return [
+            Send(
+                Heartbeat(
+                    pipeline=self.pipeline,
+                    epoch=self.epoch,
+                    txn=in_txn,
+                    sender=self.sender,
+                    partitions=positions,
+                    continues=True,
+                )
+            )
+        ]

@@ -17,10 +17,17 @@ from protocol.coordinator_events import PartitionStats
 from protocol.messages import TopicPartition
 
 #: Engines that merge rows away; their stage tables are plain MergeTree (see the module docstring).
-MERGING_ENGINES = frozenset({
-    "ReplacingMergeTree", "SummingMergeTree", "CollapsingMergeTree", "VersionedCollapsingMergeTree",
-    "AggregatingMergeTree", "GraphiteMergeTree", "CoalescingMergeTree",
-})
+MERGING_ENGINES = frozenset(
+    {
+        "ReplacingMergeTree",
+        "SummingMergeTree",
+        "CollapsingMergeTree",
+        "VersionedCollapsingMergeTree",
+        "AggregatingMergeTree",
+        "GraphiteMergeTree",
+        "CoalescingMergeTree",
+    }
+)
 
 
 def _window(engine_full: str, setting: str) -> int | None:
@@ -37,7 +44,7 @@ def deduplicates(engine: str, engine_full: str) -> bool:
 
 def engine_clause_as(engine_full: str, engine: str) -> str:
     """``engine_full`` with its engine call (name and arguments) replaced by plain ``MergeTree``."""
-    rest = engine_full[len(engine):] if engine_full.startswith(engine) else engine_full
+    rest = engine_full[len(engine) :] if engine_full.startswith(engine) else engine_full
     if rest.startswith("("):
         depth, quote, i = 0, "", 0
         for i, ch in enumerate(rest):
@@ -51,7 +58,7 @@ def engine_clause_as(engine_full: str, engine: str) -> str:
                 depth -= 1
                 if depth == 0:
                     break
-        rest = rest[i + 1:]
+        rest = rest[i + 1 :]
     return "MergeTree" + rest
 
 
@@ -85,7 +92,8 @@ def difference(stage: Shape | None, target: Shape | None) -> str:
         added = [n for n, _ in target.columns if n not in mine]
         gone = [n for n, _ in stage.columns if n not in other]
         parts = ([f"columns added: {', '.join(added)}"] if added else []) + (
-            [f"columns dropped: {', '.join(gone)}"] if gone else [])
+            [f"columns dropped: {', '.join(gone)}"] if gone else []
+        )
         return "; ".join(parts) or "column types or order changed"
     return "partition, sorting or primary key changed"
 
@@ -120,8 +128,7 @@ def has_metadata(shape: Shape) -> bool:
 def partition_stats(rows: list[tuple]) -> dict[TopicPartition, PartitionStats]:
     """(topic, partition, rows, min offset, max offset) rows by source partition."""
     return {
-        TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi))
-        for t, p, n, lo, hi in rows
+        TopicPartition(topic=t, partition=int(p)): PartitionStats(int(n), int(lo), int(hi)) for t, p, n, lo, hi in rows
     }
 
 
@@ -146,8 +153,11 @@ def alignment(mine: Shape, target: Shape, defs: list[tuple[str, str, str, str]])
     if target.engine not in MERGING_ENGINES and target.sorting != mine.sorting:
         adds.append(f"MODIFY ORDER BY ({target.sorting})")
     theirs = {name: kind for name, kind, _, _ in defs}
-    changes = [f"MODIFY COLUMN {ident(name)} {theirs[name]}" for name, kind in mine.columns
-               if name in theirs and theirs[name] != kind]
+    changes = [
+        f"MODIFY COLUMN {ident(name)} {theirs[name]}"
+        for name, kind in mine.columns
+        if name in theirs and theirs[name] != kind
+    ]
     drops = [f"DROP COLUMN IF EXISTS {ident(name)}" for name, _ in mine.columns if name not in theirs]
     return adds, changes, drops
 
@@ -177,16 +187,20 @@ def columns_sql(*, insertable: bool = False) -> str:
     """(name, type) of the columns of table ``{t}`` of database ``{db}``, in order; with
     ``insertable``, only those an INSERT may name (no MATERIALIZED, ALIAS or EPHEMERAL column)."""
     kinds = " AND default_kind IN ('', 'DEFAULT')" if insertable else ""
-    return ("SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}"
-            f"{kinds} ORDER BY position")
+    return (
+        "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}"
+        f"{kinds} ORDER BY position"
+    )
 
 
 def staged_sql(stage: str, *, per_partition: bool) -> str:
     """The rows staged in ``stage``, in ``SHAPES_SQL``'s tagged rows: per source partition
     ('s', topic, partition, rows, min offset, max offset), or in all ('n', '', rows, '', '', '')."""
     if per_partition:
-        return ("SELECT 's', toString(_topic), toString(_partition), toString(count()), toString(min(_offset)), "
-                f"toString(max(_offset)) FROM {stage} GROUP BY _topic, _partition")
+        return (
+            "SELECT 's', toString(_topic), toString(_partition), toString(count()), toString(min(_offset)), "
+            f"toString(max(_offset)) FROM {stage} GROUP BY _topic, _partition"
+        )
     return f"SELECT 'n', '', toString(count()), '', '', '' FROM {stage}"
 
 
@@ -198,6 +212,8 @@ def partition_rows_sql(stage: str) -> str:
 def publish_reads_sql(stage: str) -> str:
     """``SHAPES_SQL`` of ``{names}``, then the rows ``stage`` holds ('n', '', rows, ...) and the
     partition ids of its active parts ('p', id, ...); ``{stage}`` is its unqualified name."""
-    return (f"{SHAPES_SQL} UNION ALL SELECT 'n', '', toString(count()), '', '', '' FROM {stage} "
-            "UNION ALL SELECT DISTINCT 'p', partition_id, '', '', '', '' FROM system.parts "
-            "WHERE database = {db:String} AND table = {stage:String} AND active")
+    return (
+        f"{SHAPES_SQL} UNION ALL SELECT 'n', '', toString(count()), '', '', '' FROM {stage} "
+        "UNION ALL SELECT DISTINCT 'p', partition_id, '', '', '', '' FROM system.parts "
+        "WHERE database = {db:String} AND table = {stage:String} AND active"
+    )

@@ -81,9 +81,7 @@ class TestStack:
         import clickhouse_connect
 
         url = self.clickhouse_url
-        return clickhouse_connect.get_client(
-            dsn=url, secure=url.startswith("https://"), database=database, **kwargs
-        )
+        return clickhouse_connect.get_client(dsn=url, secure=url.startswith("https://"), database=database, **kwargs)
 
     def stop(self) -> None:
         with self._lock:

@@ -91,8 +91,9 @@ def run_chtxn(
     """
     argv = [str(Path(sys.executable).with_name("chtxn"))] if installed else [sys.executable, "-m", "cli"]
     environ = {k: v for k, v in os.environ.items() if inherit_chtxn_vars or not k.startswith("CHTXN_")}
-    result = subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True,
-                            env={**environ, **(env or {})}, timeout=timeout_s)
+    result = subprocess.run(
+        [*argv, *args], cwd=REPO, capture_output=True, text=True, env={**environ, **(env or {})}, timeout=timeout_s
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"chtxn {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

@@ -17,8 +17,15 @@ from tests.pipelines import Pipeline
 class LeaderThread:
     """One ``Leader`` of ``epoch`` (claimed in the ledger first) in a thread; ``outcome`` once it ends."""
 
-    def __init__(self, pipeline: Pipeline, epoch: int, name: str, *, stages: StageTables | None = None,
-                 leader_class: type[Leader] = Leader) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        epoch: int,
+        name: str,
+        *,
+        stages: StageTables | None = None,
+        leader_class: type[Leader] = Leader,
+    ) -> None:
         self.pipeline, self.epoch, self.name, self.leader_class = pipeline, epoch, name, leader_class
         self.stages = stages or stage_tables(pipeline)
         self.stop = threading.Event()
@@ -31,9 +38,15 @@ class LeaderThread:
         try:
             assert ledger.claim_epoch(self.epoch, self.name), f"{self.name} could not claim epoch {self.epoch}"
             control.open()
-            self.outcome = self.leader_class(self.pipeline.cfg, epoch=self.epoch, coordinator=self.name, control=control,
-                                  ledger=ledger, stages=self.stages,
-                                  metrics=CoordinatorMetrics(self.pipeline.cfg.name)).run(self.stop)
+            self.outcome = self.leader_class(
+                self.pipeline.cfg,
+                epoch=self.epoch,
+                coordinator=self.name,
+                control=control,
+                ledger=ledger,
+                stages=self.stages,
+                metrics=CoordinatorMetrics(self.pipeline.cfg.name),
+            ).run(self.stop)
         except BaseException as exc:  # surfaced by the test
             self.outcome = exc
         finally:
@@ -52,8 +65,9 @@ class LeaderThread:
 
 def stage_tables(pipeline: Pipeline) -> StageTables:
     cfg = pipeline.cfg
-    return StageTables(pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
-                       pipeline=cfg.name)
+    return StageTables(
+        pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+    )
 
 
 @contextmanager
@@ -67,5 +81,3 @@ def leaders(*threads: LeaderThread) -> Iterator[None]:
         for t in threads:
             if t.thread.is_alive():
                 t.thread.join(60)
-
-

@@ -70,8 +70,13 @@ class Pipeline:
     def control_records(self) -> list[tuple[float, object]]:
         """(broker timestamp in seconds, message) of every control record so far, in order;
         records that do not decode are left out."""
-        consumer = Consumer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers, "group.id": "control-read",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.cfg.kafka.bootstrap_servers,
+                "group.id": "control-read",
+                "enable.auto.commit": False,
+            }
+        )
         try:
             _, high = consumer.get_watermark_offsets(KafkaTP(self.cfg.control_topic, 0), timeout=10)
             consumer.assign([KafkaTP(self.cfg.control_topic, 0, 0)])
@@ -93,10 +98,14 @@ class Pipeline:
 
     def stage_tables(self) -> list[str]:
         db, table = self.cfg.clickhouse.database, self.cfg.clickhouse.target_table
-        rows = self.client().query(
-            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String})",
-            parameters={"db": db, "p": f"{table}__chtxn_{self.cfg.name}__"},
-        ).result_rows
+        rows = (
+            self.client()
+            .query(
+                "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, {p:String})",
+                parameters={"db": db, "p": f"{table}__chtxn_{self.cfg.name}__"},
+            )
+            .result_rows
+        )
         return [r[0] for r in rows]
 
     def dead_letter_offsets(self) -> dict[TopicPartition, set[int]]:
@@ -106,20 +115,32 @@ class Pipeline:
     def oracle(self, dead_letters: dict[TopicPartition, set[int]] | None = None) -> DeepReport:
         """docs/architecture.md §11: every committed offset exactly once in the target, nothing else."""
         ledger = self.ledger()
-        return verify_deep(self.client(), self.cfg.clickhouse.database, self.cfg.clickhouse.target_table,
-                           ledger.commits(), dead_letters, ledger.audit(), topics=self.cfg.pipeline.topics)
+        return verify_deep(
+            self.client(),
+            self.cfg.clickhouse.database,
+            self.cfg.clickhouse.target_table,
+            ledger.commits(),
+            dead_letters,
+            ledger.audit(),
+            topics=self.cfg.pipeline.topics,
+        )
 
 
-def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, settings: dict | None = None,
-                  target_ddl: str = TARGET_DDL) -> Pipeline:
+def make_pipeline(
+    stack, tmp_path: Path, name: str, *, partitions: int = 2, settings: dict | None = None, target_ddl: str = TARGET_DDL
+) -> Pipeline:
     """A fresh pipeline: its own database, source topic, control and dead-letter topics, ledger."""
     settings = settings or {}
     sections: dict[str, dict] = {
         "pipeline": {"name": name, "topics": [f"{name}_events"]},
         "kafka": {"bootstrap_servers": stack.kafka_bootstrap},
         "clickhouse": {"url": stack.clickhouse_url, "database": name, "target_table": "events"},
-        "transaction": {"interval_s": 0.5, "write_status_timeout_s": 10.0, "heartbeat_interval_s": 0.2,
-                        "heartbeat_misses": 10},
+        "transaction": {
+            "interval_s": 0.5,
+            "write_status_timeout_s": 10.0,
+            "heartbeat_interval_s": 0.2,
+            "heartbeat_misses": 10,
+        },
         "participant": {"chunk_rows": 5000},
     }
     for key, value in settings.items():
@@ -131,8 +152,9 @@ def make_pipeline(stack, tmp_path: Path, name: str, *, partitions: int = 2, sett
     cfg = parse_config(text, source=str(path))
 
     admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    kafka_clients.create_topics(admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1,
-                                        cfg.dead_letter_topic: 1})
+    kafka_clients.create_topics(
+        admin, {cfg.pipeline.topics[0]: partitions, cfg.control_topic: 1, cfg.dead_letter_topic: 1}
+    )
     host, port = stack.clickhouse_url.removeprefix("http://").rstrip("/").split(":")
     client = clickhouse_connect.get_client(host=host, port=int(port))
     db = cfg.clickhouse.database  # the pipeline's name unless settings share another pipeline's
@@ -165,8 +187,13 @@ def all_offsets(counts: Iterable[tuple[TopicPartition, int]]) -> dict[TopicParti
     return {tp: set(range(n)) for tp, n in counts}
 
 
-def assert_exactly_once(pipeline: Pipeline, rows: int, dead_letters: dict[TopicPartition, set[int]] | None = None, *,
-                        nothing_lost: bool = False) -> None:
+def assert_exactly_once(
+    pipeline: Pipeline,
+    rows: int,
+    dead_letters: dict[TopicPartition, set[int]] | None = None,
+    *,
+    nothing_lost: bool = False,
+) -> None:
     """The oracle holds and the target has ``rows`` rows of the pipeline; with ``nothing_lost``,
     no committed txn was recorded LOST either."""
     report = pipeline.oracle(dead_letters)

@@ -45,7 +45,7 @@ def process_table() -> dict[int, tuple[int, list[str]]]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] in ("Z", "X"):
             continue
         table[int(entry.name)] = (int(fields[1]), [a.decode(errors="replace") for a in argv if a])
@@ -102,11 +102,26 @@ class SparkCluster:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 180) -> SparkCluster:
-        self.master = self._jvm("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                           "--port", str(self.port), "--webui-port", str(self.webui_port)])
+        self.master = self._jvm(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.webui_port),
+            ],
+        )
         # A UI still starting may answer with no JSON, or cut its answer short.
-        wait_until(lambda: self._running(self.master) and self.state(), timeout_s, f"the Spark master UI at {self.ui_url}",
-                   interval_s=0.5, ignore=(OSError, ValueError, http.client.HTTPException))
+        wait_until(
+            lambda: self._running(self.master) and self.state(),
+            timeout_s,
+            f"the Spark master UI at {self.ui_url}",
+            interval_s=0.5,
+            ignore=(OSError, ValueError, http.client.HTTPException),
+        )
         for index in range(self.n_workers):
             self.workers.append(self._start_worker(index))
         self.wait_for_workers(timeout_s)
@@ -116,11 +131,26 @@ class SparkCluster:
         port, webui_port = free_port(), free_port()
         work_dir = self.base_dir / f"worker-{index}-{port}"
         work_dir.mkdir(parents=True)
-        process = self._jvm(f"worker-{index}", [
-            "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1", "--port", str(port),
-            "--webui-port", str(webui_port), "--cores", str(self.cores), "--memory", self.memory,
-            "--work-dir", str(work_dir),
-        ], local_dir=work_dir / "local")
+        process = self._jvm(
+            f"worker-{index}",
+            [
+                "org.apache.spark.deploy.worker.Worker",
+                self.url,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(webui_port),
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--work-dir",
+                str(work_dir),
+            ],
+            local_dir=work_dir / "local",
+        )
         return Worker(index, port, webui_port, work_dir, process)
 
     def _jvm(self, name: str, argv: list[str], local_dir: Path | None = None) -> ManagedProcess:
@@ -128,13 +158,25 @@ class SparkCluster:
         java = shutil.which("java")
         java_bin = [str(Path(java).resolve().parent)] if java else []
         path = ":".join([*java_bin, "/usr/local/bin", "/usr/bin", "/bin"])
-        env = {"PATH": path, "HOME": os.environ.get("HOME", str(self.base_dir)), "LANG": "C.UTF-8",
-               "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "512m",
-               "SPARK_LOCAL_DIRS": str(local_dir or self.base_dir / "local")}
+        env = {
+            "PATH": path,
+            "HOME": os.environ.get("HOME", str(self.base_dir)),
+            "LANG": "C.UTF-8",
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_DAEMON_MEMORY": "512m",
+            "SPARK_LOCAL_DIRS": str(local_dir or self.base_dir / "local"),
+        }
         if os.environ.get("JAVA_HOME"):
             env["JAVA_HOME"] = os.environ["JAVA_HOME"]
-        process = ManagedProcess(name, [str(home / "bin" / "spark-class"), *argv], log_path=self.base_dir / f"{name}.log",
-                                 env=env, cwd=str(self.base_dir), grace_s=10)
+        process = ManagedProcess(
+            name,
+            [str(home / "bin" / "spark-class"), *argv],
+            log_path=self.base_dir / f"{name}.log",
+            env=env,
+            cwd=str(self.base_dir),
+            grace_s=10,
+        )
         process.start()
         return process
 
@@ -142,19 +184,26 @@ class SparkCluster:
     def _running(process: ManagedProcess | None) -> bool:
         """True while ``process`` runs; fails the test with its log when it has exited."""
         if process is None or not process.running():
-            raise AssertionError(f"Spark {process.name if process else 'master'} exited:\n"
-                                 f"{process.log_tail(40) if process else ''}")
+            raise AssertionError(
+                f"Spark {process.name if process else 'master'} exited:\n{process.log_tail(40) if process else ''}"
+            )
         return True
 
     def wait_for_workers(self, timeout_s: float = 180) -> None:
         """Until every live worker of ours is ALIVE in the master's JSON UI."""
+
         def registered() -> bool:
             for worker in self.workers:
                 self._running(worker.process)
             return {w.port for w in self.workers} <= self.alive_worker_ports()
 
-        wait_until(registered, timeout_s, f"{len(self.workers)} workers registered with {self.url}",
-                   interval_s=0.5, ignore=(OSError, ValueError))
+        wait_until(
+            registered,
+            timeout_s,
+            f"{len(self.workers)} workers registered with {self.url}",
+            interval_s=0.5,
+            ignore=(OSError, ValueError),
+        )
 
     def ensure_workers(self, timeout_s: float = 180) -> None:
         """Restart the workers that were killed, and wait until all are registered."""
@@ -195,8 +244,11 @@ class SparkCluster:
     def executor_pids(self, worker: Worker, table: dict | None = None) -> list[int]:
         """The executor JVMs the worker started (``CoarseGrainedExecutorBackend`` children)."""
         table = process_table() if table is None else table
-        return sorted(pid for pid, (parent, argv) in table.items()
-                      if parent == worker.pid and any(EXECUTOR_MAIN in a for a in argv))
+        return sorted(
+            pid
+            for pid, (parent, argv) in table.items()
+            if parent == worker.pid and any(EXECUTOR_MAIN in a for a in argv)
+        )
 
     def python_processes(self, worker: Worker, table: dict | None = None) -> list[int]:
         """The Python processes under the worker's executors: PySpark daemons and their workers."""

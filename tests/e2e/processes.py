@@ -30,8 +30,14 @@ class Processes:
     def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 -- closed with the process
         env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -107,8 +113,9 @@ class Proc:
 
 def live_processes() -> list[Proc]:
     """Every process on the machine but zombies (exited, waiting to be reaped)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ps", "-ww", "-eo", "pid=,ppid=,pgid=,stat=,args="], capture_output=True, text=True, check=True
+    ).stdout
     found = []
     for line in out.splitlines():
         pid, ppid, pgid, stat, *args = line.split(None, 4)

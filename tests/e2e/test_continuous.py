@@ -21,8 +21,9 @@ FIRES = "failpoint participant.before-write-status fires"
 
 
 def test_a_participant_killed_between_end_and_its_write_status(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("e2ekillend"), partitions=2,
-                             settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("e2ekillend"), partitions=2, settings={"participant.chunk_rows": 2_000}
+    )
     produced = pipeline.produce(20_000)
     procs = Processes(pipeline, tmp_path)
     try:
@@ -42,5 +43,6 @@ def test_a_participant_killed_between_end_and_its_write_status(stack, tmp_path):
     assert dead, f"no txn aborted for a silent participant: {aborted}"
     chained = chained_ends(pipeline)
     assert any(k in chained and aborted.get(chained[k], "").startswith(f"cascade: {k} aborted") for k in dead), (
-        f"no txn chained after a dead participant's txn aborted with it: {aborted}, chained {chained}")
+        f"no txn chained after a dead participant's txn aborted with it: {aborted}, chained {chained}"
+    )
     assert_exactly_once(pipeline, produced + more)

@@ -34,7 +34,10 @@ class Launcher:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cli", "participant", "--config", str(config_path), "--master", "local[2,4]"],
-                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.groups: set[int] = set()
@@ -44,8 +47,9 @@ class Launcher:
 
         def started() -> list[Proc]:
             if self.proc.poll() is not None:
-                raise AssertionError(f"the launcher exited with {self.proc.returncode}: "
-                                     f"{self.log_path.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"the launcher exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
+                )
             return python_workers_running(self.proc.pid)
 
         tree = wait_until(started, 240, "PySpark task workers under the launcher")

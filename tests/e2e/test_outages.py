@@ -32,8 +32,9 @@ def hold(seconds: float, procs: Processes) -> None:
     """Keep an outage on for ``seconds`` (a timed window, not a synchronisation), failing at once
     if a process exits meanwhile."""
     end = time.monotonic() + seconds
-    wait_until(lambda: procs.alive() or time.monotonic() >= end, seconds + 30, "the end of the outage window",
-               interval_s=0.2)
+    wait_until(
+        lambda: procs.alive() or time.monotonic() >= end, seconds + 30, "the end of the outage window", interval_s=0.2
+    )
 
 
 def still_running(procs: Processes) -> None:
@@ -59,15 +60,22 @@ def kafka_proxy(tmp_path: Path) -> Iterator[TcpProxy]:
     bootstrapped, reaches the broker only through the proxy. The broker stays up throughout (its
     data lives in memory); only the proxy cuts the traffic."""
     port = free_port()
-    with TcpProxy("127.0.0.1", port) as proxy, \
-            EmbeddedBroker(port, advertised_port=proxy.port, log_path=tmp_path / "kafka.log"):
+    with (
+        TcpProxy("127.0.0.1", port) as proxy,
+        EmbeddedBroker(port, advertised_port=proxy.port, log_path=tmp_path / "kafka.log"),
+    ):
         yield proxy
 
 
 def test_clickhouse_cut_for_10s_then_back(stack, tmp_path, clickhouse_proxy):
     proxy = clickhouse_proxy
-    pipeline = make_pipeline(Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)), tmp_path,
-                             unique_name("e2echcut"), partitions=2, settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
+        tmp_path,
+        unique_name("e2echcut"),
+        partitions=2,
+        settings={"participant.chunk_rows": 2_000},
+    )
     check = direct(pipeline, stack.clickhouse_url)
     produced = pipeline.produce(20_000)
     with running(pipeline, tmp_path, slots=2) as procs:
@@ -85,8 +93,13 @@ def test_clickhouse_cut_for_10s_then_back(stack, tmp_path, clickhouse_proxy):
 
 def test_slow_clickhouse_still_exactly_once(stack, tmp_path, clickhouse_proxy):
     proxy = clickhouse_proxy
-    pipeline = make_pipeline(Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)), tmp_path,
-                             unique_name("e2echslow"), partitions=2, settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
+        tmp_path,
+        unique_name("e2echslow"),
+        partitions=2,
+        settings={"participant.chunk_rows": 2_000},
+    )
     check = direct(pipeline, stack.clickhouse_url)
     produced = pipeline.produce(20_000)
     with running(pipeline, tmp_path, slots=2) as procs:
@@ -95,8 +108,11 @@ def test_slow_clickhouse_still_exactly_once(stack, tmp_path, clickhouse_proxy):
         proxy.delay(0.3)
         commits = len(ledger.commits())
         produced += pipeline.produce(20_000, start_id=produced)
-        wait_until(lambda: procs.alive() or len(ledger.commits()) >= commits + 2, FIRST_COMMIT_S,
-                   "two commits while every chunk of ClickHouse traffic is held 0.3 s")
+        wait_until(
+            lambda: procs.alive() or len(ledger.commits()) >= commits + 2,
+            FIRST_COMMIT_S,
+            "two commits while every chunk of ClickHouse traffic is held 0.3 s",
+        )
         proxy.restore()
         committed(check, produced, procs)
         still_running(procs)
@@ -105,8 +121,13 @@ def test_slow_clickhouse_still_exactly_once(stack, tmp_path, clickhouse_proxy):
 
 def test_kafka_cut_for_10s_then_back(stack, tmp_path, kafka_proxy):
     proxy = kafka_proxy
-    pipeline = make_pipeline(Addresses(proxy.address, stack.clickhouse_url), tmp_path, unique_name("e2ekcut"),
-                             partitions=2, settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        Addresses(proxy.address, stack.clickhouse_url),
+        tmp_path,
+        unique_name("e2ekcut"),
+        partitions=2,
+        settings={"participant.chunk_rows": 2_000},
+    )
     produced = pipeline.produce(20_000)
     with running(pipeline, tmp_path, slots=2) as procs:
         first_commit(pipeline, procs)

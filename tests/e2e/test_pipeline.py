@@ -14,21 +14,30 @@ from tests.helpers import unique_name, wait_until
 from tests.pipelines import assert_exactly_once, make_pipeline
 
 pytestmark = pytest.mark.e2e
+
+
 def test_four_partitions_100k_events_exactly_once(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("e2e100k"), partitions=4,
-                             settings={"transaction.interval_s": 1.0, "participant.chunk_rows": 10_000})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("e2e100k"),
+        partitions=4,
+        settings={"transaction.interval_s": 1.0, "participant.chunk_rows": 10_000},
+    )
     produced = pipeline.produce(100_000)
     with running(pipeline, tmp_path, slots=4) as procs:
         committed(pipeline, produced, procs)
     assert_exactly_once(pipeline, produced)
     aborted = pipeline.ledger().history(limit=1000, state="ABORTED")
-    assert all(t.reason == "coordinator shutting down" or "orphan" in t.reason or "heartbeats" in t.reason
-               for t in aborted), [t.reason for t in aborted]
+    assert all(
+        t.reason == "coordinator shutting down" or "orphan" in t.reason or "heartbeats" in t.reason for t in aborted
+    ), [t.reason for t in aborted]
 
 
 def test_python_worker_sigkill_mid_transaction(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("e2ekillw"), partitions=2,
-                             settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("e2ekillw"), partitions=2, settings={"participant.chunk_rows": 2_000}
+    )
     produced = pipeline.produce(20_000)
     with running(pipeline, tmp_path, slots=2) as procs:
         wait_until(lambda: procs.alive() or pipeline.target_count() > 0, 180, "the first rows committed")
@@ -52,8 +61,9 @@ def test_coordinator_sigkill_mid_transaction_and_restart(stack, tmp_path):
 
 
 def test_malformed_records_go_to_the_dead_letter_topic(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("e2edlq"), partitions=2,
-                             settings={"participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("e2edlq"), partitions=2, settings={"participant.chunk_rows": 2_000}
+    )
     produced = pipeline.produce(20_000, bad_every=100)  # 1% malformed
     bad = produced // 100
     with running(pipeline, tmp_path, slots=2) as procs:
@@ -66,8 +76,9 @@ def test_malformed_records_go_to_the_dead_letter_topic(stack, tmp_path):
 
 
 def test_idle_topic_commits_empty_transactions(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("e2eidle"), partitions=2,
-                             settings={"transaction.interval_s": 0.5})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("e2eidle"), partitions=2, settings={"transaction.interval_s": 0.5}
+    )
     produced = pipeline.produce(1_000)
     with running(pipeline, tmp_path, slots=2) as procs:
         committed(pipeline, produced, procs)

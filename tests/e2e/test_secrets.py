@@ -26,13 +26,16 @@ def chtxn(*args: str, env: dict[str, str] | None = None) -> str:
 
 def with_secrets(stack, tmp_path: Path) -> Pipeline:  # TestStack
     url = urlsplit(stack.clickhouse_url)
-    pipeline = make_pipeline(stack, tmp_path, unique_name("secrets"), settings={
-        "clickhouse.url": f"{url.scheme}://chtxn_user:{URL_PASSWORD}@{url.hostname}:{stack.clickhouse_port}",
-    })
-    config = pipeline.config_path.read_text()
-    pipeline.config_path.write_text(
-        config + f'[kafka.properties]\n"ssl.key.password" = "{PROPERTIES_PASSWORD}"\n'
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("secrets"),
+        settings={
+            "clickhouse.url": f"{url.scheme}://chtxn_user:{URL_PASSWORD}@{url.hostname}:{stack.clickhouse_port}",
+        },
     )
+    config = pipeline.config_path.read_text()
+    pipeline.config_path.write_text(config + f'[kafka.properties]\n"ssl.key.password" = "{PROPERTIES_PASSWORD}"\n')
     return pipeline
 
 
@@ -55,14 +58,24 @@ def test_no_output_or_log_holds_a_password(stack, tmp_path):
     down = tmp_path / "down.toml"
     down.write_text(pipeline.config_path.read_text().replace(f":{stack.clickhouse_port}", ":1"))
     forbidden = tmp_path / "forbidden.toml"
-    forbidden.write_text(pipeline.config_path.read_text() + f'"group.id" = "mine"\n"sasl.password" = "{KAFKA_PASSWORD}"\n')
+    forbidden.write_text(
+        pipeline.config_path.read_text() + f'"group.id" = "mine"\n"sasl.password" = "{KAFKA_PASSWORD}"\n'
+    )
     numeric = tmp_path / "numeric.toml"
-    numeric.write_text(pipeline.config_path.read_text().replace("[clickhouse]\n", "[clickhouse]\npassword = 55219977\n"))
+    numeric.write_text(
+        pipeline.config_path.read_text().replace("[clickhouse]\n", "[clickhouse]\npassword = 55219977\n")
+    )
     both = tmp_path / "both.toml"
-    both.write_text(pipeline.config_path.read_text().replace("[clickhouse]\n", f'[clickhouse]\npassword = "{KAFKA_PASSWORD}"\n'))
-    failures = [chtxn("status", "--config", str(down)), chtxn("init", "--config", str(down)),
-                chtxn("status", "--config", str(forbidden)), chtxn("status", "--json", "--config", str(numeric)),
-                chtxn("txn", "list", "--config", str(both))]
+    both.write_text(
+        pipeline.config_path.read_text().replace("[clickhouse]\n", f'[clickhouse]\npassword = "{KAFKA_PASSWORD}"\n')
+    )
+    failures = [
+        chtxn("status", "--config", str(down)),
+        chtxn("init", "--config", str(down)),
+        chtxn("status", "--config", str(forbidden)),
+        chtxn("status", "--json", "--config", str(numeric)),
+        chtxn("txn", "list", "--config", str(both)),
+    ]
     everything = outputs + failures + [p.read_text(errors="replace") for p in sorted(logs.glob("*.log"))]
     assert len(everything) > len(outputs) + len(failures), "the processes wrote their logs"
     leaks = [(secret, text[:120]) for text in everything for secret in (*SECRETS, "55219977") if secret in text]

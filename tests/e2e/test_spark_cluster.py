@@ -34,8 +34,9 @@ CLUSTER_CONF = (
 )
 
 
-def start_participants(procs: Processes, cluster: SparkCluster, cache_dir: Path, *extra: str,
-                       conf: tuple[str, ...] = CLUSTER_CONF) -> subprocess.Popen:
+def start_participants(
+    procs: Processes, cluster: SparkCluster, cache_dir: Path, *extra: str, conf: tuple[str, ...] = CLUSTER_CONF
+) -> subprocess.Popen:
     argv = ["participant", "--master", cluster.url, "--cache-dir", str(cache_dir), *extra]
     for item in conf:
         argv += ["--conf", item]
@@ -60,8 +61,11 @@ def assert_runs_the_archive(cluster: SparkCluster, worker: Worker) -> None:
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         cwd = Path(f"/proc/{pid}/cwd").resolve()
         assert os.path.normpath(cwd / argv0) == str(cwd / ARCHIVE_ALIAS / "bin" / "python"), (pid, argv0, cwd)
-        mapped = {line.split(None, 5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                  if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/")}
+        mapped = {
+            line.split(None, 5)[5]
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/")
+        }
         assert not [m for m in mapped if m.startswith(ours + "/")], f"pid {pid} maps files of the test's venv {ours}"
         kafka = [m for m in mapped if "/confluent_kafka/cimpl" in m]
         assert all(environment.match(m) for m in kafka), kafka
@@ -71,12 +75,16 @@ def assert_runs_the_archive(cluster: SparkCluster, worker: Worker) -> None:
 
 #: One 1-core executor on each worker (the master spreads executors out), so the two tasks run on
 #: different workers; a lost executor is replaced on the survivor, which has a core to spare.
-ONE_TASK_PER_WORKER = (*[c for c in CLUSTER_CONF if not c.startswith("spark.cores.max=")],
-                       "spark.cores.max=2", "spark.executor.cores=1")
+ONE_TASK_PER_WORKER = (
+    *[c for c in CLUSTER_CONF if not c.startswith("spark.cores.max=")],
+    "spark.cores.max=2",
+    "spark.executor.cores=1",
+)
 
 
-def run_pipeline(pipeline: Pipeline, tmp_path: Path, cluster: SparkCluster, cache_dir: Path,
-                 conf: tuple[str, ...] = CLUSTER_CONF) -> Processes:
+def run_pipeline(
+    pipeline: Pipeline, tmp_path: Path, cluster: SparkCluster, cache_dir: Path, conf: tuple[str, ...] = CLUSTER_CONF
+) -> Processes:
     procs = Processes(pipeline, tmp_path)
     procs.coordinator()
     start_participants(procs, cluster, cache_dir, conf=conf)
@@ -84,14 +92,25 @@ def run_pipeline(pipeline: Pipeline, tmp_path: Path, cluster: SparkCluster, cach
 
 
 def test_a_clean_run_on_a_standalone_cluster_is_exactly_once(stack, tmp_path, spark_cluster, executor_archive_dir):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("cluclean"), partitions=2,
-                             settings={"participant.task_slots": 2, "participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("cluclean"),
+        partitions=2,
+        settings={"participant.task_slots": 2, "participant.chunk_rows": 2_000},
+    )
     produced = pipeline.produce(20_000)
     procs = run_pipeline(pipeline, tmp_path, spark_cluster, executor_archive_dir)
     try:
         committed(pipeline, produced, procs)
-        placed = wait_until(lambda: sum(map(len, participants_by_worker(spark_cluster).values())) >= 2 and
-                            participants_by_worker(spark_cluster), 60, "two participant tasks running")
+        placed = wait_until(
+            lambda: (
+                sum(map(len, participants_by_worker(spark_cluster).values())) >= 2
+                and participants_by_worker(spark_cluster)
+            ),
+            60,
+            "two participant tasks running",
+        )
         for worker in spark_cluster.workers:
             if placed[worker.index]:
                 assert_runs_the_archive(spark_cluster, worker)
@@ -103,8 +122,13 @@ def test_a_clean_run_on_a_standalone_cluster_is_exactly_once(stack, tmp_path, sp
 
 
 def test_a_worker_and_its_executor_sigkilled_mid_txn(stack, tmp_path, spark_cluster, executor_archive_dir):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("clukill"), partitions=2,
-                             settings={"participant.task_slots": 2, "participant.chunk_rows": 2_000})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("clukill"),
+        partitions=2,
+        settings={"participant.task_slots": 2, "participant.chunk_rows": 2_000},
+    )
     produced = pipeline.produce(20_000)
     procs = run_pipeline(pipeline, tmp_path, spark_cluster, executor_archive_dir, conf=ONE_TASK_PER_WORKER)
     try:
@@ -115,8 +139,11 @@ def test_a_worker_and_its_executor_sigkilled_mid_txn(stack, tmp_path, spark_clus
         more = pipeline.produce(40_000, start_id=produced)
         assert pipeline.target_count() < produced + more, "everything was committed before the kill"
         spark_cluster.kill_worker(victim)
-        wait_until(lambda: not any(start_token(pid) == token for pid, token in orphans.items()), 60,
-                   "the Python processes of the killed executor to exit")
+        wait_until(
+            lambda: not any(start_token(pid) == token for pid, token in orphans.items()),
+            60,
+            "the Python processes of the killed executor to exit",
+        )
         committed(pipeline, produced + more, procs)
         assert len(spark_cluster.participant_processes(survivor)) >= 2, "the lost task did not move to the survivor"
         assert_runs_the_archive(spark_cluster, survivor)
@@ -127,10 +154,10 @@ def test_a_worker_and_its_executor_sigkilled_mid_txn(stack, tmp_path, spark_clus
     assert any("stopped sending heartbeats" in r for r in reasons), reasons
 
 
-def test_more_task_groups_than_slots_is_refused_saying_what_to_do(stack, tmp_path, spark_cluster,
-                                                                   executor_archive_dir):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("cluslots"), partitions=6,
-                             settings={"participant.task_slots": 6})
+def test_more_task_groups_than_slots_is_refused_saying_what_to_do(stack, tmp_path, spark_cluster, executor_archive_dir):
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("cluslots"), partitions=6, settings={"participant.task_slots": 6}
+    )
     procs = Processes(pipeline, tmp_path)
     try:
         job = start_participants(procs, spark_cluster, executor_archive_dir, "--startup-timeout", "30")
@@ -139,8 +166,11 @@ def test_more_task_groups_than_slots_is_refused_saying_what_to_do(stack, tmp_pat
         procs.stop_all()
     log = procs.tail("participant")
     assert code == 1, log
-    match = re.search(r"the participant job needs 6 task slots running at once but only (\d) started within 30 s: "
-                      r"give the application 6 cores on the cluster's workers: .*--conf spark\.cores\.max=6 .*"
-                      r"or set participant\.task_slots to (\d) or fewer", log)
+    match = re.search(
+        r"the participant job needs 6 task slots running at once but only (\d) started within 30 s: "
+        r"give the application 6 cores on the cluster's workers: .*--conf spark\.cores\.max=6 .*"
+        r"or set participant\.task_slots to (\d) or fewer",
+        log,
+    )
     assert match, log
     assert 1 <= int(match.group(1)) <= 4 and match.group(2) == match.group(1)

@@ -36,7 +36,9 @@ class AckWatcher:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.acks: list[AckCommit] = []
         self._stop = threading.Event()
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ack-watcher", "enable.auto.commit": False})
+        self._consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "ack-watcher", "enable.auto.commit": False}
+        )
         self._consumer.assign([KafkaTP(topic, 0, OFFSET_END)])
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -55,34 +57,53 @@ class AckWatcher:
 
 def spawn(config: Path, name: str, log: Path, failpoints: str = "") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, "CHTXN_FAILPOINTS": failpoints}
-    return subprocess.Popen([sys.executable, "-m", "cli", "coordinator", "--config", str(config)], cwd=REPO, env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "coordinator", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged(stack, tmp_path):
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port) as proxy:
-        slow = make_pipeline(Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)), tmp_path,
-                             unique_name("e2estall"), partitions=2)
+        slow = make_pipeline(
+            Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
+            tmp_path,
+            unique_name("e2estall"),
+            partitions=2,
+        )
         pipeline = direct(slow, stack.clickhouse_url)
         fast_config = tmp_path / "direct.toml"
-        fast_config.write_text(slow.config_path.read_text().replace(via(stack.clickhouse_url, proxy), stack.clickhouse_url))
+        fast_config.write_text(
+            slow.config_path.read_text().replace(via(stack.clickhouse_url, proxy), stack.clickhouse_url)
+        )
         produced = pipeline.produce(2_000)
         acks = AckWatcher(stack.kafka_bootstrap, pipeline.cfg.control_topic)
         procs: dict[str, subprocess.Popen] = {}
         try:
             with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
-                procs["c1"] = spawn(slow.config_path, "c1", tmp_path / "c1.log",
-                                    failpoints="leader.before-commit@c1=stall(12)*1")
+                procs["c1"] = spawn(
+                    slow.config_path, "c1", tmp_path / "c1.log", failpoints="leader.before-commit@c1=stall(12)*1"
+                )
                 wait_until(lambda: pipeline.ledger().epoch_owner(1) == "c1", 60, "c1 leads")
                 procs["c2"] = spawn(fast_config, "c2", tmp_path / "c2.log")
                 proxy.delay(0.3)  # c1's ClickHouse is slow from now on
-                wait_until(lambda: "failpoint leader.before-commit fires" in (tmp_path / "c1.log").read_text(), 60,
-                           "c1 counted a txn and reached its commit point")
+                wait_until(
+                    lambda: "failpoint leader.before-commit fires" in (tmp_path / "c1.log").read_text(),
+                    60,
+                    "c1 counted a txn and reached its commit point",
+                )
                 os.killpg(procs["c1"].pid, signal.SIGSTOP)  # frozen: no heartbeat either
                 ledger = pipeline.ledger()
                 wait_until(lambda: ledger.epoch_owner(ledger.max_epoch()) == "c2", 30, "c2 takes over")
-                wait_until(lambda: any(c.txn == naming.seal_txn(ledger.max_epoch()) for c in ledger.commits()), 30,
-                           "c2 sealed its first slot")
+                wait_until(
+                    lambda: any(c.txn == naming.seal_txn(ledger.max_epoch()) for c in ledger.commits()),
+                    30,
+                    "c2 sealed its first slot",
+                )
                 os.killpg(procs["c1"].pid, signal.SIGCONT)  # c1 wakes up and claims its slot
                 wait_until(lambda: "stepping down" in (tmp_path / "c1.log").read_text(), 60, "c1 steps down")
                 proxy.restore()

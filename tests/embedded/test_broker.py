@@ -206,10 +206,15 @@ def test_start_answers_and_stop_leaves_no_process():
 
 def test_the_broker_dies_with_the_process_that_started_it():
     owner = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from embedded.broker import EmbeddedBroker\n"
-         "b = EmbeddedBroker().start(); print(b.pid, flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from embedded.broker import EmbeddedBroker\n"
+            "b = EmbeddedBroker().start(); print(b.pid, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         pid = int(owner.stdout.readline())

@@ -48,7 +48,8 @@ def test_client_start_up_learns_version_timezone_and_settings(client) -> None:
 def test_merges_are_asked_to_yield_to_statements(client) -> None:
     # The engine shares the machine with the pipeline: its merge threads get a higher nice value.
     rows = client.query(
-        "SELECT value FROM system.server_settings WHERE name = 'os_threads_nice_value_merge_mutate'").result_rows
+        "SELECT value FROM system.server_settings WHERE name = 'os_threads_nice_value_merge_mutate'"
+    ).result_rows
     assert rows == [(str(MERGE_NICE),)]
 
 
@@ -103,7 +104,12 @@ def test_raw_inserts_with_query_in_body_or_url(client) -> None:
     client.command("INSERT INTO raw_t FORMAT JSONEachRow", data='{"id":5,"s":"e"}\n')
     client.command("INSERT INTO raw_t VALUES (6, 'f')")
     assert client.query("SELECT id, s FROM raw_t ORDER BY id").result_rows == [
-        (1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")
+        (1, "a"),
+        (2, "b"),
+        (3, "c"),
+        (4, "d"),
+        (5, "e"),
+        (6, "f"),
     ]
 
 
@@ -140,10 +146,14 @@ def test_client_compression_both_ways(port: int, compress) -> None:
 
 
 def test_response_compressed_only_when_asked(client) -> None:
-    asked = client.raw_stream("SELECT 1", settings={"enable_http_compression": 1}, transport_settings={"Accept-Encoding": "zstd"})
+    asked = client.raw_stream(
+        "SELECT 1", settings={"enable_http_compression": 1}, transport_settings={"Accept-Encoding": "zstd"}
+    )
     assert asked.headers.get("Content-Encoding") == "zstd"
     assert zstandard.ZstdDecompressor().decompressobj().decompress(asked.read(decode_content=False)) == b"1\n"
-    refused = client.raw_stream("SELECT 1", settings={"enable_http_compression": 0}, transport_settings={"Accept-Encoding": "zstd"})
+    refused = client.raw_stream(
+        "SELECT 1", settings={"enable_http_compression": 0}, transport_settings={"Accept-Encoding": "zstd"}
+    )
     assert refused.headers.get("Content-Encoding") is None
     assert refused.read() == b"1\n"
 
@@ -188,12 +198,22 @@ def test_database_parameter_and_server_side_binding(port: int, client) -> None:
 def test_deduplication_token_stores_a_repeated_insert_once(client) -> None:
     make_table(client, "dedup_t", "SETTINGS non_replicated_deduplication_window = 100")
     for _ in range(3):
-        client.insert("dedup_t", [[1, "a"], [2, "b"]], settings={"insert_deduplication_token": "p/e1_t1/t/0/0", "async_insert": 0})
+        client.insert(
+            "dedup_t", [[1, "a"], [2, "b"]], settings={"insert_deduplication_token": "p/e1_t1/t/0/0", "async_insert": 0}
+        )
     client.raw_insert(
-        "dedup_t", None, b'{"id":1,"s":"a"}\n', fmt="JSONEachRow", settings={"insert_deduplication_token": "p/e1_t1/t/0/1"}
+        "dedup_t",
+        None,
+        b'{"id":1,"s":"a"}\n',
+        fmt="JSONEachRow",
+        settings={"insert_deduplication_token": "p/e1_t1/t/0/1"},
     )
     client.raw_insert(
-        "dedup_t", None, b'{"id":1,"s":"a"}\n', fmt="JSONEachRow", settings={"insert_deduplication_token": "p/e1_t1/t/0/1"}
+        "dedup_t",
+        None,
+        b'{"id":1,"s":"a"}\n',
+        fmt="JSONEachRow",
+        settings={"insert_deduplication_token": "p/e1_t1/t/0/1"},
     )
     assert client.command("SELECT count() FROM dedup_t") == 3
 

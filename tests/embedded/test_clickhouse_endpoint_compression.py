@@ -120,7 +120,10 @@ def test_network_compression_method_does_not_change_the_http_blocks(port: int) -
 
 def test_compressed_blocks_inside_http_content_encoding(port: int) -> None:
     status, resp, body = request(
-        port, b"SELECT number FROM numbers(3)", {"compress": "1", "enable_http_compression": "1"}, {"Accept-Encoding": "zstd"}
+        port,
+        b"SELECT number FROM numbers(3)",
+        {"compress": "1", "enable_http_compression": "1"},
+        {"Accept-Encoding": "zstd"},
     )
     assert (status, resp.getheader("Content-Encoding")) == (200, "zstd")
     assert unframe(zstandard.ZstdDecompressor().decompressobj().decompress(body)) == [(LZ4, b"0\n1\n2\n")]
@@ -183,7 +186,10 @@ def test_a_corrupted_checksum_answers_checksum_doesnt_match(port: int, table: st
     status, resp, body = request(port, bad, {"query": f"INSERT INTO {table} FORMAT TSV", "decompress": "1"})
     assert (status, resp.getheader("X-ClickHouse-Exception-Code")) == (500, "40")
     assert body.startswith(b"Code: 40. DB::Exception: Checksum doesn't match: corrupted data. Reference: ")
-    assert b"Size of compressed block: %d. The mismatch is caused by single bit flip in checksum." % (len(good) - 16) in body
+    assert (
+        b"Size of compressed block: %d. The mismatch is caused by single bit flip in checksum." % (len(good) - 16)
+        in body
+    )
     assert b"(CHECKSUM_DOESNT_MATCH)" in body
     assert query(port, f"SELECT count() FROM {table}") == b"0\n"
 

@@ -58,7 +58,12 @@ def test_kill_query_by_query_id_cancels_only_that_statement(port: int) -> None:
     client = new_client(port)
     with ThreadPoolExecutor(2) as pool:
         doomed = start_long_query(pool, port, victim)
-        kept = pool.submit(lambda: new_client(port).query("SELECT sum(sleepEachRow(0.001)) FROM numbers(100) SETTINGS max_block_size = 1", settings={"query_id": survivor}))
+        kept = pool.submit(
+            lambda: new_client(port).query(
+                "SELECT sum(sleepEachRow(0.001)) FROM numbers(100) SETTINGS max_block_size = 1",
+                settings={"query_id": survivor},
+            )
+        )
         wait_until(lambda: victim in running_ids(port), 30, "the victim statement to run")
         killed = client.query(f"KILL QUERY WHERE query_id = '{victim}' SYNC").result_rows
         assert [row[0] for row in killed] == ["finished"]
@@ -72,7 +77,8 @@ def test_closing_the_connection_cancels_its_statement(port: int) -> None:
     body = LONG_QUERY.encode()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(
-            f"POST /?query_id={query_id} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            f"POST /?query_id={query_id} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         wait_until(lambda: query_id in running_ids(port), 30, "the statement to run")
     wait_until(lambda: query_id not in running_ids(port), 30, "the abandoned statement to be cancelled")

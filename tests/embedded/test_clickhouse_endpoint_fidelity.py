@@ -20,7 +20,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from clickhouse_connect.driver.external import ExternalData
 
 
-def post(port: int, body: bytes, query: str = "", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def post(
+    port: int, body: bytes, query: str = "", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """POST ``body`` to ``/?query``; the status, headers and body, errors included."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/?{query}", data=body, method="POST", headers=headers or {})
     try:
@@ -95,16 +97,22 @@ def test_non_utf8_query_bytes_reach_the_engine_unchanged(client, port: int) -> N
 
 def test_large_bound_parameters_travel_as_form_data(client) -> None:
     assert client.command("SELECT length({s:String})", parameters={"s": "x" * 5000}) == 5000
-    assert client.query("SELECT {a:UInt32} + {b:UInt32}", parameters={"a": 1, "b": 2}, settings={}).result_rows == [(3,)]
-    forced = clickhouse_connect.get_client(host="127.0.0.1", port=client.url.rsplit(":", 1)[1], form_encode_query_params=True)
+    assert client.query("SELECT {a:UInt32} + {b:UInt32}", parameters={"a": 1, "b": 2}, settings={}).result_rows == [
+        (3,)
+    ]
+    forced = clickhouse_connect.get_client(
+        host="127.0.0.1", port=client.url.rsplit(":", 1)[1], form_encode_query_params=True
+    )
     assert forced.query("SELECT {s:String} AS s", parameters={"s": "über"}).result_rows == [("über",)]
 
 
 def test_external_data_tables_through_clickhouse_connect(client) -> None:
     ext = ExternalData(file_name="ids", data=b"1\tone\n2\ttwo\n3\tthree\n", structure=["id UInt32", "name String"])
     ext.add_file(file_name="more", data=b"10,ten\n", fmt="CSV", types=["UInt32", "String"])
-    result = client.query("SELECT * FROM (SELECT id, name FROM ids WHERE id > 1 UNION ALL SELECT _1, _2 FROM more) ORDER BY 1",
-                          external_data=ext)  # ORDER BY inside a UNION ALL sorts its last SELECT only
+    result = client.query(
+        "SELECT * FROM (SELECT id, name FROM ids WHERE id > 1 UNION ALL SELECT _1, _2 FROM more) ORDER BY 1",
+        external_data=ext,
+    )  # ORDER BY inside a UNION ALL sorts its last SELECT only
     assert result.result_rows == [(2, "two"), (3, "three"), (10, "ten")]
     # external tables belong to their request only
     with pytest.raises(DatabaseError) as gone:
@@ -122,7 +130,9 @@ def test_external_data_through_raw_multipart(port: int) -> None:
         "Content-Type: application/octet-stream\r\n\r\n1\n2\n3\n\r\n"
         f"--{boundary}--\r\n"
     ).encode()
-    status, _, answer = post(port, body, "nums_structure=x+UInt8", {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    status, _, answer = post(
+        port, body, "nums_structure=x+UInt8", {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
     assert (status, answer) == (200, b"5\n")
 
 
@@ -134,7 +144,9 @@ def test_temporary_tables_belong_to_their_session(port: int) -> None:
     for sid in ("A", "B"):
         status, _, body = post(port, b"CREATE TEMPORARY TABLE tmp_scoped (x UInt8)", f"session_id={sessions[sid]}")
         assert status == 200, body
-        assert post(port, f"INSERT INTO tmp_scoped VALUES ({ord(sid)})".encode(), f"session_id={sessions[sid]}")[0] == 200
+        assert (
+            post(port, f"INSERT INTO tmp_scoped VALUES ({ord(sid)})".encode(), f"session_id={sessions[sid]}")[0] == 200
+        )
     assert post(port, b"SELECT x FROM tmp_scoped", f"session_id={sessions['A']}")[2] == b"65\n"
     assert post(port, b"SELECT x FROM tmp_scoped", f"session_id={sessions['B']}")[2] == b"66\n"
     status, headers, _ = post(port, b"SELECT x FROM tmp_scoped")

@@ -48,7 +48,6 @@ def test_early_error_keeps_its_http_status(port: int) -> None:
     assert b"boom early" in resp.read()
 
 
-
 def test_formats_with_a_header_or_footer_read_as_one_output_over_many_blocks(port: int) -> None:
     client = clickhouse_connect.get_client(host="127.0.0.1", port=port)
     sql = "SELECT number FROM numbers(5) SETTINGS max_block_size = 2"

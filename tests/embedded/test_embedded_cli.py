@@ -29,7 +29,9 @@ def data_dir(tmp_path: Path):
 
 
 def up(data_dir: Path) -> dict:
-    result = chtxn("embedded", "up", "--data-dir", str(data_dir), "--kafka-port", "0", "--clickhouse-port", "0", "--json")
+    result = chtxn(
+        "embedded", "up", "--data-dir", str(data_dir), "--kafka-port", "0", "--clickhouse-port", "0", "--json"
+    )
     return json.loads(result.stdout)
 
 
@@ -117,8 +119,14 @@ def test_down_never_signals_a_process_it_did_not_start(data_dir):
     try:
         data_dir.mkdir(parents=True)
         # A recorded pid now owned by another process (a recycled pid): its start time differs.
-        recorded = {"pid": bystander.pid, "token": "linux:0", "port": 1, "address": "127.0.0.1:1",
-                    "log": "", "started_at": ""}
+        recorded = {
+            "pid": bystander.pid,
+            "token": "linux:0",
+            "port": 1,
+            "address": "127.0.0.1:1",
+            "log": "",
+            "started_at": "",
+        }
         (data_dir / "state.json").write_text(json.dumps({"components": {"kafka": recorded}}))
         down = chtxn("embedded", "down", "--data-dir", str(data_dir))
         assert "nothing was running" in down.stdout

@@ -97,7 +97,7 @@ class _Connection:
                 while view and not self.reset.is_set():
                     if writable.poll(timeout_ms):
                         try:
-                            view = view[dst.send(view):]
+                            view = view[dst.send(view) :]
                         except BlockingIOError:
                             continue
         except (OSError, ValueError):
@@ -137,8 +137,16 @@ class TcpProxy:
     ``stop()``, cut or not. Use as a context manager, or ``start()`` / ``stop()``.
     """
 
-    def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1",
-                 listen_port: int = 0, max_connections: int = 512, lifetime_s: float = 1800.0) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        max_connections: int = 512,
+        lifetime_s: float = 1800.0,
+    ) -> None:
         self.target = (target_host, target_port)
         self.max_connections = max_connections
         self.lifetime_s = lifetime_s

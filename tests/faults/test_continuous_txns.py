@@ -32,7 +32,9 @@ def staged_rows(pipeline: Pipeline, txn: str) -> int:
     table = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, txn)
     if table not in pipeline.stage_tables():
         return 0
-    return pipeline.client().query(f"SELECT count() FROM `{pipeline.cfg.clickhouse.database}`.`{table}`").result_rows[0][0]
+    return (
+        pipeline.client().query(f"SELECT count() FROM `{pipeline.cfg.clickhouse.database}`.`{table}`").result_rows[0][0]
+    )
 
 
 def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
@@ -44,7 +46,9 @@ def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
     counting = failpoints.arm("leader.before-count", "pause*1", who="c1")
     with coordinator(pipeline), participants(pipeline, tasks=2):
         assert counting.reached.wait(120), "no txn reached its count"
-        k, k_next = wait_until(lambda: being_counted(pipeline), 30, "the txn being counted, and the one its END started")
+        k, k_next = wait_until(
+            lambda: being_counted(pipeline), 30, "the txn being counted, and the one its END started"
+        )
         # k may have read every record before its END: these can only go to k+1, which cannot end
         # before k is decided.
         produced += pipeline.produce(2_000, start_id=produced)
@@ -52,18 +56,24 @@ def test_an_abort_of_k_while_k_plus_1_is_staging_re_reads_both(stack, tmp_path):
         stage_k = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, k)
         pipeline.client().command(
             f"INSERT INTO `{pipeline.cfg.clickhouse.database}`.`{stage_k}` SELECT * FROM "
-            f"`{pipeline.cfg.clickhouse.database}`.`{stage_k}` LIMIT 1")  # k's count no longer matches
+            f"`{pipeline.cfg.clickhouse.database}`.`{stage_k}` LIMIT 1"
+        )  # k's count no longer matches
         failpoints.release("leader.before-count")
         wait_until(lambda: pipeline.target_count() == produced, 120, "every record committed after the abort")
     states = {t.txn: t for t in pipeline.ledger().history(limit=1000)}
     assert states[k].state == "ABORTED" and "row-count mismatch" in states[k].reason, states[k]
-    assert states[k_next].state == "ABORTED" and states[k_next].reason.startswith(f"cascade: {k} aborted"), states[k_next]
+    assert states[k_next].state == "ABORTED" and states[k_next].reason.startswith(f"cascade: {k} aborted"), states[
+        k_next
+    ]
     assert_exactly_once(pipeline, produced, nothing_lost=True)
 
 
 def capped_starts(pipeline: Pipeline) -> list[StartCommit]:
-    starts = [m.next if isinstance(m, EndCommit) else m for m in control_messages(pipeline)
-              if isinstance(m, StartCommit) or (isinstance(m, EndCommit) and m.next is not None)]
+    starts = [
+        m.next if isinstance(m, EndCommit) else m
+        for m in control_messages(pipeline)
+        if isinstance(m, StartCommit) or (isinstance(m, EndCommit) and m.next is not None)
+    ]
     return [s for s in starts if s.chunk_rows > 0]
 
 

@@ -22,8 +22,11 @@ from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 SETTINGS = {"participant.chunk_rows": 500, "transaction.interval_s": 0.3}
 
 
-@pytest.mark.parametrize(("reader", "kind"), [("task-0", "end-commit"), ("c1", "write-status")],
-                         ids=["END hidden from a participant", "WRITE-STATUS hidden from the coordinator"])
+@pytest.mark.parametrize(
+    ("reader", "kind"),
+    [("task-0", "end-commit"), ("c1", "write-status")],
+    ids=["END hidden from a participant", "WRITE-STATUS hidden from the coordinator"],
+)
 def test_a_control_record_a_reader_skipped_is_read_again_and_no_txn_aborts(stack, tmp_path, reader, kind):
     pipeline = make_pipeline(stack, tmp_path, unique_name("hole"), settings=SETTINGS)
     produced = pipeline.produce(20_000)
@@ -45,8 +48,12 @@ def still_reading_an_ended_txn(pipeline: Pipeline, sender: str, after_s: float) 
     for at, message in pipeline.control_records():
         if isinstance(message, EndCommit):
             ended.setdefault(message.txn, at)
-        elif (isinstance(message, Heartbeat) and message.sender == sender and message.txn in ended
-              and at - ended[message.txn] > after_s):
+        elif (
+            isinstance(message, Heartbeat)
+            and message.sender == sender
+            and message.txn in ended
+            and at - ended[message.txn] > after_s
+        ):
             return message.txn
     return None
 
@@ -55,14 +62,18 @@ def test_a_participant_that_never_read_an_end_gets_it_again_and_no_txn_aborts(st
     """Every END is hidden from task-0 until its reader has given up on the hole (it waits 1 s)
     and it still heartbeats the ended txn 3 s later; then the leader's next copy of that END gets
     through. The WRITE-STATUS timeout is 60 s, so the txn commits only if the END is sent again."""
-    pipeline = make_pipeline(stack, tmp_path, unique_name("missedend"),
-                             settings={**SETTINGS, "transaction.write_status_timeout_s": 60.0})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("missedend"), settings={**SETTINGS, "transaction.write_status_timeout_s": 60.0}
+    )
     produced = pipeline.produce(20_000)
     hidden = failpoints.arm("control.hide-record", "raise", who="task-0/end-commit")
     with coordinator(pipeline), participants(pipeline, tasks=2):
         assert hidden.reached.wait(60), "no END reached task-0"
-        missed = wait_until(lambda: still_reading_an_ended_txn(pipeline, "task-0", 3.0), 30,
-                            "task-0 heartbeating a txn 3 s after its END")
+        missed = wait_until(
+            lambda: still_reading_an_ended_txn(pipeline, "task-0", 3.0),
+            30,
+            "task-0 heartbeating a txn 3 s after its END",
+        )
         failpoints.disarm()
         wait_until(lambda: pipeline.target_count() == produced, 30, "every record committed")
         history = {t.txn: t for t in pipeline.ledger().history(limit=1000)}

@@ -43,7 +43,9 @@ def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(sta
     """Defect 4: with on_gap = skip the head must not win over the skipped-to offset (START from
     deleted offsets aborts every txn), for a gap found at take-over and one that opens while
     leading; each gap is one GAP row, however many leaders meet it."""
-    pipeline = make_pipeline(stack, tmp_path, unique_name("gapskip"), partitions=1, settings={"pipeline.on_gap": "skip"})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("gapskip"), partitions=1, settings={"pipeline.on_gap": "skip"}
+    )
     tp = pipeline.partitions[0]
     pipeline.produce(100)
     monkeypatch.setattr(leader_module, "SourceOffsets", Retention)
@@ -60,19 +62,31 @@ def test_on_gap_skip_goes_on_from_the_low_watermark_and_records_the_gap_once(sta
         wait_until(lambda: pipeline.target_count() == 150, 60, "offsets 150..199 committed")
         assert committed_starts(pipeline, tp)[-1] == 150
         Retention.low = {tp: 260}  # a gap that opens while E2 leads (its records are gone before they come)
-        wait_until(lambda: gap_rows(pipeline) == [(tp, 100, 150), (tp, 200, 260)] or None, 30, "the second gap recorded")
+        wait_until(
+            lambda: gap_rows(pipeline) == [(tp, 100, 150), (tp, 200, 260)] or None, 30, "the second gap recorded"
+        )
         pipeline.produce(100, start_id=200)
         wait_until(lambda: pipeline.target_count() == 190, 60, "offsets 260..299 committed")
         assert committed_starts(pipeline, tp)[-1] == 260
         e2.stop.set()
         e2.ended(60)
         e3 = LeaderThread(pipeline, 3, "E3").start()  # meets no new gap
-        wait_until(lambda: pipeline.ledger().max_epoch() == 3 and pipeline.ledger().commit_at(
-            pipeline.ledger().head()[0]).epoch == 3, 60, "E3 commits")
+        wait_until(
+            lambda: (
+                pipeline.ledger().max_epoch() == 3
+                and pipeline.ledger().commit_at(pipeline.ledger().head()[0]).epoch == 3
+            ),
+            60,
+            "E3 commits",
+        )
         e3.stop.set()
         e3.ended(60)
     assert gap_rows(pipeline) == [(tp, 100, 150), (tp, 200, 260)]
-    aborts = [t.reason for t in pipeline.ledger().history(limit=500, state="ABORTED") if "started at" in t.reason and not t.reason.startswith("cascade")]
+    aborts = [
+        t.reason
+        for t in pipeline.ledger().history(limit=500, state="ABORTED")
+        if "started at" in t.reason and not t.reason.startswith("cascade")
+    ]
     assert len(aborts) <= 1, f"txns from deleted offsets kept aborting: {aborts}"
     anomalies = pipeline.ledger().audit()
     assert len(anomalies) == 2 and all("recorded as skipped" in a for a in anomalies), anomalies
@@ -102,8 +116,9 @@ def test_on_gap_fail_stops_the_leader_with_the_gap_and_what_to_do(stack, tmp_pat
 def test_start_from_latest_is_chosen_once_and_kept_by_the_next_leader(stack, tmp_path):
     """Defect 9: the initial offset of a never-committed partition is recorded in the ledger, so a
     leader change never moves it (records produced between two leaders are not skipped)."""
-    pipeline = make_pipeline(stack, tmp_path, unique_name("latest"), partitions=1,
-                             settings={"pipeline.start_from": "latest"})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("latest"), partitions=1, settings={"pipeline.start_from": "latest"}
+    )
     tp = pipeline.partitions[0]
     pipeline.produce(100)
     e1 = LeaderThread(pipeline, 1, "E1")
@@ -114,9 +129,15 @@ def test_start_from_latest_is_chosen_once_and_kept_by_the_next_leader(stack, tmp
         e1.ended(60)
         pipeline.produce(100, start_id=100)
         reader = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": "w"})
-        high = wait_until(lambda: (h := reader.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10,
-                                                                   cached=False)[1]) > first.offsets[0].offset and h,
-                          30, "the high watermark to move past E1's choice")
+        high = wait_until(
+            lambda: (
+                (h := reader.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10, cached=False)[1])
+                > first.offsets[0].offset
+                and h
+            ),
+            30,
+            "the high watermark to move past E1's choice",
+        )
         reader.close()
         e2 = LeaderThread(pipeline, 2, "E2").start()
         second = wait_until(lambda: [s for s in participants.starts if s.epoch == 2][:1], 60, "E2's first START")[0]

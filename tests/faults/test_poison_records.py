@@ -70,8 +70,11 @@ def test_a_record_nested_1500_deep_is_dead_lettered_once_and_txns_commit(stack, 
 
     with participants(pipeline, tasks=2), coordinator(pipeline):
         wait_until(committed, WAIT_S, f"every offset committed up to {ends}", interval_s=0.2)
-        wait_until(lambda: offsets_of(read_letters(pipeline.cfg, timeout_s=10)) == expected, WAIT_S,
-                   f"the dead letters {expected} published")
+        wait_until(
+            lambda: offsets_of(read_letters(pipeline.cfg, timeout_s=10)) == expected,
+            WAIT_S,
+            f"the dead letters {expected} published",
+        )
         failed = aborts(pipeline)
 
     assert failed == [], f"no txn aborts for a poison record: {failed}"

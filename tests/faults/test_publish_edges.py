@@ -29,9 +29,13 @@ WAIT_S = 60.0
 def published_rows(pipeline: Pipeline, txn: str) -> int:
     """PUBLISHED ledger rows of ``txn`` (one, once it is published)."""
     db = pipeline.cfg.clickhouse.database
-    return int(pipeline.client().command(
-        f"SELECT count() FROM `{db}`.chtxn_ledger WHERE pipeline = {{p:String}} AND txn = {{t:String}} "
-        "AND event = 'PUBLISHED'", parameters={"p": pipeline.cfg.name, "t": txn}))
+    return int(
+        pipeline.client().command(
+            f"SELECT count() FROM `{db}`.chtxn_ledger WHERE pipeline = {{p:String}} AND txn = {{t:String}} "
+            "AND event = 'PUBLISHED'",
+            parameters={"p": pipeline.cfg.name, "t": txn},
+        )
+    )
 
 
 def first_txn_with_rows(participants: ScriptedParticipants) -> str:
@@ -67,8 +71,11 @@ def test_a_txn_published_after_an_alter_is_published_once_when_its_clean_up_is_c
         assert dropping.reached.wait(WAIT_S), "E1 never cleaned up after its publish"
         if cut == "leader-stalls":
             e2.start()  # E1 is held between its drops: E2 takes over and meets its leftovers
-        wait_until(lambda: pipeline.target_count() >= produced and not leftovers(pipeline, k), WAIT_S,
-                   f"every record published and {k}'s tables dropped")
+        wait_until(
+            lambda: pipeline.target_count() >= produced and not leftovers(pipeline, k),
+            WAIT_S,
+            f"every record published and {k}'s tables dropped",
+        )
         failpoints.release("stage.mid-drop")
     assert_exactly_once(pipeline, produced, nothing_lost=True)
     assert published_rows(pipeline, k) == 1
@@ -95,13 +102,16 @@ def test_two_alters_around_one_publish_never_wedge_it(stack, tmp_path):
     assert_exactly_once(pipeline, produced, nothing_lost=True)
 
 
-def produce_batch(pipeline: Pipeline, first_id: int, count: int) -> tuple[dict[TopicPartition, int], set[tuple[str, int, int]]]:
+def produce_batch(
+    pipeline: Pipeline, first_id: int, count: int
+) -> tuple[dict[TopicPartition, int], set[tuple[str, int, int]]]:
     """``count`` records on each partition, every seventh malformed; returns the end offsets and
     the (topic, partition, offset) of the malformed ones."""
     ends, bad = {}, set()
     for tp in pipeline.partitions:
-        values = [good(i) if i % 7 != 3 else b'{"id": %d, "user": "broken' % i
-                  for i in range(first_id, first_id + count)]
+        values = [
+            good(i) if i % 7 != 3 else b'{"id": %d, "user": "broken' % i for i in range(first_id, first_id + count)
+        ]
         offsets = produce_values(pipeline, tp.partition, values)
         ends[tp] = offsets[-1] + 1
         bad |= {(tp.topic, tp.partition, o) for o, v in zip(offsets, values) if b"broken" in v}
@@ -125,14 +135,19 @@ def test_a_stale_leader_never_stops_the_new_leaders_dead_letters(stack, tmp_path
         e1.start()
         assert stalled.reached.wait(WAIT_S), "E1 never reached a dead-letter publish"
         e2.start()
-        wait_until(lambda: committed_through(pipeline, ends) and set(letters_in_topic(pipeline)) == bad, WAIT_S,
-                   "E2 commits the first batch and publishes its letters")
+        wait_until(
+            lambda: committed_through(pipeline, ends) and set(letters_in_topic(pipeline)) == bad,
+            WAIT_S,
+            "E2 commits the first batch and publishes its letters",
+        )
         failpoints.release("leader.before-dead-letters")  # E1 goes on: its dead-letter publish comes last
         assert "stepped down" in str(e1.ended(WAIT_S))
         more_ends, more_bad = produce_batch(pipeline, 40, 40)
-        wait_until(lambda: committed_through(pipeline, more_ends)
-                   and set(letters_in_topic(pipeline)) == bad | more_bad, WAIT_S,
-                   "E2 commits the second batch and publishes its letters")
+        wait_until(
+            lambda: committed_through(pipeline, more_ends) and set(letters_in_topic(pipeline)) == bad | more_bad,
+            WAIT_S,
+            "E2 commits the second batch and publishes its letters",
+        )
         wait_until(lambda: pipeline.target_count() == 160 - len(bad | more_bad), WAIT_S, "every good record published")
     twice = {where: n for where, n in letters_in_topic(pipeline).items() if n > 1}
     assert twice == {}, f"letters published more than once: {twice}"
@@ -151,7 +166,9 @@ def test_take_over_drops_the_probe_tables_a_participant_left_mid_isolation(stack
         e1.start()
         wait_until(lambda: pipeline.target_count() == produced, WAIT_S, "every record published")
     k = first_txn_with_rows(participants)
-    probes = [naming.probe_table(naming.stage_table("events", name, txn), f"{name}/{txn}/chunk") for txn in (k, "e1_t999")]
+    probes = [
+        naming.probe_table(naming.stage_table("events", name, txn), f"{name}/{txn}/chunk") for txn in (k, "e1_t999")
+    ]
     for probe in probes:
         pipeline.client().command(f"CREATE TABLE `{db}`.`{probe}` AS `{db}`.events ENGINE = Null")
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e2):
@@ -170,8 +187,11 @@ def hold_publishes_until_committed(pipeline: Pipeline, leader: LeaderThread, txn
     held = failpoints.arm("leader.before-publish", "pause", who=leader.name)
     leader.start()
     assert held.reached.wait(WAIT_S), f"{leader.name} never reached a publish"
-    wait_until(lambda: len(pipeline.ledger().committed_unpublished()) >= txns, WAIT_S,
-               f"{txns} committed txns waiting for their publish")
+    wait_until(
+        lambda: len(pipeline.ledger().committed_unpublished()) >= txns,
+        WAIT_S,
+        f"{txns} committed txns waiting for their publish",
+    )
 
 
 def test_a_long_roll_forward_keeps_the_new_leaders_lease(stack, tmp_path, monkeypatch, caplog):
@@ -210,6 +230,9 @@ def test_a_leader_whose_publishes_keep_failing_still_stops(stack, tmp_path, monk
         e1.stop.set()
         assert "gave up" in str(e1.ended(WAIT_S))
         e2.start()
-        wait_until(lambda: pipeline.target_count() >= produced and not pipeline.ledger().committed_unpublished(),
-                   WAIT_S, "E2 publishes what E1 left")
+        wait_until(
+            lambda: pipeline.target_count() >= produced and not pipeline.ledger().committed_unpublished(),
+            WAIT_S,
+            "E2 publishes what E1 left",
+        )
     assert_exactly_once(pipeline, produced, nothing_lost=True)

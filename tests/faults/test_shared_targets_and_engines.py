@@ -19,21 +19,29 @@ from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipe
 def own_rows(pipeline: Pipeline) -> int:
     """Rows of this pipeline's topics in the (maybe shared) target."""
     db, table = pipeline.cfg.clickhouse.database, pipeline.cfg.clickhouse.target_table
-    return int(pipeline.client().command(
-        f"SELECT count() FROM `{db}`.`{table}` WHERE _topic IN {{t:Array(String)}}",
-        parameters={"t": list(pipeline.cfg.pipeline.topics)}))
+    return int(
+        pipeline.client().command(
+            f"SELECT count() FROM `{db}`.`{table}` WHERE _topic IN {{t:Array(String)}}",
+            parameters={"t": list(pipeline.cfg.pipeline.topics)},
+        )
+    )
 
 
 def test_a_pipelines_take_over_never_touches_another_pipelines_stage_table(stack, tmp_path):
     """Defect 2: B holds an uncommitted stage table in the target A also feeds; A takes over
     (roll-forward and orphan clean-up) and must leave it alone, and B then commits it once."""
     a = make_pipeline(stack, tmp_path, unique_name("sharea"))
-    b = make_pipeline(stack, tmp_path, unique_name("shareb"), settings={"clickhouse.database": a.cfg.clickhouse.database})
+    b = make_pipeline(
+        stack, tmp_path, unique_name("shareb"), settings={"clickhouse.database": a.cfg.clickhouse.database}
+    )
     made_a, made_b = a.produce(500), b.produce(300)
     b1 = LeaderThread(b, 1, "B1")
     a1 = LeaderThread(a, 1, "A1")
-    with ScriptedParticipants(b.cfg, b.partitions, sender="pb") as pb, \
-            ScriptedParticipants(a.cfg, a.partitions, sender="pa"), leaders(b1, a1):
+    with (
+        ScriptedParticipants(b.cfg, b.partitions, sender="pb") as pb,
+        ScriptedParticipants(a.cfg, a.partitions, sender="pa"),
+        leaders(b1, a1),
+    ):
         held = failpoints.arm("leader.before-commit", "pause*1", who="B1")
         b1.start()
         assert held.reached.wait(60), "B never reached its commit point"
@@ -62,15 +70,18 @@ MERGING_TARGETS = {
 def test_a_target_that_merges_rows_away_still_commits_every_record_once(stack, tmp_path, engine):
     """Defect 3: every record has the same sorting key, so the target's engine would merge them
     into one row; staged rows must stay apart until publish or the count check fails forever."""
-    ddl = (TARGET_DDL.replace("ENGINE = MergeTree", f"ENGINE = {MERGING_TARGETS[engine]}")
-           .replace("ORDER BY (_topic, _partition, _offset)", "ORDER BY (_topic, _partition)")
-           .replace("    _offset Int64\n", "    _offset Int64,\n    sign Int8 DEFAULT 1\n"))
+    ddl = (
+        TARGET_DDL.replace("ENGINE = MergeTree", f"ENGINE = {MERGING_TARGETS[engine]}")
+        .replace("ORDER BY (_topic, _partition, _offset)", "ORDER BY (_topic, _partition)")
+        .replace("    _offset Int64\n", "    _offset Int64,\n    sign Int8 DEFAULT 1\n")
+    )
     pipeline = make_pipeline(stack, tmp_path, unique_name("merging"), target_ddl=ddl)
     produced = pipeline.produce(600)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1 := LeaderThread(pipeline, 1, "E1")):
         e1.start()
-        wait_until(lambda: sum(c.total_rows for c in pipeline.ledger().commits()) == produced, 60,
-                   "every record committed")
+        wait_until(
+            lambda: sum(c.total_rows for c in pipeline.ledger().commits()) == produced, 60, "every record committed"
+        )
         wait_until(lambda: pipeline.ledger().committed_unpublished() == [], 30, "every commit published")
     aborted = pipeline.ledger().history(limit=200, state="ABORTED")
     assert not [t.reason for t in aborted if "row-count" in t.reason], "staged rows collapsed before the count"
@@ -104,8 +115,10 @@ def test_a_stage_table_dropped_before_step_5_aborts_its_txn_and_the_records_are_
     pipeline = make_pipeline(stack, tmp_path, unique_name("stagegone"))
     produced = pipeline.produce(500)
     db = pipeline.cfg.clickhouse.database
-    with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, \
-            leaders(e1 := LeaderThread(pipeline, 1, "E1")):
+    with (
+        ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants,
+        leaders(e1 := LeaderThread(pipeline, 1, "E1")),
+    ):
         counting = failpoints.arm("leader.before-count", "pause*1", who="E1")
         e1.start()
         assert counting.reached.wait(60)

@@ -94,10 +94,13 @@ def test_a_committed_txn_whose_stage_table_is_gone_is_an_alarm_not_published(sta
         assert before.reached.wait(60)
         k = next(s.txn for s in reversed(participants.statuses) if s.rows)
         stage_k = naming.stage_table(pipeline.cfg.clickhouse.target_table, pipeline.cfg.name, k)
-        pipeline.client().command(f"DROP TABLE `{pipeline.cfg.clickhouse.database}`.`{stage_k}`")  # an operator's mistake
+        pipeline.client().command(
+            f"DROP TABLE `{pipeline.cfg.clickhouse.database}`.`{stage_k}`"
+        )  # an operator's mistake
         failpoints.release("leader.before-publish")
-        summary = wait_until(lambda: (s := pipeline.ledger().txn(k)) and s.state != "COMMITTED" and s, 60,
-                             f"{k} resolved")
+        summary = wait_until(
+            lambda: (s := pipeline.ledger().txn(k)) and s.state != "COMMITTED" and s, 60, f"{k} resolved"
+        )
     assert summary.state == "LOST", summary
     audit = pipeline.ledger().audit()
     assert any(k in line and "never published" in line for line in audit), audit

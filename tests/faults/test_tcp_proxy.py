@@ -121,7 +121,10 @@ def test_stop_leaves_no_thread_or_listener(echo_port):
     assert roundtrip(proxy, b"x", conn) == b"x"
     proxy.stop()
     conn.close()
-    wait_until(lambda: not any(t.name.startswith(f"proxy-{proxy.port}") for t in threading.enumerate()), 10,
-               "the proxy's threads to end")
+    wait_until(
+        lambda: not any(t.name.startswith(f"proxy-{proxy.port}") for t in threading.enumerate()),
+        10,
+        "the proxy's threads to end",
+    )
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=2)

@@ -16,8 +16,11 @@ def ledger_section(stack, ch_database: str) -> ClickHouseSection:  # TestStack
     """The ``[clickhouse]`` section of the session's ClickHouse, on the module's fresh database."""
     url = urlsplit(stack.clickhouse_url)
     return ClickHouseSection(
-        url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}", database=ch_database,
-        user=url.username or "default", password=url.password or "", target_table="events",
+        url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}",
+        database=ch_database,
+        user=url.username or "default",
+        password=url.password or "",
+        target_table="events",
     )
 
 

@@ -47,8 +47,12 @@ class StoppableThread:
 
 
 @contextmanager
-def coordinator(pipeline: Pipeline, *, leader_class: type[Leader] = Leader, coordinator_id: str = "c1") -> Iterator[CoordinatorService]:
-    cfg = msgspec.structs.replace(pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id))
+def coordinator(
+    pipeline: Pipeline, *, leader_class: type[Leader] = Leader, coordinator_id: str = "c1"
+) -> Iterator[CoordinatorService]:
+    cfg = msgspec.structs.replace(
+        pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator_id)
+    )
     service = CoordinatorService(cfg, leader_class=leader_class)
     thread = StoppableThread(f"coordinator-{coordinator_id}", service.run)
     try:

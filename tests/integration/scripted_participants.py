@@ -76,8 +76,9 @@ class ScriptedParticipants:
         control = Consumer({**base, "group.id": f"{self.sender}-control", "enable.auto.commit": False})
         control.assign([KafkaTP(self.cfg.control_topic, 0, OFFSET_END)])
         producer = Producer({**base, "linger.ms": 0})
-        self._data = Consumer({**base, "group.id": f"{self.sender}-data", "enable.auto.commit": False,
-                               "enable.partition.eof": True})
+        self._data = Consumer(
+            {**base, "group.id": f"{self.sender}-data", "enable.auto.commit": False, "enable.partition.eof": True}
+        )
         ch = self.cfg.clickhouse
         url = ch.url.removeprefix("http://").rstrip("/")
         host, port = url.split(":")
@@ -101,10 +102,19 @@ class ScriptedParticipants:
         while not self._stop.wait(self.cfg.transaction.heartbeat_interval_s):
             if self.knobs.silent:
                 continue
-            self._send(producer, Heartbeat(
-                pipeline=self.cfg.name, epoch=self._epoch, txn="", sender=self.sender,
-                partitions=tuple(PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1)
-                                 for tp in self.partitions)))
+            self._send(
+                producer,
+                Heartbeat(
+                    pipeline=self.cfg.name,
+                    epoch=self._epoch,
+                    txn="",
+                    sender=self.sender,
+                    partitions=tuple(
+                        PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1)
+                        for tp in self.partitions
+                    ),
+                ),
+            )
 
     def _on(self, message: object, producer: Producer) -> None:
         epoch = getattr(message, "epoch", 0)
@@ -141,11 +151,18 @@ class ScriptedParticipants:
             for record in self._data.consume(1000, 1.0):
                 error = record.error()
                 if error is not None:
-                    at_end = at_end or (error.code() == KafkaError._PARTITION_EOF and record.partition() == tp.partition)
+                    at_end = at_end or (
+                        error.code() == KafkaError._PARTITION_EOF and record.partition() == tp.partition
+                    )
                     continue
-                if record.topic() == tp.topic and record.partition() == tp.partition and record.offset() == begin + len(lines):
+                if (
+                    record.topic() == tp.topic
+                    and record.partition() == tp.partition
+                    and record.offset() == begin + len(lines)
+                ):
                     lines.append(
-                        b'{"_topic":"%s","_partition":%d,"_offset":%d,' % (tp.topic.encode(), tp.partition, record.offset())
+                        b'{"_topic":"%s","_partition":%d,"_offset":%d,'
+                        % (tp.topic.encode(), tp.partition, record.offset())
                         + record.value()[1:]
                     )
         self._data.unassign()
@@ -154,14 +171,28 @@ class ScriptedParticipants:
         if lines:
             token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
             try:
-                self._ch.raw_insert(start.stage_table, insert_block=b"\n".join(lines), fmt="JSONEachRow",
-                                    settings={"insert_deduplication_token": token, "async_insert": 0})
-            except Exception as exc:  # e.g. the stage table of a txn a new leader dropped: report, as a participant does
+                self._ch.raw_insert(
+                    start.stage_table,
+                    insert_block=b"\n".join(lines),
+                    fmt="JSONEachRow",
+                    settings={"insert_deduplication_token": token, "async_insert": 0},
+                )
+            except (
+                Exception
+            ) as exc:  # e.g. the stage table of a txn a new leader dropped: report, as a participant does
                 errors = (f"{type(exc).__name__}: {exc}",)
         return WriteStatus(
-            pipeline=self.cfg.name, epoch=start.epoch, txn=start.txn, sender=self.sender, topic=tp.topic,
-            partition=tp.partition, start_offset=begin, end_offset=max(high, begin),
-            rows=len(lines) + self.knobs.extra_reported_rows, chunks=1 if lines else 0, errors=errors,
+            pipeline=self.cfg.name,
+            epoch=start.epoch,
+            txn=start.txn,
+            sender=self.sender,
+            topic=tp.topic,
+            partition=tp.partition,
+            start_offset=begin,
+            end_offset=max(high, begin),
+            rows=len(lines) + self.knobs.extra_reported_rows,
+            chunks=1 if lines else 0,
+            errors=errors,
         )
 
     def _send(self, producer: Producer, message: object) -> None:

@@ -84,7 +84,9 @@ def test_init_creates_then_finds(stack, kafka_admin, ch_database: str, target: s
     assert people.returncode == 0 and "ready" in people.stdout and cfg.control_topic in people.stdout
 
 
-def test_init_refuses_a_control_topic_with_two_partitions(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:
+def test_init_refuses_a_control_topic_with_two_partitions(
+    stack, kafka_admin, ch_database: str, target: str, tmp_path: Path
+) -> None:
     src = create_topic(kafka_admin, unique_name("src"), 1)
     control = create_topic(kafka_admin, unique_name("ctl"), 2)
     path = write_config(tmp_path / "p.toml", stack, ch_database, topics=json.dumps([src]), control=control)
@@ -101,7 +103,9 @@ def test_init_refuses_a_control_topic_with_two_partitions(stack, kafka_admin, ch
 
 def test_init_says_what_is_missing(stack, kafka_admin, ch_database: str, target: str, tmp_path: Path) -> None:
     missing_topic = unique_name("nosuch")
-    path = write_config(tmp_path / "p.toml", stack, ch_database, topics=json.dumps([missing_topic]), target="nosuch_table")
+    path = write_config(
+        tmp_path / "p.toml", stack, ch_database, topics=json.dumps([missing_topic]), target="nosuch_table"
+    )
     result = chtxn("init", "--config", str(path))
     assert result.returncode == 1
     out = " ".join(result.stdout.split())  # undo the table's line wrapping
@@ -136,10 +140,22 @@ def test_txn_list_and_show(ledger_pipeline) -> None:
     p = store.pipeline
     r = PartitionRange(topic="src", partition=0, start=0, end=42, rows=40)
     store.append(LedgerRow(pipeline=p, txn="e1_t1", event=LedgerEvent.STARTED, epoch=1, started_at=100.0))
-    assert store.claim_commit(LedgerRow(
-        pipeline=p, txn="e1_t1", event=LedgerEvent.COMMITTED, epoch=1, commit_seq=1, coordinator="c1",
-        ranges=(r,), total_rows=40, dead_letters=2, started_at=100.0, ended_at=101.0, committed_at=101.2,
-    ))
+    assert store.claim_commit(
+        LedgerRow(
+            pipeline=p,
+            txn="e1_t1",
+            event=LedgerEvent.COMMITTED,
+            epoch=1,
+            commit_seq=1,
+            coordinator="c1",
+            ranges=(r,),
+            total_rows=40,
+            dead_letters=2,
+            started_at=100.0,
+            ended_at=101.0,
+            committed_at=101.2,
+        )
+    )
     store.append(LedgerRow(pipeline=p, txn="e1_t2", event=LedgerEvent.STARTED, epoch=1, started_at=102.0))
     store.append(LedgerRow(pipeline=p, txn="e1_t2", event=LedgerEvent.ABORTED, epoch=1, reason="write-status timeout"))
 
@@ -174,6 +190,8 @@ def test_txn_list_without_a_ledger_says_to_run_init(stack, ch_client, tmp_path: 
         path = write_config(tmp_path / "p.toml", stack, empty_db, topics='["src"]')
         result = chtxn("txn", "list", "--config", str(path))
         assert result.returncode == 1
-        assert f"the ledger table {empty_db}.chtxn_ledger does not exist: run chtxn init --config {path}" in result.stderr
+        assert (
+            f"the ledger table {empty_db}.chtxn_ledger does not exist: run chtxn init --config {path}" in result.stderr
+        )
     finally:
         ch_client.command(f"DROP DATABASE IF EXISTS `{empty_db}`")

@@ -23,7 +23,10 @@ def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path)
     idle = chtxn("status", "--config", config, "--json")
     assert idle.returncode == 1, idle.stderr
     assert json.loads(idle.stdout)["healthy"] is False
-    with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"), coordinator(pipeline, coordinator_id="status-c1"):
+    with (
+        ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"),
+        coordinator(pipeline, coordinator_id="status-c1"),
+    ):
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows published")
         result = chtxn("status", "--config", config, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
@@ -63,8 +66,13 @@ def test_verify_deep_after_the_first_commits_expired_checks_from_the_oldest_chec
     store = pipeline.ledger()
     horizon = store.latest_checkpoint()
     assert horizon is not None and horizon.commit_seq > 1
-    later = LedgerStore(pipeline.client(), pipeline.cfg.clickhouse.database, pipeline.cfg.name,
-                        retention_s=86400, wall_clock=lambda: time.time() + 2 * 86400)
+    later = LedgerStore(
+        pipeline.client(),
+        pipeline.cfg.clickhouse.database,
+        pipeline.cfg.name,
+        retention_s=86400,
+        wall_clock=lambda: time.time() + 2 * 86400,
+    )
     assert later.expire() >= horizon.commit_seq
     start, commits, _ = store.retained_chain()
     assert start is not None and all(c.commit_seq > start.commit_seq for c in commits)

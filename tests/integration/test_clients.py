@@ -52,7 +52,9 @@ def test_partitions_of_lists_sorted_partitions_and_names_a_missing_topic(stack, 
     a = create_topic(kafka_admin, unique_name("a"), 2)
     parts = kafka_clients.partitions_of(kafka_admin, [b, a])
     assert parts == sorted(parts)
-    assert parts == [TopicPartition(topic=a, partition=p) for p in (0, 1)] + [TopicPartition(topic=b, partition=p) for p in (0, 1, 2)]
+    assert parts == [TopicPartition(topic=a, partition=p) for p in (0, 1)] + [
+        TopicPartition(topic=b, partition=p) for p in (0, 1, 2)
+    ]
     missing = unique_name("missing")
     with pytest.raises(SetupError, match=f"Kafka topic '{missing}' does not exist.*create it"):
         kafka_clients.partitions_of(kafka_admin, [a, missing], bootstrap=stack.kafka_bootstrap)
@@ -83,8 +85,11 @@ def test_an_unreachable_broker_fails_within_the_timeout_naming_it() -> None:
 def test_make_client_talks_to_clickhouse(stack, ch_database: str) -> None:
     url = urlsplit(stack.clickhouse_url)
     section = ClickHouseSection(
-        url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}", database=ch_database,
-        user=url.username or "default", password=url.password or "", target_table="t",
+        url=f"{url.scheme}://{url.hostname}:{stack.clickhouse_port}",
+        database=ch_database,
+        user=url.username or "default",
+        password=url.password or "",
+        target_table="t",
         insert_settings={"max_insert_block_size": 12345},
     )
     client = make_client(section)

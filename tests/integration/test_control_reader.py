@@ -24,18 +24,32 @@ EACH = 2_000
 
 def test_the_reader_delivers_every_message_once_in_order_while_producers_race(stack, kafka_admin):
     topic = create_topic(kafka_admin, unique_name("control"), 1)
-    reader = ControlReader(Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": unique_name("g"),
-                                     "enable.auto.commit": False, "fetch.wait.max.ms": 25}), topic, who="reader")
+    reader = ControlReader(
+        Consumer(
+            {
+                "bootstrap.servers": stack.kafka_bootstrap,
+                "group.id": unique_name("g"),
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 25,
+            }
+        ),
+        topic,
+        who="reader",
+    )
     reader.assign(0)
     ready = threading.Barrier(PRODUCERS)
 
     def produce(i: int) -> None:
         """Like the pipeline's writers: producer 0 sends one message at a time and waits for it (the
         coordinator), the others batch for a few ms (participants)."""
-        producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 2 * i, "enable.idempotence": i == 0})
+        producer = Producer(
+            {"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 2 * i, "enable.idempotence": i == 0}
+        )
         ready.wait()
         for n in range(EACH):
-            producer.produce(topic, encode(Heartbeat(pipeline="p", epoch=1, txn=f"{i}-{n}", sender=str(i), partitions=())))
+            producer.produce(
+                topic, encode(Heartbeat(pipeline="p", epoch=1, txn=f"{i}-{n}", sender=str(i), partitions=()))
+            )
             if i == 0:
                 assert producer.flush(10) == 0
             else:
@@ -67,12 +81,20 @@ def test_a_tombstone_on_the_control_topic_is_passed_over(stack, kafka_admin):
     """A record with a null value (a tombstone someone produced, or a compaction marker) is not a
     message: the reader goes on to the next one instead of raising."""
     topic = create_topic(kafka_admin, unique_name("control"), 1)
-    reader = ControlReader(Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": unique_name("g"),
-                                     "enable.auto.commit": False}), topic, who="reader")
+    reader = ControlReader(
+        Consumer(
+            {"bootstrap.servers": stack.kafka_bootstrap, "group.id": unique_name("g"), "enable.auto.commit": False}
+        ),
+        topic,
+        who="reader",
+    )
     reader.assign(0)
     producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
-    for value in (encode(Heartbeat(pipeline="p", epoch=1, txn="before", sender="s", partitions=())), None,
-                  encode(Heartbeat(pipeline="p", epoch=1, txn="after", sender="s", partitions=()))):
+    for value in (
+        encode(Heartbeat(pipeline="p", epoch=1, txn="before", sender="s", partitions=())),
+        None,
+        encode(Heartbeat(pipeline="p", epoch=1, txn="after", sender="s", partitions=())),
+    ):
         producer.produce(topic, key=b"p", value=value)
     assert producer.flush(10) == 0
     seen: list[str] = []

@@ -24,8 +24,9 @@ from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 def spawn_coordinator(pipeline: Pipeline, coordinator_id: str, *module_args: str) -> subprocess.Popen:
     env = {**os.environ, "CHTXN_COORDINATOR_ID": coordinator_id, "PYTHONPATH": str(REPO)}
     args = module_args or ("-m", "cli", "coordinator", "--config", str(pipeline.config_path))
-    return subprocess.Popen([sys.executable, *args], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, *args], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def states(pipeline: Pipeline) -> dict[str, str]:
@@ -41,7 +42,10 @@ def test_committed_txn_lands_once_and_is_listed(stack, tmp_path):
     assert_exactly_once(pipeline, produced)
     listed = subprocess.run(
         [sys.executable, "-m", "cli", "txn", "list", "--config", str(pipeline.config_path), "--json", "--limit", "500"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     txns = json.loads(listed.stdout)
     published = [t for t in txns if t["state"] == "PUBLISHED"]
@@ -49,8 +53,12 @@ def test_committed_txn_lands_once_and_is_listed(stack, tmp_path):
 
 
 def test_write_status_timeout_aborts_and_leaves_nothing(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("wstimeout"),
-                             settings={"transaction.write_status_timeout_s": 3.0, "transaction.heartbeat_misses": 5})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("wstimeout"),
+        settings={"transaction.write_status_timeout_s": 3.0, "transaction.heartbeat_misses": 5},
+    )
     produced = pipeline.produce(500)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, coordinator(pipeline):
         participants.knobs.withhold_status = {pipeline.partitions[1]}
@@ -58,24 +66,37 @@ def test_write_status_timeout_aborts_and_leaves_nothing(stack, tmp_path):
         aborted = [t for t in pipeline.ledger().history(limit=100, state="ABORTED")]
         assert any("write-status timeout" in t.reason for t in aborted)
         assert pipeline.target_count() == 0
-        wait_until(lambda: all(s.rsplit("__", 1)[1] not in {t.txn for t in aborted} for s in pipeline.stage_tables()),
-                   30, "aborted txns' stage tables dropped")
+        wait_until(
+            lambda: all(s.rsplit("__", 1)[1] not in {t.txn for t in aborted} for s in pipeline.stage_tables()),
+            30,
+            "aborted txns' stage tables dropped",
+        )
         participants.knobs.withhold_status = set()
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows committed once the participant answers")
     assert_exactly_once(pipeline, produced)
 
 
 def test_silent_participant_aborts_before_the_write_status_timeout(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("silent"),
-                             settings={"transaction.write_status_timeout_s": 60.0, "transaction.heartbeat_misses": 5,
-                                       "transaction.interval_s": 2.0})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("silent"),
+        settings={
+            "transaction.write_status_timeout_s": 60.0,
+            "transaction.heartbeat_misses": 5,
+            "transaction.interval_s": 2.0,
+        },
+    )
     produced = pipeline.produce(500)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, coordinator(pipeline):
         wait_until(lambda: participants.starts, 30, "a START")
         participants.knobs.silent = True
         participants.knobs.withhold_status = set(pipeline.partitions)
-        wait_until(lambda: any("heartbeats" in t.reason for t in pipeline.ledger().history(limit=50, state="ABORTED")),
-                   30, "an abort for a dead participant (well before the 60 s write-status timeout)")
+        wait_until(
+            lambda: any("heartbeats" in t.reason for t in pipeline.ledger().history(limit=50, state="ABORTED")),
+            30,
+            "an abort for a dead participant (well before the 60 s write-status timeout)",
+        )
         participants.knobs.silent = False
         participants.knobs.withhold_status = set()
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows committed after the participant is back")
@@ -87,8 +108,11 @@ def test_row_count_mismatch_aborts(stack, tmp_path):
     produced = pipeline.produce(300)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, coordinator(pipeline):
         participants.knobs.extra_reported_rows = 1
-        wait_until(lambda: any("row-count mismatch" in t.reason for t in pipeline.ledger().history(limit=50, state="ABORTED")),
-                   30, "an abort for a row-count mismatch")
+        wait_until(
+            lambda: any("row-count mismatch" in t.reason for t in pipeline.ledger().history(limit=50, state="ABORTED")),
+            30,
+            "an abort for a row-count mismatch",
+        )
         assert pipeline.target_count() == 0
         participants.knobs.extra_reported_rows = 0
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows committed once the counts agree")
@@ -99,8 +123,14 @@ def test_sigkill_after_commit_before_publish_is_rolled_forward(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("rollfwd"))
     produced = pipeline.produce(1_000)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
-        crashing = spawn_coordinator(pipeline, "crasher", "-m", "tests.integration.crashing_coordinator",
-                                     str(pipeline.config_path), "after-commit")
+        crashing = spawn_coordinator(
+            pipeline,
+            "crasher",
+            "-m",
+            "tests.integration.crashing_coordinator",
+            str(pipeline.config_path),
+            "after-commit",
+        )
         assert crashing.wait(60) == -signal.SIGKILL, crashing.stdout.read()
         committed = [t for t in pipeline.ledger().history(limit=10) if t.state == "COMMITTED"]
         assert committed, "the crashing coordinator left a COMMITTED, unpublished txn"
@@ -128,11 +158,22 @@ def test_two_leaders_at_once_never_share_a_commit_slot(stack, tmp_path):
         assert ledger.claim_epoch(epoch, name)
         control = ControlChannel(pipeline.cfg, client_id=name)
         control.open()
-        stages = StageTables(pipeline.client(), database=pipeline.cfg.clickhouse.database,
-                             target=pipeline.cfg.clickhouse.target_table, pipeline=pipeline.cfg.name)
+        stages = StageTables(
+            pipeline.client(),
+            database=pipeline.cfg.clickhouse.database,
+            target=pipeline.cfg.clickhouse.target_table,
+            pipeline=pipeline.cfg.name,
+        )
         try:
-            outcomes[name] = Leader(pipeline.cfg, epoch=epoch, coordinator=name, control=control, ledger=ledger,
-                                    stages=stages, metrics=CoordinatorMetrics(pipeline.cfg.name)).run(stop)
+            outcomes[name] = Leader(
+                pipeline.cfg,
+                epoch=epoch,
+                coordinator=name,
+                control=control,
+                ledger=ledger,
+                stages=stages,
+                metrics=CoordinatorMetrics(pipeline.cfg.name),
+            ).run(stop)
         finally:
             control.close()
 
@@ -149,9 +190,14 @@ def test_two_leaders_at_once_never_share_a_commit_slot(stack, tmp_path):
     assert any(o.startswith("stepped down") for o in outcomes.values()), outcomes
     commits = pipeline.ledger().commits()
     assert [c.commit_seq for c in commits] == list(range(1, len(commits) + 1))
-    raw = pipeline.client().query(
-        f"SELECT commit_seq, count() FROM `{pipeline.cfg.clickhouse.database}`.chtxn_ledger "
-        "WHERE event = 'COMMITTED' GROUP BY commit_seq HAVING count() > 1").result_rows
+    raw = (
+        pipeline.client()
+        .query(
+            f"SELECT commit_seq, count() FROM `{pipeline.cfg.clickhouse.database}`.chtxn_ledger "
+            "WHERE event = 'COMMITTED' GROUP BY commit_seq HAVING count() > 1"
+        )
+        .result_rows
+    )
     assert raw == [], f"slots claimed twice: {raw}"
     assert_exactly_once(pipeline, produced)
 
@@ -172,7 +218,9 @@ def test_standby_takes_over_after_leader_sigkill(stack, tmp_path):
             killed_at = time.monotonic()
             procs["a"].send_signal(signal.SIGKILL)
             procs["a"].wait(10)
-            wait_until(lambda: ledger.epoch_owner(ledger.max_epoch()) == "replica-b", 30, "replica-b claims a new epoch")
+            wait_until(
+                lambda: ledger.epoch_owner(ledger.max_epoch()) == "replica-b", 30, "replica-b claims a new epoch"
+            )
             took_over_s = time.monotonic() - killed_at
             print(f"standby took over {took_over_s:.2f} s after the leader's SIGKILL")
             more = pipeline.produce(500, start_id=produced)

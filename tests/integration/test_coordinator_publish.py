@@ -77,8 +77,14 @@ def spawn_chtxn(pipeline: Pipeline, coordinator_id: str, log_path: Path, *extra:
     """``chtxn coordinator --config F`` as its own process, its output in ``log_path``."""
     env = {**os.environ, "CHTXN_COORDINATOR_ID": coordinator_id, "PYTHONPATH": str(REPO)}
     with log_path.open("w") as log:
-        return subprocess.Popen([str(CHTXN), "coordinator", "--config", str(pipeline.config_path), *extra],
-                                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [str(CHTXN), "coordinator", "--config", str(pipeline.config_path), *extra],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def stop_process(proc: subprocess.Popen) -> None:
@@ -91,17 +97,24 @@ def add_view(pipeline: Pipeline, *, dedup: bool = True) -> None:
     """``events_mv``: rows and amount per source partition, into ``totals_by_partition``."""
     db = f"`{pipeline.cfg.clickhouse.database}`"
     client = pipeline.client()
-    client.command(f"CREATE TABLE {db}.totals_by_partition (_partition Int32, rows UInt64, amount Float64) "
-                   "ENGINE = MergeTree ORDER BY _partition"
-                   + (" SETTINGS non_replicated_deduplication_window = 1000" if dedup else ""))
-    client.command(f"CREATE MATERIALIZED VIEW {db}.events_mv TO {db}.totals_by_partition AS "
-                   f"SELECT _partition, count() AS rows, sum(amount) AS amount FROM {db}.events GROUP BY _partition")
+    client.command(
+        f"CREATE TABLE {db}.totals_by_partition (_partition Int32, rows UInt64, amount Float64) "
+        "ENGINE = MergeTree ORDER BY _partition"
+        + (" SETTINGS non_replicated_deduplication_window = 1000" if dedup else "")
+    )
+    client.command(
+        f"CREATE MATERIALIZED VIEW {db}.events_mv TO {db}.totals_by_partition AS "
+        f"SELECT _partition, count() AS rows, sum(amount) AS amount FROM {db}.events GROUP BY _partition"
+    )
 
 
 def per_partition(pipeline: Pipeline, table: str, rows: str) -> list[tuple]:
     db = f"`{pipeline.cfg.clickhouse.database}`"
-    return pipeline.client().query(
-        f"SELECT _partition, {rows}, sum(amount) FROM {db}.{table} GROUP BY _partition ORDER BY _partition").result_rows
+    return (
+        pipeline.client()
+        .query(f"SELECT _partition, {rows}, sum(amount) FROM {db}.{table} GROUP BY _partition ORDER BY _partition")
+        .result_rows
+    )
 
 
 def assert_view_matches_target(pipeline: Pipeline, produced: int) -> None:
@@ -129,14 +142,24 @@ class CrashBeforeDrop(StageTables):
 
 class CrashingPublishLeader(Leader):
     def __init__(self, cfg: PipelineConfig, *, stages: StageTables, **kwargs: object) -> None:
-        stages = CrashBeforeDrop(stages.client, database=stages.database, target=stages.target,
-                                 pipeline=stages.pipeline, publish_mode=stages.publish_mode)
+        stages = CrashBeforeDrop(
+            stages.client,
+            database=stages.database,
+            target=stages.target,
+            pipeline=stages.pipeline,
+            publish_mode=stages.publish_mode,
+        )
         super().__init__(cfg, stages=stages, **kwargs)
 
 
 def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("inssel"), target_ddl=DEDUP_TARGET_DDL,
-                             settings={"transaction.publish_mode": "insert-select"})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("inssel"),
+        target_ddl=DEDUP_TARGET_DDL,
+        settings={"transaction.publish_mode": "insert-select"},
+    )
     add_view(pipeline)
     produced = pipeline.produce(1_000)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
@@ -165,21 +188,55 @@ def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(s
 # ---- 2. refusals at start -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode, target_dedup, view, expected", [
-    ("move", False, "dedup", ['has dependent materialized views (', '.events_mv)',
-                              'set transaction.publish_mode = "insert-select"']),
-    ("insert-select", False, None, ["publish_mode insert-select needs deduplication on",
-                                    "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
-    ("insert-select", True, "no-dedup", [".events_mv on ", "writes to ", ".totals_by_partition, which does not deduplicate",
-                                         "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
-    ("insert-select", "zero", None, ["publish_mode insert-select needs deduplication on",
-                                     "MODIFY SETTING non_replicated_deduplication_window = 1000"]),
-])
+@pytest.mark.parametrize(
+    "mode, target_dedup, view, expected",
+    [
+        (
+            "move",
+            False,
+            "dedup",
+            ["has dependent materialized views (", ".events_mv)", 'set transaction.publish_mode = "insert-select"'],
+        ),
+        (
+            "insert-select",
+            False,
+            None,
+            [
+                "publish_mode insert-select needs deduplication on",
+                "MODIFY SETTING non_replicated_deduplication_window = 1000",
+            ],
+        ),
+        (
+            "insert-select",
+            True,
+            "no-dedup",
+            [
+                ".events_mv on ",
+                "writes to ",
+                ".totals_by_partition, which does not deduplicate",
+                "MODIFY SETTING non_replicated_deduplication_window = 1000",
+            ],
+        ),
+        (
+            "insert-select",
+            "zero",
+            None,
+            [
+                "publish_mode insert-select needs deduplication on",
+                "MODIFY SETTING non_replicated_deduplication_window = 1000",
+            ],
+        ),
+    ],
+)
 def test_a_publish_that_cannot_be_exactly_once_is_refused(stack, tmp_path, mode, target_dedup, view, expected):
-    ddl = {True: DEDUP_TARGET_DDL, False: TARGET_DDL,
-           "zero": TARGET_DDL.rstrip() + "\nSETTINGS non_replicated_deduplication_window = 0\n"}[target_dedup]
-    pipeline = make_pipeline(stack, tmp_path, unique_name("refuse"), settings={"transaction.publish_mode": mode},
-                             target_ddl=ddl)
+    ddl = {
+        True: DEDUP_TARGET_DDL,
+        False: TARGET_DDL,
+        "zero": TARGET_DDL.rstrip() + "\nSETTINGS non_replicated_deduplication_window = 0\n",
+    }[target_dedup]
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("refuse"), settings={"transaction.publish_mode": mode}, target_ddl=ddl
+    )
     if view is not None:
         add_view(pipeline, dedup=view == "dedup")
     with ServiceThread(pipeline.cfg) as replica:
@@ -192,9 +249,14 @@ def test_a_publish_that_cannot_be_exactly_once_is_refused(stack, tmp_path, mode,
 def test_chtxn_coordinator_exits_1_naming_the_view(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("refusecli"))
     add_view(pipeline)
-    proc = subprocess.run([str(CHTXN), "coordinator", "--config", str(pipeline.config_path)],
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [str(CHTXN), "coordinator", "--config", str(pipeline.config_path)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     db = pipeline.cfg.clickhouse.database
     assert f"chtxn: target table {db}.events has dependent materialized views ({db}.events_mv)" in proc.stderr
@@ -210,8 +272,9 @@ def test_orphan_stage_table_is_dropped_and_aborted_at_take_over(stack, tmp_path)
     orphan = naming.stage_table(target, pipeline.cfg.name, "e99_t1")
     client = pipeline.client()
     client.command(f"CREATE TABLE {db}.`{orphan}` AS {db}.{target}")
-    client.command(f"INSERT INTO {db}.`{orphan}` SELECT number, 'orphan', 1.0, '{pipeline.topic}', 0, number "
-                   "FROM numbers(50)")  # the same offsets the real records have: a leak would duplicate them
+    client.command(
+        f"INSERT INTO {db}.`{orphan}` SELECT number, 'orphan', 1.0, '{pipeline.topic}', 0, number FROM numbers(50)"
+    )  # the same offsets the real records have: a leak would duplicate them
     produced = pipeline.produce(400)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), ServiceThread(pipeline.cfg):
         summary = wait_until(lambda: pipeline.ledger().txn("e99_t1"), 30, "a ledger row for the orphan's txn")
@@ -236,8 +299,11 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
     """Every sample on ``/metrics``, by (name, sorted labels)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_every_lane_action_is_a_named_leader_step():
@@ -246,8 +312,12 @@ def test_every_lane_action_is_a_named_leader_step():
 
 
 def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("metrics"),
-                             settings={"transaction.write_status_timeout_s": 3.0, "transaction.heartbeat_misses": 5})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("metrics"),
+        settings={"transaction.write_status_timeout_s": 3.0, "transaction.heartbeat_misses": 5},
+    )
     name = pipeline.cfg.name
     port = free_port()
 
@@ -266,13 +336,20 @@ def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
             assert value("chtxn_commit_latency_seconds_count") > 0
             for step in ("create-stage", "check", "commit", "publish"):  # steps 2, 5, 6 and 7 of a txn
                 # A step is timed once it returns; publish returns after the rows are visible.
-                wait_until(lambda step=step: value("chtxn_leader_step_seconds_count", step=step) > 0, 30,
-                           f"the leader's {step} step timed")
+                wait_until(
+                    lambda step=step: value("chtxn_leader_step_seconds_count", step=step) > 0,
+                    30,
+                    f"the leader's {step} step timed",
+                )
 
             participants.knobs.withhold_status = {pipeline.partitions[1]}
             more = pipeline.produce(300, start_id=produced)
-            wait_until(lambda: value("chtxn_aborts_total", reason="write-status-timeout") > 0, 30,
-                       "a write-status-timeout abort counted", ignore=(urllib.error.URLError,))
+            wait_until(
+                lambda: value("chtxn_aborts_total", reason="write-status-timeout") > 0,
+                30,
+                "a write-status-timeout abort counted",
+                ignore=(urllib.error.URLError,),
+            )
             assert value("chtxn_transactions_total", outcome="aborted") > 0
             participants.knobs.withhold_status = set()
             produced += more
@@ -288,8 +365,9 @@ def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
 
 
 def test_sigterm_aborts_the_open_txn_drops_its_stage_and_exits_0(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("sigterm"),
-                             settings={"transaction.write_status_timeout_s": 60.0})
+    pipeline = make_pipeline(
+        stack, tmp_path, unique_name("sigterm"), settings={"transaction.write_status_timeout_s": 60.0}
+    )
     held = pipeline.partitions[1]
     produced = pipeline.produce(500)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants:
@@ -298,8 +376,11 @@ def test_sigterm_aborts_the_open_txn_drops_its_stage_and_exits_0(stack, tmp_path
             wait_until(lambda: pipeline.target_count() == produced, 60, "the first batch published")
             participants.knobs.withhold_status = {held}
             produced += pipeline.produce(300, start_id=produced)
-            txn, _ = wait_until(lambda: participants.withheld and participants.withheld[0], 30,
-                                "a txn waiting for a withheld WRITE-STATUS")
+            txn, _ = wait_until(
+                lambda: participants.withheld and participants.withheld[0],
+                30,
+                "a txn waiting for a withheld WRITE-STATUS",
+            )
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0, (tmp_path / "terminated.log").read_text()
         finally:

@@ -74,7 +74,9 @@ def test_a_bad_record_of_an_aborted_txn_reaches_the_topic_once(stack, tmp_path):
     assert leader.aborted, "a txn holding dead letters was aborted"
     [aborted] = leader.aborted
     staged = pipeline.client().command(
-        f"SELECT count() FROM `{pipeline.cfg.name}`.chtxn_dead_letters WHERE txn = {{t:String}}", parameters={"t": aborted})
+        f"SELECT count() FROM `{pipeline.cfg.name}`.chtxn_dead_letters WHERE txn = {{t:String}}",
+        parameters={"t": aborted},
+    )
     assert int(staged) > 0, "the aborted txn had stored letters"
     topic = read_letters(pipeline.cfg)
     letters = Counter((x.topic, x.partition, x.offset) for x in topic)
@@ -93,8 +95,15 @@ def test_a_bad_record_of_an_aborted_txn_reaches_the_topic_once(stack, tmp_path):
 def stage_letters(pipeline: Pipeline, txn: str, offsets: list[int], partition: int = 0) -> None:
     """Participants' part: the letters of ``offsets`` stored under ``txn`` (one chunk)."""
     records = [Rec(pipeline.topic, partition, o, b'{"broken": %d' % o, b"k%d" % o) for o in offsets]
-    builder = ChunkBuilder(pipeline=pipeline.cfg.name, txn=txn, topic=pipeline.topic, partition=partition,
-                           start_offset=offsets[0], chunk_rows=1000, chunk_bytes=1 << 20)
+    builder = ChunkBuilder(
+        pipeline=pipeline.cfg.name,
+        txn=txn,
+        topic=pipeline.topic,
+        partition=partition,
+        start_offset=offsets[0],
+        chunk_rows=1000,
+        chunk_bytes=1 << 20,
+    )
     builder.add(records)
     sink = DeadLetterSink(pipeline.client(), database=pipeline.cfg.clickhouse.database, pipeline=pipeline.cfg.name)
     sink.write(builder.flush(), [Letter(r, f"malformed JSON at {r.offset()}") for r in records])
@@ -184,8 +193,13 @@ def test_a_stale_publisher_initialising_last_never_stops_the_leaders_publisher(l
         commit(pipeline, f"e1_t{seq}", seq, 10 * (seq - 1), 10 * seq)
     assert pipeline.ledger().claim_epoch(1, "stale") and pipeline.ledger().claim_epoch(2, "leader")
     leader = publisher(pipeline, epoch=2)
-    stale = DeadLetterPublisher(pipeline.cfg, pipeline.client(), _LedgerReadBefore(pipeline.ledger(), 1),  # type: ignore[arg-type]  # a scripted stale read
-                                epoch=1, timeout_s=15)
+    stale = DeadLetterPublisher(
+        pipeline.cfg,
+        pipeline.client(),
+        _LedgerReadBefore(pipeline.ledger(), 1),  # type: ignore[arg-type]  # a scripted stale read
+        epoch=1,
+        timeout_s=15,
+    )
     try:
         assert leader.publish("e1_t1", 1) == 1
         assert stale.publish("e1_t1", 1) == 0  # initialises last: the leader's producer is fenced
@@ -254,8 +268,16 @@ def test_letters_of_a_txn_that_never_commits_never_reach_the_topic(letters_pipel
 
 
 def test_letters_of_a_txn_aborted_by_a_dead_participant_reach_the_topic_once(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("dlqkill"), settings={
-        "participant.chunk_rows": 5, "transaction.interval_s": 6.0, "transaction.write_status_timeout_s": 30.0})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("dlqkill"),
+        settings={
+            "participant.chunk_rows": 5,
+            "transaction.interval_s": 6.0,
+            "transaction.write_status_timeout_s": 30.0,
+        },
+    )
     tp0, tp1 = pipeline.partitions
     values = [good(i) if i % 7 != 3 else b'{"id": %d, "user": "broken' % i for i in range(40)]
     offsets = produce_values(pipeline, tp0.partition, values)
@@ -264,8 +286,11 @@ def test_letters_of_a_txn_aborted_by_a_dead_participant_reach_the_topic_once(sta
     ends = {tp0: offsets[-1] + 1, tp1: end}
 
     def stored() -> dict[str, int]:
-        return dict(pipeline.client().query(
-            f"SELECT txn, count() FROM `{pipeline.cfg.name}`.chtxn_dead_letters GROUP BY txn").result_rows)
+        return dict(
+            pipeline.client()
+            .query(f"SELECT txn, count() FROM `{pipeline.cfg.name}`.chtxn_dead_letters GROUP BY txn")
+            .result_rows
+        )
 
     ensure_table(pipeline.client(), pipeline.cfg.clickhouse.database)
     with coordinator(pipeline):
@@ -273,8 +298,11 @@ def test_letters_of_a_txn_aborted_by_a_dead_participant_reach_the_topic_once(sta
         try:
             first_txn = next(iter(wait_until(stored, WAIT_S, "letters stored by an open txn")))
             second.stop()  # its heartbeats stop: the open txn, holding letters, aborts
-            wait_until(lambda: any(t.txn == first_txn for t in pipeline.ledger().history(limit=100, state="ABORTED")),
-                       WAIT_S, f"{first_txn} aborted for a dead participant")
+            wait_until(
+                lambda: any(t.txn == first_txn for t in pipeline.ledger().history(limit=100, state="ABORTED")),
+                WAIT_S,
+                f"{first_txn} aborted for a dead participant",
+            )
             second = task(pipeline, [tp1], "task-1")
             wait_until(lambda: committed_through(pipeline, ends), WAIT_S, f"every offset committed up to {ends}")
         finally:

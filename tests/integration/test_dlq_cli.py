@@ -25,13 +25,25 @@ def test_list_and_show_what_the_dead_letter_topic_holds(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("dlqcli"), partitions=1)
     cfg, config = pipeline.cfg, str(pipeline.config_path)
     ensure_table(pipeline.client(), cfg.clickhouse.database)
-    records = [Rec(pipeline.topic, 0, 4, None, b"deleted"), Rec(pipeline.topic, 0, 7, b"\xff\xfe{", b"k7"),
-               Rec(pipeline.topic, 0, 9, b'{"id": "x"}', b"k9")]
-    builder = ChunkBuilder(pipeline=cfg.name, txn="e1_t1", topic=pipeline.topic, partition=0, start_offset=0,
-                           chunk_rows=100, chunk_bytes=1 << 20)
+    records = [
+        Rec(pipeline.topic, 0, 4, None, b"deleted"),
+        Rec(pipeline.topic, 0, 7, b"\xff\xfe{", b"k7"),
+        Rec(pipeline.topic, 0, 9, b'{"id": "x"}', b"k9"),
+    ]
+    builder = ChunkBuilder(
+        pipeline=cfg.name,
+        txn="e1_t1",
+        topic=pipeline.topic,
+        partition=0,
+        start_offset=0,
+        chunk_rows=100,
+        chunk_bytes=1 << 20,
+    )
     builder.add(records)
-    DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name).write(builder.flush(), [
-        Letter(records[0], TOMBSTONE), Letter(records[1], "not a JSON object"), Letter(records[2], LONG_ERROR, 27)])
+    DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name).write(
+        builder.flush(),
+        [Letter(records[0], TOMBSTONE), Letter(records[1], "not a JSON object"), Letter(records[2], LONG_ERROR, 27)],
+    )
     commit(pipeline, "e1_t1", 1, 0, 10)
     publisher = DeadLetterPublisher(cfg, pipeline.client(), pipeline.ledger(), epoch=1)
     try:
@@ -43,7 +55,10 @@ def test_list_and_show_what_the_dead_letter_topic_holds(stack, tmp_path):
     assert listed.returncode == 0, listed.stderr
     letters = json.loads(listed.stdout)
     assert [(x["offset"], x["txn"], x["commit_seq"], x["error_code"]) for x in letters] == [
-        (4, "e1_t1", 1, 0), (7, "e1_t1", 1, 0), (9, "e1_t1", 1, 27)]
+        (4, "e1_t1", 1, 0),
+        (7, "e1_t1", 1, 0),
+        (9, "e1_t1", 1, 27),
+    ]
     assert letters[2]["error"] == LONG_ERROR, "--json gives the whole error"
 
     table = chtxn("dlq", "list", "--config", config)

@@ -38,8 +38,7 @@ def chain_head(store: LedgerStore) -> tuple[int, dict[TopicPartition, int]]:
 
 def commit_and_publish(store: LedgerStore, seq: int, *ranges: PartitionRange, publish: bool = True) -> LedgerRow:
     row = commit_row(store, seq, f"e1_t{seq}", *ranges)
-    store.append(LedgerRow(pipeline=store.pipeline, txn=row.txn, event=LedgerEvent.STARTED, epoch=1,
-                           ranges=row.ranges))
+    store.append(LedgerRow(pipeline=store.pipeline, txn=row.txn, event=LedgerEvent.STARTED, epoch=1, ranges=row.ranges))
     assert store.claim_commit(row)
     store.after_won_slot(seq, epoch=row.epoch, coordinator=row.coordinator)  # what the leader does next
     if publish:
@@ -55,9 +54,12 @@ def fill(store: LedgerStore, slots: int, per_partition: int = 10) -> None:
 
 
 def rows_of(store: LedgerStore, event: LedgerEvent) -> int:
-    return int(store._client.command(
-        f"SELECT count() FROM {store.table} WHERE pipeline = {{p:String}} AND event = {{e:String}}",
-        parameters={"p": store.pipeline, "e": event.value}))
+    return int(
+        store._client.command(
+            f"SELECT count() FROM {store.table} WHERE pipeline = {{p:String}} AND event = {{e:String}}",
+            parameters={"p": store.pipeline, "e": event.value},
+        )
+    )
 
 
 def test_checkpoints_summarise_the_settled_chain_and_reads_start_from_them(new_store) -> None:
@@ -69,7 +71,8 @@ def test_checkpoints_summarise_the_settled_chain_and_reads_start_from_them(new_s
     latest = store.latest_checkpoint()
     assert latest is not None
     assert ledger_checkpoint.offsets_of(latest) == dict(
-        ledger_checkpoint.overlay(None, store._query("h", ledger.head_sql(store._database), after=0, through=7))[1])
+        ledger_checkpoint.overlay(None, store._query("h", ledger.head_sql(store._database), after=0, through=7))[1]
+    )
     assert store.audit() == []
 
 
@@ -97,8 +100,10 @@ def test_the_first_claim_wins_across_a_checkpoint_even_once_its_row_has_expired(
     assert store.commit_at(2) == original
     assert store.claim_commit(msgspec.structs.replace(late, claim_id="late-claim")) is False
     # the original row expires: the late claims are all that is left in slot 2, and none owns it
-    store._client.command(f"DELETE FROM {store.table} WHERE pipeline = {{p:String}} AND claim_id = {{c:String}}",
-                          parameters={"p": store.pipeline, "c": original.claim_id})
+    store._client.command(
+        f"DELETE FROM {store.table} WHERE pipeline = {{p:String}} AND claim_id = {{c:String}}",
+        parameters={"p": store.pipeline, "c": original.claim_id},
+    )
     assert store.commit_at(2) is None
     assert store.claim_commit(msgspec.structs.replace(late, claim_id="later-claim")) is False
     assert store.head() == (3, {TopicPartition(topic="src", partition=p): 10 for p in range(3)})
@@ -121,11 +126,27 @@ def test_expiry_keeps_the_head_and_everything_after_the_horizon(new_store) -> No
     assert store.claim_initial(TopicPartition(topic="src", partition=7), 5, epoch=1, coordinator="c1") == 5
     assert store.claim_epoch(1, "c1")
     fill(store, 7)
-    store.append(LedgerRow(pipeline=store.pipeline, txn="e1_t5", event=LedgerEvent.LOST, epoch=1, commit_seq=5,
-                           reason="stage table gone"))
+    store.append(
+        LedgerRow(
+            pipeline=store.pipeline,
+            txn="e1_t5",
+            event=LedgerEvent.LOST,
+            epoch=1,
+            commit_seq=5,
+            reason="stage table gone",
+        )
+    )
     store.append(LedgerRow(pipeline=store.pipeline, txn="e1_t8", event=LedgerEvent.ABORTED, epoch=1, reason="x"))
-    store.append(LedgerRow(pipeline=store.pipeline, txn="", event=LedgerEvent.GAP, epoch=1,
-                           ranges=(rng(1, 900, 950),), reason="retention"))
+    store.append(
+        LedgerRow(
+            pipeline=store.pipeline,
+            txn="",
+            event=LedgerEvent.GAP,
+            epoch=1,
+            ranges=(rng(1, 900, 950),),
+            reason="retention",
+        )
+    )
     last = commit_and_publish(store, 8, rng(2, 20, 30), publish=False)
     assert [c.commit_seq for c in store.checkpoints()] == [2, 5]
     head, unpublished = store.head(), store.committed_unpublished()
@@ -156,7 +177,10 @@ def test_expiry_keeps_the_head_and_everything_after_the_horizon(new_store) -> No
     assert last.txn in [s.txn for s in later.history(limit=10)]
     # the audit runs from the oldest checkpoint left: sound but for the LOST alarm
     assert later.audit() == ["txn e1_t5 (commit 5) was committed but never published: stage table gone"]
-    assert head == (8, {tp0: 20, TopicPartition(topic="src", partition=1): 30, TopicPartition(topic="src", partition=2): 30})
+    assert head == (
+        8,
+        {tp0: 20, TopicPartition(topic="src", partition=1): 30, TopicPartition(topic="src", partition=2): 30},
+    )
     # the seal's checkpoint (slot 7: slot 8 is unpublished) is the next horizon; slot 8 stays
     assert later.expire() == 7
     assert [c.commit_seq for c in later.commits()] == [8, 9]
@@ -186,16 +210,20 @@ def test_ensure_tables_adds_the_indexes_to_a_ledger_of_the_previous_version(ledg
     admin = make_client(msgspec.structs.replace(ledger_section, database="default"))
     admin.command(f"CREATE DATABASE `{database}`")
     try:
-        old_ddl = ledger.create_table_sql(database).split(",\n    INDEX")[0] + "\n)\nENGINE" + \
-            ledger.create_table_sql(database).split("\nENGINE", 1)[1]
+        old_ddl = (
+            ledger.create_table_sql(database).split(",\n    INDEX")[0]
+            + "\n)\nENGINE"
+            + ledger.create_table_sql(database).split("\nENGINE", 1)[1]
+        )
         assert "INDEX" not in old_ddl
         admin.command(old_ddl)
         store = LedgerStore(admin, database, "old")
         assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10)))
         assert store.ensure_tables() is False
         assert store.ensure_tables() is False  # idempotent
-        names = {r[0] for r in store._query("indexes", ledger.existing_indexes_sql(), database=database,
-                                            table=ledger.TABLE)}
+        names = {
+            r[0] for r in store._query("indexes", ledger.existing_indexes_sql(), database=database, table=ledger.TABLE)
+        }
         assert names == {name for name, _ in ledger.SKIP_INDEXES}
         assert store.head() == (1, {TopicPartition(topic="src", partition=0): 10})
         assert store.txn("e1_t1") is not None

@@ -66,14 +66,20 @@ def test_racing_commit_claims_have_exactly_one_winner_per_slot(new_store: Callab
     ends = {0: 0}
     for seq in (1, 2, 3):
         rows = [
-            commit_row(s, seq, naming.txn_id(i + 1, seq), rng(0, ends[0], ends[0] + 10 * (i + 1)), epoch=i + 1, who=f"c{i}")
+            commit_row(
+                s, seq, naming.txn_id(i + 1, seq), rng(0, ends[0], ends[0] + 10 * (i + 1)), epoch=i + 1, who=f"c{i}"
+            )
             for i, s in enumerate(stores)
         ]
         results = race([lambda s=s, r=r: s.claim_commit(r) for s, r in zip(stores, rows)])
         assert results.count(True) == 1, results
         winner = rows[results.index(True)]
         owner = stores[2].commit_at(seq)
-        assert owner is not None and (owner.txn, owner.epoch, owner.coordinator) == (winner.txn, winner.epoch, winner.coordinator)
+        assert owner is not None and (owner.txn, owner.epoch, owner.coordinator) == (
+            winner.txn,
+            winner.epoch,
+            winner.coordinator,
+        )
         ends[0] = winner.ranges[0].end
         assert stores[3].head() == (seq, {TopicPartition(topic="src", partition=0): ends[0]})
     assert stores[0].audit() == []
@@ -102,6 +108,7 @@ def test_head_follows_the_chain(new_store: Callable[[], LedgerStore]) -> None:
     assert store.claim_commit(commit_row(store, 2, "e1_t2", rng(0, 10, 20)))
     assert store.claim_commit(commit_row(store, 3, "e1_t3"))  # an empty commit still takes a slot
     assert store.claim_commit(commit_row(store, 4, "e1_t4", rng(1, 5, 8), rng(2, 0, 1)))
+
     def tp(p: int) -> TopicPartition:
         return TopicPartition(topic="src", partition=p)
 
@@ -185,8 +192,16 @@ def test_audit_finds_overlaps_and_gaps(new_store: Callable[[], LedgerStore]) -> 
     assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10)))
     assert store.claim_commit(commit_row(store, 2, "e1_t2", rng(0, 8, 20)))
     assert store.claim_commit(commit_row(store, 3, "e1_t3", rng(0, 25, 30)))
-    store.append(LedgerRow(pipeline=store.pipeline, txn="", event=LedgerEvent.GAP, epoch=1,
-                           ranges=(PartitionRange(topic="src", partition=0, start=20, end=25),), reason="retention"))
+    store.append(
+        LedgerRow(
+            pipeline=store.pipeline,
+            txn="",
+            event=LedgerEvent.GAP,
+            epoch=1,
+            ranges=(PartitionRange(topic="src", partition=0, start=20, end=25),),
+            reason="retention",
+        )
+    )
     problems = store.audit()
     assert len(problems) == 2, problems
     assert "offsets 8..9 are committed twice" in problems[0]

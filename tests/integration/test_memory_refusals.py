@@ -33,31 +33,55 @@ def stage(pipeline: Pipeline, max_memory_usage: int, values: list[bytes], txn: s
     sink = DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name)
     stager = Stager(client=client, section=cfg.clickhouse, attempts=2, dead_letters=sink, sleep=lambda _: None)
     table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, txn)
-    StageTables(pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
-                pipeline=cfg.name).create(table)
-    builder = ChunkBuilder(pipeline=cfg.name, txn=txn, topic=pipeline.topic, partition=0, start_offset=0,
-                           chunk_rows=100, chunk_bytes=1 << 30)
+    StageTables(
+        pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+    ).create(table)
+    builder = ChunkBuilder(
+        pipeline=cfg.name,
+        txn=txn,
+        topic=pipeline.topic,
+        partition=0,
+        start_offset=0,
+        chunk_rows=100,
+        chunk_bytes=1 << 30,
+    )
     assert builder.add([Rec(pipeline.topic, 0, o, v, b"k%d" % o) for o, v in enumerate(values)]) == []
     return stager.stage(table, builder.flush()), table
 
 
 def staged(pipeline: Pipeline, table: str) -> list[int]:
-    return [r[0] for r in pipeline.client().query(
-        f"SELECT _offset FROM `{pipeline.cfg.clickhouse.database}`.`{table}` ORDER BY _offset").result_rows]
+    return [
+        r[0]
+        for r in pipeline.client()
+        .query(f"SELECT _offset FROM `{pipeline.cfg.clickhouse.database}`.`{table}` ORDER BY _offset")
+        .result_rows
+    ]
 
 
 def letters(pipeline: Pipeline) -> list[tuple[int, int, str]]:
-    return [tuple(r) for r in pipeline.client().query(
-        f"SELECT offset, error_code, error FROM `{pipeline.cfg.clickhouse.database}`.chtxn_dead_letters "
-        "WHERE pipeline = {p:String} ORDER BY offset", parameters={"p": pipeline.cfg.name}).result_rows]
+    return [
+        tuple(r)
+        for r in pipeline.client()
+        .query(
+            f"SELECT offset, error_code, error FROM `{pipeline.cfg.clickhouse.database}`.chtxn_dead_letters "
+            "WHERE pipeline = {p:String} ORDER BY offset",
+            parameters={"p": pipeline.cfg.name},
+        )
+        .result_rows
+    ]
 
 
 def test_a_record_too_big_for_a_querys_memory_is_dead_lettered_and_the_rest_staged_in_parts(stack, tmp_path):
     """24 MB a query: the control (8 MiB) and 2 MB records fit, four of them at once too; the chunk
     of eight does not, nor does a record of 30 MB alone."""
     pipeline = make_pipeline(stack, tmp_path, unique_name("memrecord"), partitions=1)
-    values = [good(0)] + [good(i, 2_000_000) for i in range(1, 5)] + [good(5, 30_000_000)] + [
-        good(i, 2_000_000) for i in range(6, 10)] + [good(10)]
+    values = (
+        [good(0)]
+        + [good(i, 2_000_000) for i in range(1, 5)]
+        + [good(5, 30_000_000)]
+        + [good(i, 2_000_000) for i in range(6, 10)]
+        + [good(10)]
+    )
     result, table = stage(pipeline, 24_000_000, values, "e1_t1")
     assert (result.error, result.rows, result.dead_letters) == ("", 10, 1)
     assert staged(pipeline, table) == [o for o in range(11) if o != 5]

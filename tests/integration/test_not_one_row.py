@@ -69,20 +69,39 @@ PLAIN_TARGET_DDL = "CREATE TABLE {db}.{table} (id UInt64, s String) ENGINE = Mer
     ],
 )
 def test_a_record_found_not_one_row_after_its_insert_aborts_one_txn_then_is_dead_lettered(
-    stack, tmp_path, input_format, values, bad, rows_first,
+    stack,
+    tmp_path,
+    input_format,
+    values,
+    bad,
+    rows_first,
 ):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("afterinsert"), target_ddl=PLAIN_TARGET_DDL,
-                             settings={"clickhouse.input_format": input_format})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("afterinsert"),
+        target_ddl=PLAIN_TARGET_DDL,
+        settings={"clickhouse.input_format": input_format},
+    )
     cfg, client = pipeline.cfg, pipeline.client()
-    stages = StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name)
+    stages = StageTables(
+        client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+    )
     stager = Stager(client=client, section=cfg.clickhouse, attempts=3, dead_letters=sink(pipeline))
     records = [Rec(pipeline.topic, 0, offset, value, b"k%d" % offset) for offset, value in enumerate(values)]
 
     def stage(txn: str):  # (ChunkStaged, stage table)
         table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, txn)
         stages.create(table)
-        builder = ChunkBuilder(pipeline=cfg.name, txn=txn, topic=pipeline.topic, partition=0, start_offset=0,
-                               chunk_rows=100, chunk_bytes=1 << 20)
+        builder = ChunkBuilder(
+            pipeline=cfg.name,
+            txn=txn,
+            topic=pipeline.topic,
+            partition=0,
+            start_offset=0,
+            chunk_rows=100,
+            chunk_bytes=1 << 20,
+        )
         assert builder.add(records) == []
         return stager.stage(table, builder.flush()), table
 
@@ -90,8 +109,10 @@ def test_a_record_found_not_one_row_after_its_insert_aborts_one_txn_then_is_dead
     assert first.error, "the chunk's rows are in the stage table with a wrong count: its txn must abort"
     assert f"offsets {', '.join(map(str, sorted(bad)))} " in first.error
     assert stages.count(first_table) == rows_first, "isolating probes never touch the stage table"
-    probes = client.query("SELECT name FROM system.tables WHERE database = {db:String} AND name LIKE '%\\_\\_probe\\_%'",
-                          parameters={"db": cfg.clickhouse.database}).result_rows
+    probes = client.query(
+        "SELECT name FROM system.tables WHERE database = {db:String} AND name LIKE '%\\_\\_probe\\_%'",
+        parameters={"db": cfg.clickhouse.database},
+    ).result_rows
     assert probes == [], "the Null-engine probe table is dropped"
     assert len(stager.remembered) == len(bad)
 
@@ -109,6 +130,13 @@ def sink(pipeline: Pipeline) -> DeadLetterSink:
 
 def stored_letters(pipeline: Pipeline) -> list[tuple[int, str, str]]:
     """(offset, txn, error) of the letters in ``chtxn_dead_letters``."""
-    return [tuple(r) for r in pipeline.client().query(
-        f"SELECT offset, txn, error FROM `{pipeline.cfg.clickhouse.database}`.chtxn_dead_letters "
-        "WHERE pipeline = {p:String} ORDER BY offset", parameters={"p": pipeline.cfg.name}).result_rows]
+    return [
+        tuple(r)
+        for r in pipeline.client()
+        .query(
+            f"SELECT offset, txn, error FROM `{pipeline.cfg.clickhouse.database}`.chtxn_dead_letters "
+            "WHERE pipeline = {p:String} ORDER BY offset",
+            parameters={"p": pipeline.cfg.name},
+        )
+        .result_rows
+    ]

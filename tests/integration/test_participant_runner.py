@@ -51,8 +51,9 @@ class TestCoordinator:
         self.consumer.assign([KafkaTP(cfg.control_topic, 0, 0)])
         self.received: list[ControlMessage] = []
         self.times: list[float] = []  # broker timestamps (s) of ``received``
-        self.stages = StageTables(pipeline.client(), database=cfg.clickhouse.database,
-                                  target=cfg.clickhouse.target_table, pipeline=cfg.name)
+        self.stages = StageTables(
+            pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+        )
 
     def send(self, message: ControlMessage) -> None:
         self.producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(message))
@@ -61,9 +62,18 @@ class TestCoordinator:
     def start(self, txn: str, offsets: dict[TopicPartition, int], epoch: int = 1) -> str:
         table = naming.stage_table(self.cfg.clickhouse.target_table, self.cfg.name, txn)
         self.stages.create(table)
-        self.send(StartCommit(pipeline=self.cfg.name, epoch=epoch, txn=txn, sender="test", stage_table=table,
-                              offsets=tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o)
-                                            for tp, o in offsets.items())))
+        self.send(
+            StartCommit(
+                pipeline=self.cfg.name,
+                epoch=epoch,
+                txn=txn,
+                sender="test",
+                stage_table=table,
+                offsets=tuple(
+                    PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()
+                ),
+            )
+        )
         return table
 
     def end(self, txn: str, epoch: int = 1) -> None:
@@ -80,19 +90,23 @@ class TestCoordinator:
         return {m.tp: m for m in self.collect() if isinstance(m, WriteStatus) and m.txn == txn}
 
     def wait_statuses(self, txn: str, count: int) -> dict[TopicPartition, WriteStatus]:
-        return wait_until(lambda: len(self.statuses(txn)) == count and self.statuses(txn), WAIT_S, f"WRITE-STATUS of {txn}")
+        return wait_until(
+            lambda: len(self.statuses(txn)) == count and self.statuses(txn), WAIT_S, f"WRITE-STATUS of {txn}"
+        )
 
     def heartbeats(self) -> list[Heartbeat]:
         return [m for m in self.collect() if isinstance(m, Heartbeat)]
 
     def wait_read(self, txn: str, positions: dict[TopicPartition, int]) -> None:
         """Until a heartbeat for ``txn`` shows every partition read up to ``positions``."""
+
         def reached() -> bool:
             beats = [h for h in self.heartbeats() if h.txn == txn]
             if not beats:
                 return False
             seen = {p.tp: p.position for p in beats[-1].partitions}
             return all(seen.get(tp, -1) >= o for tp, o in positions.items())
+
         wait_until(reached, WAIT_S, f"the participant to read {txn} up to {positions}")
 
     def close(self) -> None:
@@ -108,8 +122,14 @@ def pipeline(stack, tmp_path: Path, request: pytest.FixtureRequest) -> Pipeline:
     """Parametrize with a target DDL, or with extra settings (a dict)."""
     param = getattr(request, "param", TARGET_DDL)
     target_ddl, settings = (TARGET_DDL, param) if isinstance(param, dict) else (param, {})
-    return make_pipeline(stack, tmp_path, unique_name("pr"), partitions=2,
-                         settings={"participant.chunk_rows": 3, **settings}, target_ddl=target_ddl)
+    return make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("pr"),
+        partitions=2,
+        settings={"participant.chunk_rows": 3, **settings},
+        target_ddl=target_ddl,
+    )
 
 
 @pytest.fixture
@@ -127,7 +147,9 @@ def start_runner(pipeline: Pipeline, coordinator: TestCoordinator) -> Iterator:
         runner = task(pipeline, pipeline.partitions, participant_id)
         runners.append(runner)
         # listening once it heartbeats: it assigns the control topic before its first heartbeat
-        wait_until(lambda: any(h.sender == participant_id for h in coordinator.heartbeats()), WAIT_S, "a first heartbeat")
+        wait_until(
+            lambda: any(h.sender == participant_id for h in coordinator.heartbeats()), WAIT_S, "a first heartbeat"
+        )
         return runner
 
     yield start
@@ -147,7 +169,11 @@ def good(i: int) -> bytes:
 
 
 def staged_offsets(pipeline: Pipeline, table: str) -> dict[int, list[int]]:
-    rows = pipeline.client().query(f"SELECT _partition, _offset, _topic, id FROM `{pipeline.cfg.name}`.`{table}` ORDER BY ALL").result_rows
+    rows = (
+        pipeline.client()
+        .query(f"SELECT _partition, _offset, _topic, id FROM `{pipeline.cfg.name}`.`{table}` ORDER BY ALL")
+        .result_rows
+    )
     assert {r[2] for r in rows} <= {pipeline.topic}
     result: dict[int, list[int]] = {}
     for partition, offset, _, _ in rows:
@@ -157,9 +183,14 @@ def staged_offsets(pipeline: Pipeline, table: str) -> dict[int, list[int]]:
 
 def stored_letters(pipeline: Pipeline) -> list[dead_letter_table.DeadLetter]:
     """The letters participants stored in ``chtxn_dead_letters`` (published only once their txn commits)."""
-    rows = pipeline.client().query(
-        f"SELECT {dead_letter_table.SELECT_COLUMNS} FROM {dead_letter_table.qualified(pipeline.cfg.name)} ORDER BY offset",
-        query_formats={"String": "bytes"}).result_rows
+    rows = (
+        pipeline.client()
+        .query(
+            f"SELECT {dead_letter_table.SELECT_COLUMNS} FROM {dead_letter_table.qualified(pipeline.cfg.name)} ORDER BY offset",
+            query_formats={"String": "bytes"},
+        )
+        .result_rows
+    )
     return [dead_letter_table.from_result_row(r) for r in rows]
 
 
@@ -192,8 +223,9 @@ def test_a_txn_stages_exactly_what_it_reports_and_dead_letters_bad_records(pipel
     assert coordinator.stages.count(table) == s0.rows + s1.rows
 
     letters = stored_letters(pipeline)
-    assert sorted((x.key, x.value) for x in letters) == [
-        (b"k%d" % o, p1_values[o]) for o in (1, 3, 4, 5, 7)], "dead letters keep the original key and value"
+    assert sorted((x.key, x.value) for x in letters) == [(b"k%d" % o, p1_values[o]) for o in (1, 3, 4, 5, 7)], (
+        "dead letters keep the original key and value"
+    )
     for x in letters:
         assert (x.pipeline, x.txn, x.topic, x.partition) == (pipeline.cfg.name, "e1_t1", pipeline.topic, 1)
         assert x.error, "a dead letter says why"
@@ -210,13 +242,31 @@ def test_a_txn_stages_exactly_what_it_reports_and_dead_letters_bad_records(pipel
     assert beat.sender == "task-0" and {p.tp for p in beat.partitions} == {tp0, tp1}
 
     # ACK-COMMIT: the end offsets go to the consumer group (for lag tools)
-    coordinator.send(AckCommit(pipeline=pipeline.cfg.name, epoch=1, txn="e1_t1", sender="test",
-                               offsets=(PartitionOffset(topic=pipeline.topic, partition=0, offset=7),
-                                        PartitionOffset(topic=pipeline.topic, partition=1, offset=8))))
-    group = Consumer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "group.id": naming.consumer_group(pipeline.cfg.name)})
+    coordinator.send(
+        AckCommit(
+            pipeline=pipeline.cfg.name,
+            epoch=1,
+            txn="e1_t1",
+            sender="test",
+            offsets=(
+                PartitionOffset(topic=pipeline.topic, partition=0, offset=7),
+                PartitionOffset(topic=pipeline.topic, partition=1, offset=8),
+            ),
+        )
+    )
+    group = Consumer(
+        {
+            "bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers,
+            "group.id": naming.consumer_group(pipeline.cfg.name),
+        }
+    )
     try:
+
         def committed() -> list[int]:
-            return [tp.offset for tp in group.committed([KafkaTP(pipeline.topic, 0), KafkaTP(pipeline.topic, 1)], timeout=5)]
+            return [
+                tp.offset for tp in group.committed([KafkaTP(pipeline.topic, 0), KafkaTP(pipeline.topic, 1)], timeout=5)
+            ]
+
         wait_until(lambda: committed() == [7, 8], WAIT_S, "offsets committed to the consumer group")
     finally:
         group.close()
@@ -294,7 +344,9 @@ def test_heartbeats_keep_flowing_while_an_insert_is_slow(pipeline, coordinator, 
     status_at = max(t for kind, txn, t in kinds if kind == "WriteStatus")
     beats = [t for kind, _, t in kinds if kind == "Heartbeat"]
     during = [t for t in beats if end_at < t < status_at]
-    assert len(during) >= 2, f"heartbeats while the last chunk was inserted: {during} (END {end_at}, WRITE-STATUS {status_at})"
+    assert len(during) >= 2, (
+        f"heartbeats while the last chunk was inserted: {during} (END {end_at}, WRITE-STATUS {status_at})"
+    )
     timeout = pipeline.cfg.heartbeat_timeout_s
     gaps = [b - a for a, b in pairwise(beats)]
     assert max(gaps) < timeout, f"a heartbeat gap of {max(gaps):.2f} s would declare the participant dead"

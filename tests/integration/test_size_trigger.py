@@ -15,10 +15,18 @@ TRIGGER = 4_000
 
 
 def test_txns_ended_by_the_size_trigger_stay_within_a_quarter_of_it(stack, tmp_path):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("sizetrig"), partitions=2, settings={
-        "transaction.size_trigger_rows": TRIGGER, "transaction.interval_s": 5.0,
-        "participant.chunk_rows": 500, "participant.poll_batch": 200,
-    })
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("sizetrig"),
+        partitions=2,
+        settings={
+            "transaction.size_trigger_rows": TRIGGER,
+            "transaction.interval_s": 5.0,
+            "participant.chunk_rows": 500,
+            "participant.poll_batch": 200,
+        },
+    )
     produced = pipeline.produce(40_000)
     with coordinator(pipeline), participants(pipeline, tasks=2):
         wait_until(lambda: pipeline.target_count() == produced, 120, "every record committed")
@@ -34,10 +42,18 @@ def test_a_busy_partition_beside_idle_ones_is_not_held_to_its_share(stack, tmp_p
     """Issue 29, defect 7: every record on one of four partitions, an interval far longer than the
     test's deadline. The busy partition fills its share (1,200 rows of a 4,000-row trigger), says
     so at once, and the leader ends the txn then, not at the interval: ten txns in a row."""
-    pipeline = make_pipeline(stack, tmp_path, unique_name("skewtrig"), partitions=4, settings={
-        "transaction.size_trigger_rows": TRIGGER, "transaction.interval_s": 60.0,
-        "participant.chunk_rows": 500, "participant.poll_batch": 200,
-    })
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("skewtrig"),
+        partitions=4,
+        settings={
+            "transaction.size_trigger_rows": TRIGGER,
+            "transaction.interval_s": 60.0,
+            "participant.chunk_rows": 500,
+            "participant.poll_batch": 200,
+        },
+    )
     values = [json.dumps({"id": i, "user": f"u{i}", "amount": i / 2}).encode() for i in range(12_000)]
     produce_values(pipeline, 0, values)
     with coordinator(pipeline), participants(pipeline, tasks=4):

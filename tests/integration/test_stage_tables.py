@@ -33,14 +33,16 @@ class Counting:
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
             return attr(*args, **kwargs)
+
         return counted
 
 
 def stages_of(pipeline) -> tuple[StageTables, Counting]:  # tests.pipelines.Pipeline
     cfg = pipeline.cfg
     client = Counting(pipeline.client())
-    return StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table,
-                       pipeline=cfg.name), client
+    return StageTables(
+        client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+    ), client
 
 
 def stage_table(pipeline, txn: str) -> str:
@@ -68,14 +70,22 @@ def test_check_reads_shapes_and_rows_per_partition_in_one_query(stack, tmp_path)
     pipeline = make_pipeline(stack, tmp_path, unique_name("stagecheck"))
     stages, client = stages_of(pipeline)
     topic = pipeline.topic
-    table = staged(pipeline, stages, client, "e1_t1", f"(1, '{topic}', 0, 10), (2, '{topic}', 0, 11), (3, '{topic}', 1, 4)",
-                   METADATA)
+    table = staged(
+        pipeline,
+        stages,
+        client,
+        "e1_t1",
+        f"(1, '{topic}', 0, 10), (2, '{topic}', 0, 11), (3, '{topic}', 1, 4)",
+        METADATA,
+    )
 
     check = stages.check(table)
 
     assert (check.altered, check.count) == ("", 3)
-    assert check.partitions == {TopicPartition(topic=topic, partition=0): PartitionStats(2, 10, 11),
-                                TopicPartition(topic=topic, partition=1): PartitionStats(1, 4, 4)}
+    assert check.partitions == {
+        TopicPartition(topic=topic, partition=0): PartitionStats(2, 10, 11),
+        TopicPartition(topic=topic, partition=1): PartitionStats(1, 4, 4),
+    }
     assert client.calls == 1, "step 5 reads the structures and the staged rows in one query"
 
     pipeline.client().command(f"ALTER TABLE {q(pipeline, pipeline.cfg.clickhouse.target_table)} ADD COLUMN note String")
@@ -96,19 +106,22 @@ def test_check_of_a_target_without_metadata_columns_counts_and_learns_to_ask_for
     assert client.calls == 1, "once a stage table had no metadata columns, the next check asks for a count"
 
     target = q(pipeline, pipeline.cfg.clickhouse.target_table)
-    pipeline.client().command(f"ALTER TABLE {target} ADD COLUMN _topic String, ADD COLUMN _partition Int32, "
-                              "ADD COLUMN _offset Int64")
+    pipeline.client().command(
+        f"ALTER TABLE {target} ADD COLUMN _topic String, ADD COLUMN _partition Int32, ADD COLUMN _offset Int64"
+    )
     check = stages.check(staged(pipeline, stages, client, "e1_t3", "(1, 'a', 't', 0, 7)"))
-    assert check.partitions == {TopicPartition(topic="t", partition=0): PartitionStats(1, 7, 7)}, \
+    assert check.partitions == {TopicPartition(topic="t", partition=0): PartitionStats(1, 7, 7)}, (
         "metadata columns added to the target are counted per partition from the next stage table on"
+    )
 
 
 def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_table(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("stagepub"))
     stages, client = stages_of(pipeline)
     topic = pipeline.topic
-    table = staged(pipeline, stages, client, "e1_t1", f"(1, '{topic}', 0, 0), (2, '{topic}', 1, 0), (3, '{topic}', 1, 1)",
-                   METADATA)
+    table = staged(
+        pipeline, stages, client, "e1_t1", f"(1, '{topic}', 0, 0), (2, '{topic}', 1, 0), (3, '{topic}', 1, 1)", METADATA
+    )
 
     assert stages.publish(table, "e1_t1") == 3
 
@@ -121,14 +134,21 @@ def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_tabl
 
 
 #: A target that records, per row, the nice value of the insert that wrote it.
-NICE_TARGET_DDL = ("CREATE TABLE {db}.{table} (id UInt64, nice Int32 MATERIALIZED getSetting('os_thread_priority')) "
-                   "ENGINE = MergeTree ORDER BY id")
+NICE_TARGET_DDL = (
+    "CREATE TABLE {db}.{table} (id UInt64, nice Int32 MATERIALIZED getSetting('os_thread_priority')) "
+    "ENGINE = MergeTree ORDER BY id"
+)
 
 
 @pytest.mark.parametrize("nice", [-10, 0])
 def test_the_coordinators_queries_run_at_its_nice_value_and_its_bulk_copies_do_not(stack, tmp_path, nice):
-    pipeline = make_pipeline(stack, tmp_path, unique_name("stagenice"), target_ddl=NICE_TARGET_DDL,
-                             settings={"transaction.publish_mode": "insert-select", "coordinator.clickhouse_nice": nice})
+    pipeline = make_pipeline(
+        stack,
+        tmp_path,
+        unique_name("stagenice"),
+        target_ddl=NICE_TARGET_DDL,
+        settings={"transaction.publish_mode": "insert-select", "coordinator.clickhouse_nice": nice},
+    )
     _, stages = clickhouse_stores(pipeline.cfg)
     assert stages.client.command("SELECT getSetting('os_thread_priority')") == nice
 
@@ -138,5 +158,9 @@ def test_the_coordinators_queries_run_at_its_nice_value_and_its_bulk_copies_do_n
     assert stages.publish(table, "e1_t1") == 2
 
     # the stage table's rows were written at the coordinator's nice value, the copy's at 0
-    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, table)} GROUP BY nice").result_rows == [(nice, 2)]
-    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, 'events')} GROUP BY nice").result_rows == [(0, 2)]
+    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, table)} GROUP BY nice").result_rows == [
+        (nice, 2)
+    ]
+    assert stages.client.query(f"SELECT nice, count() FROM {q(pipeline, 'events')} GROUP BY nice").result_rows == [
+        (0, 2)
+    ]

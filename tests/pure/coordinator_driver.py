@@ -55,7 +55,10 @@ INITIAL: Offsets = {P1: 0}
 START_1: Offsets = {P0: 40, P1: 0}
 
 TIMING = Timing(
-    interval_s=1.0, size_trigger_rows=100, write_status_timeout_s=10.0, heartbeat_timeout_s=3.0,
+    interval_s=1.0,
+    size_trigger_rows=100,
+    write_status_timeout_s=10.0,
+    heartbeat_timeout_s=3.0,
     publish_retry_s=2.0,
 )
 T0 = 100.0
@@ -82,25 +85,60 @@ def participant(tp: TopicPartition) -> str:
 # ---- events ---------------------------------------------------------------------------
 
 
-def hb(tp: TopicPartition, *, sender: str | None = None, txn: str = "", buffered: int = 0,
-       pipeline: str = PIPE, continues: bool = False) -> Received:
+def hb(
+    tp: TopicPartition,
+    *,
+    sender: str | None = None,
+    txn: str = "",
+    buffered: int = 0,
+    pipeline: str = PIPE,
+    continues: bool = False,
+) -> Received:
     """A heartbeat of ``tp``'s participant; ``continues`` as sent by participants that understand
     ``EndCommit.next`` (the default, False, is an older participant)."""
     position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=0, log_end=-1, buffered_rows=buffered)
-    return Received(Heartbeat(pipeline=pipeline, epoch=EPOCH, txn=txn, sender=sender or participant(tp),
-                              partitions=(position,), continues=continues))
+    return Received(
+        Heartbeat(
+            pipeline=pipeline,
+            epoch=EPOCH,
+            txn=txn,
+            sender=sender or participant(tp),
+            partitions=(position,),
+            continues=continues,
+        )
+    )
 
 
 def beats(*tps: TopicPartition, txn: str = "", continues: bool = False) -> list[Received]:
     return [hb(tp, txn=txn, continues=continues) for tp in tps]
 
 
-def ws(txn: str, tp: TopicPartition, start: int, end: int, rows: int, *, epoch: int = EPOCH,
-       errors: tuple[str, ...] = (), sender: str | None = None) -> Received:
-    return Received(WriteStatus(
-        pipeline=PIPE, epoch=epoch, txn=txn, sender=sender or participant(tp), topic=tp.topic, partition=tp.partition,
-        start_offset=start, end_offset=end, rows=rows, chunks=1 if rows else 0, errors=errors,
-    ))
+def ws(
+    txn: str,
+    tp: TopicPartition,
+    start: int,
+    end: int,
+    rows: int,
+    *,
+    epoch: int = EPOCH,
+    errors: tuple[str, ...] = (),
+    sender: str | None = None,
+) -> Received:
+    return Received(
+        WriteStatus(
+            pipeline=PIPE,
+            epoch=epoch,
+            txn=txn,
+            sender=sender or participant(tp),
+            topic=tp.topic,
+            partition=tp.partition,
+            start_offset=start,
+            end_offset=end,
+            rows=rows,
+            chunks=1 if rows else 0,
+            errors=errors,
+        )
+    )
 
 
 # ---- expected actions -----------------------------------------------------------------
@@ -114,18 +152,22 @@ def drop(n: int) -> DropStage:
     return DropStage(txn_id(n), naming.stage_table(TARGET, PIPE, txn_id(n)))
 
 
-def start_message(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *,
-                  chunk_rows: int = 0) -> StartCommit:
+def start_message(
+    n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *, chunk_rows: int = 0
+) -> StartCommit:
     """START of txn ``n``; each partition held by ``participant(tp)`` unless ``holders`` says otherwise.
     ``chunk_rows``: 0 before any txn completed, then ``LEARNT`` (the driver's txns carry a few rows)."""
     table = naming.stage_table(TARGET, PIPE, txn_id(n))
     named = {tp: participant(tp) for tp in offsets} | (holders or {})
     held = tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(named.items()))
-    return StartCommit(**_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held,
-                       chunk_rows=chunk_rows)
+    return StartCommit(
+        **_coordinator(txn_id(n)), stage_table=table, offsets=_offsets(offsets), holders=held, chunk_rows=chunk_rows
+    )
 
 
-def start(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *, chunk_rows: int = 0) -> Broadcast:
+def start(
+    n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *, chunk_rows: int = 0
+) -> Broadcast:
     return Broadcast(start_message(n, offsets, holders, chunk_rows=chunk_rows))
 
 
@@ -133,10 +175,13 @@ def end(n: int) -> Broadcast:
     return Broadcast(EndCommit(**_coordinator(txn_id(n))))
 
 
-def chained_end(n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *,
-                chunk_rows: int = 0) -> Broadcast:
+def chained_end(
+    n: int, offsets: Offsets, holders: dict[TopicPartition, str] | None = None, *, chunk_rows: int = 0
+) -> Broadcast:
     """END of txn ``n`` carrying the START of txn ``n + 1`` from ``offsets`` (``CONTINUE`` or explicit)."""
-    return Broadcast(EndCommit(**_coordinator(txn_id(n)), next=start_message(n + 1, offsets, holders, chunk_rows=chunk_rows)))
+    return Broadcast(
+        EndCommit(**_coordinator(txn_id(n)), next=start_message(n + 1, offsets, holders, chunk_rows=chunk_rows))
+    )
 
 
 def continuing(*tps: TopicPartition) -> Offsets:
@@ -192,4 +237,3 @@ class Driver:
     def ended(self, n: int, now: float) -> None:
         """Heartbeats from both partitions and the END of txn ``n`` at ``now`` (going alone)."""
         assert self.at(now, *beats(P0, P1)) == [end(n)]
-

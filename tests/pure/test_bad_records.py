@@ -25,8 +25,13 @@ from protocol.chunking import BodyBuilder
 from protocol.errors import ClickHouseError
 from tests.records import Rec
 
-TWO_OBJECTS = [b'{"id":1}{"id":2}', b'{"id": 3} {"id": 4}', b'{"id":5},{"id":6}', b'{"id":7}\n{"id":8}',
-               b'{"a":{"b":1}}{"c":2}']
+TWO_OBJECTS = [
+    b'{"id":1}{"id":2}',
+    b'{"id": 3} {"id": 4}',
+    b'{"id":5},{"id":6}',
+    b'{"id":7}\n{"id":8}',
+    b'{"a":{"b":1}}{"c":2}',
+]
 
 
 def good(o: int) -> Rec:
@@ -44,15 +49,24 @@ def test_a_tombstone_and_an_empty_value_get_distinct_errors() -> None:
     for json_objects in (True, False):
         kept, letters = precheck(records, json_objects=json_objects)
         assert [r.offset() for r in kept] == [0, 3]
-        assert [(letter.record.offset(), letter.error, letter.code) for letter in letters] == [(1, TOMBSTONE, 0), (2, EMPTY, 0)]
+        assert [(letter.record.offset(), letter.error, letter.code) for letter in letters] == [
+            (1, TOMBSTONE, 0),
+            (2, EMPTY, 0),
+        ]
     assert TOMBSTONE.startswith("tombstone: null value") and EMPTY.startswith("empty record: zero-length value")
 
 
 @pytest.mark.parametrize(
     ("value", "error"),
-    [(b"[1, 2]", "not a JSON object"), (b"{", "not a JSON object"), (b"  7", "not a JSON object"),
-     (b"null", "not a JSON object"), (b'{"id": 1} x', "malformed JSON"), (b'{"id": 1};', "malformed JSON"),
-     (b'{"id": 1, "user": "cut', "malformed JSON")],
+    [
+        (b"[1, 2]", "not a JSON object"),
+        (b"{", "not a JSON object"),
+        (b"  7", "not a JSON object"),
+        (b"null", "not a JSON object"),
+        (b'{"id": 1} x', "malformed JSON"),
+        (b'{"id": 1};', "malformed JSON"),
+        (b'{"id": 1, "user": "cut', "malformed JSON"),
+    ],
 )
 def test_a_json_record_that_does_not_start_and_end_as_an_object_is_set_aside(value: bytes, error: str) -> None:
     kept, letters = precheck([good(0), Rec("src", 0, 1, value)], json_objects=True)
@@ -146,7 +160,9 @@ def test_remembered_letters_are_dead_lettered_when_read_again() -> None:
     again = [Rec("src", 0, o, b"%d,x" % o, b"k%d" % o) for o in range(3)] + [Rec("src", 0, 3, b"2,b\n3,c", b"k3")]
     kept, letters = precheck(again, json_objects=False, remembered=memory.recall("src", 0, 0, 4))
     assert [r.offset() for r in kept] == [0, 1, 2]
-    assert [(letter.record, letter.error) for letter in letters] == [(again[3], "not one row: ClickHouse made 2 rows of this record")]
+    assert [(letter.record, letter.error) for letter in letters] == [
+        (again[3], "not one row: ClickHouse made 2 rows of this record")
+    ]
 
 
 def test_a_remembered_offset_with_other_content_is_not_taken_for_it() -> None:
@@ -182,16 +198,29 @@ DEEP_ARRAYS = b'{"id": 1, "nested": ' + b"[" * 1500 + b"]" * 1500 + b"}"
 
 @pytest.mark.parametrize(
     "value",
-    [DEEP_OBJECTS, DEEP_ARRAYS,  # RecursionError in msgspec
-     b'{"id": 1, "user": "caf\xe9"}',  # UnicodeDecodeError: not UTF-8, ClickHouse stores the bytes
-     b'{"id": 1, "amount": 1e999}', b'{"id": 1, "amount": -1e400}'],  # ValidationError: past a float
+    [
+        DEEP_OBJECTS,
+        DEEP_ARRAYS,  # RecursionError in msgspec
+        b'{"id": 1, "user": "caf\xe9"}',  # UnicodeDecodeError: not UTF-8, ClickHouse stores the bytes
+        b'{"id": 1, "amount": 1e999}',
+        b'{"id": 1, "amount": -1e400}',
+    ],  # ValidationError: past a float
 )
 def test_json_the_parser_cannot_judge_gives_no_problem(value: bytes) -> None:
     assert json_problem(value) is None
 
 
-@pytest.mark.parametrize("raised", [RecursionError("deep"), MemoryError(), UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
-                                    ValueError("odd"), OverflowError("big"), TypeError("a bug")])
+@pytest.mark.parametrize(
+    "raised",
+    [
+        RecursionError("deep"),
+        MemoryError(),
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
+        ValueError("odd"),
+        OverflowError("big"),
+        TypeError("a bug"),
+    ],
+)
 def test_json_problem_never_raises_whatever_the_parser_does(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
     class Failing:
         def decode(self, value: bytes) -> object:
@@ -203,8 +232,12 @@ def test_json_problem_never_raises_whatever_the_parser_does(monkeypatch: pytest.
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [(b'{"id": 1, "amount": NaN}', "malformed JSON"), (b'{"id": 1,}', "malformed JSON"), (b"[1]", "not a JSON object"),
-     (b'{"id": 1}', None)],
+    [
+        (b'{"id": 1, "amount": NaN}', "malformed JSON"),
+        (b'{"id": 1,}', "malformed JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"id": 1}', None),
+    ],
 )
 def test_json_problem_still_names_syntax_errors(value: bytes, problem: str | None) -> None:
     found = json_problem(value)
@@ -223,7 +256,9 @@ def test_a_deep_record_cut_short_is_not_an_object_without_raising() -> None:
     cut = Rec("src", 0, 1, b'{"id": 1, "nested": ' + b"[" * 1500)
     kept, letters = precheck([good(0), cut], json_objects=True)
     assert [r.offset() for r in kept] == [0]
-    assert [(letter.record.offset(), letter.code) for letter in letters] == [(1, 0)] and letters[0].error.startswith("not a JSON object")
+    assert [(letter.record.offset(), letter.code) for letter in letters] == [(1, 0)] and letters[0].error.startswith(
+        "not a JSON object"
+    )
 
 
 # ---- records ClickHouse refuses: isolate_refused ---------------------------------------------------
@@ -234,8 +269,15 @@ class Server:
     a part whose values add up past ``memory`` bytes runs out of memory (241), and so does
     every insert while ``short`` (the server's load). ``flaky`` offsets run out of memory once."""
 
-    def __init__(self, refuse: dict[int, int] | None = None, *, memory: int | None = None, short: bool = False,
-                 flaky: set[int] | None = None, down_after: int | None = None) -> None:
+    def __init__(
+        self,
+        refuse: dict[int, int] | None = None,
+        *,
+        memory: int | None = None,
+        short: bool = False,
+        flaky: set[int] | None = None,
+        down_after: int | None = None,
+    ) -> None:
         self.refuse, self.memory, self.short, self.flaky = refuse or {}, memory, short, set(flaky or ())
         self.down_after = down_after
         self.inserts: list[tuple[list[int], bool]] = []
@@ -282,8 +324,14 @@ def test_a_refused_chunk_keeps_what_clickhouse_takes_and_letters_what_it_refuses
 
 def test_what_the_precheck_flags_is_tried_alone_and_clickhouse_decides() -> None:
     """NaN and raw newlines are refused by msgspec, read by ClickHouse: staged, never letters."""
-    records = [good(0), Rec("src", 0, 1, b'{"id": 1, "amount": NaN}'), Rec("src", 0, 2, b'{"id": 2,}'), good(3),
-               Rec("src", 0, 4, b'{"id": 4, "user": "a\nb"}'), good(5)]
+    records = [
+        good(0),
+        Rec("src", 0, 1, b'{"id": 1, "amount": NaN}'),
+        Rec("src", 0, 2, b'{"id": 2,}'),
+        good(3),
+        Rec("src", 0, 4, b'{"id": 4, "user": "a\nb"}'),
+        good(5),
+    ]
     server = Server({2: 26})
     rows, letters = isolate_refused(records, refused_by(26), server.insert, server.has_memory, suspect=malformed)
     assert [(letter.record.offset(), letter.code) for letter in letters] == [(2, 26)]

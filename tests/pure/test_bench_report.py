@@ -59,14 +59,20 @@ def test_a_figure_never_measured_is_summarised_as_none() -> None:
 
 def _document(reps: list[dict]) -> dict:
     return summary.assemble(
-        reps, settings={"events": 1000, "reps": len(reps)}, git={"commit": "abc", "dirty": False},
-        machine={"cores": 2, "python": "CPython 3.11.7"}, started_at="2026-11-22T21:00:00Z", wall_s=12.5,
+        reps,
+        settings={"events": 1000, "reps": len(reps)},
+        git={"commit": "abc", "dirty": False},
+        machine={"cores": 2, "python": "CPython 3.11.7"},
+        started_at="2026-11-22T21:00:00Z",
+        wall_s=12.5,
     )
 
 
 def test_the_document_puts_headline_medians_on_top_and_keeps_the_raw_repetitions() -> None:
-    reps = [{"ratio_vs_plain": r, "freshness_p99_ms": f, "cpu": {"clickhouse": 0.5}}
-            for r, f in ((0.5, 900.0), (0.7, 1100.0), (0.6, math.nan))]
+    reps = [
+        {"ratio_vs_plain": r, "freshness_p99_ms": f, "cpu": {"clickhouse": 0.5}}
+        for r, f in ((0.5, 900.0), (0.7, 1100.0), (0.6, math.nan))
+    ]
     doc = _document(reps)
     assert doc["ratio_vs_plain"] == 0.6
     assert doc["freshness_p99_ms"] == 1000.0
@@ -77,7 +83,11 @@ def test_the_document_puts_headline_medians_on_top_and_keeps_the_raw_repetitions
     assert doc["machine"]["cores"] == 2
     assert doc["settings"] == {"events": 1000, "reps": 3}
     assert (doc["schema"], doc["started_at"], doc["wall_s"], doc["repetitions_run"]) == (
-        summary.SCHEMA, "2026-11-22T21:00:00Z", 12.5, 3)
+        summary.SCHEMA,
+        "2026-11-22T21:00:00Z",
+        12.5,
+        3,
+    )
     assert doc["repetitions"][2] == {"ratio_vs_plain": 0.6, "freshness_p99_ms": None, "cpu": {"clickhouse": 0.5}}
     assert json.loads(json.dumps(doc, allow_nan=False)) == doc
 
@@ -93,17 +103,26 @@ def _outcome(mode: str, rows: int, window_s: float, cpu_s: dict[str, float] | No
 
 def _pipeline(aborts: Counter | None = None) -> PipelineFigures:
     return PipelineFigures(
-        rows=1_000_000, data_txns=8, empty_txns=1, window_s=20.0, commit_ms=[900.0, 1000.0, 1100.0, 2000.0],
-        publish_ms=[100.0, 120.0], consume_ms=[1000.0], aborts=aborts or Counter(), wall_s=40.0,
-        spark_ready_s=18.0, phases=Phases(txns=8, consume_ms=1000, flush_ms=800, turnaround_ms=1000, to_ack_ms=300,
-                                          chunks_per_txn=4.0),
+        rows=1_000_000,
+        data_txns=8,
+        empty_txns=1,
+        window_s=20.0,
+        commit_ms=[900.0, 1000.0, 1100.0, 2000.0],
+        publish_ms=[100.0, 120.0],
+        consume_ms=[1000.0],
+        aborts=aborts or Counter(),
+        wall_s=40.0,
+        spark_ready_s=18.0,
+        phases=Phases(txns=8, consume_ms=1000, flush_ms=800, turnaround_ms=1000, to_ack_ms=300, chunks_per_txn=4.0),
         cpu_s={"clickhouse": 8.0, "participant python": 6.0, "other": 50.0, "benchmark driver": 3.0},
     )
 
 
 def test_a_repetition_without_paced_phase() -> None:
-    outcomes = [_outcome("insert", 1_000_000, 4.0), _outcome("loop", 1_000_000, 8.0,
-                                                             {"clickhouse": 5.0, "plain loop": 4.0, "other": 9.0})]
+    outcomes = [
+        _outcome("insert", 1_000_000, 4.0),
+        _outcome("loop", 1_000_000, 8.0, {"clickhouse": 5.0, "plain loop": 4.0, "other": 9.0}),
+    ]
     got = repetition_figures(outcomes, _pipeline(Counter({"insert failed": 2})), None)
     assert got["plain_rows_per_s"] == 125_000
     assert got["chtxn_rows_per_s"] == 50_000
@@ -120,12 +139,27 @@ def test_a_repetition_without_paced_phase() -> None:
 
 
 def test_a_repetition_with_a_paced_phase() -> None:
-    run = PacedRun(rate=60_000.0, sent=600_000, seconds=10.0, max_behind=500, producer_cpu_s=1.5,
-                   after_backlog=100.0, produced_end=111.0, visible_end=113.5,
-                   cpu_s={"clickhouse": 3.0, "paced producer": 1.5, "other": 2.0}, cpu_window_s=13.0)
-    paced = PacedFigures(run=run, rows=600_000, freshness_ms={"p50": 1900.0, "p99": 3900.0, "max": 4300.0},
-                         data_txns=10, commit_ms=[600.0, 700.0, 1500.0], publish_ms=[90.0, 110.0],
-                         aborts=Counter({"participant lost": 1}))
+    run = PacedRun(
+        rate=60_000.0,
+        sent=600_000,
+        seconds=10.0,
+        max_behind=500,
+        producer_cpu_s=1.5,
+        after_backlog=100.0,
+        produced_end=111.0,
+        visible_end=113.5,
+        cpu_s={"clickhouse": 3.0, "paced producer": 1.5, "other": 2.0},
+        cpu_window_s=13.0,
+    )
+    paced = PacedFigures(
+        run=run,
+        rows=600_000,
+        freshness_ms={"p50": 1900.0, "p99": 3900.0, "max": 4300.0},
+        data_txns=10,
+        commit_ms=[600.0, 700.0, 1500.0],
+        publish_ms=[90.0, 110.0],
+        aborts=Counter({"participant lost": 1}),
+    )
     got = repetition_figures([_outcome("loop", 1_000_000, 8.0)], _pipeline(), paced)
     assert (got["paced_rate"], got["paced_rate_achieved"], got["paced_drain_s"]) == (60_000.0, 60_000.0, 2.5)
     assert got["paced_load"] == 1.2  # of chtxn's backlog rows/s: more than it can take
@@ -150,8 +184,9 @@ def test_steady_state_leaves_out_the_last_data_txn_which_waits_out_its_interval(
     # Four txns of one second read 240k rows each; the fifth reads the last 40k, then idles until
     # its END. START to START over the first four is the rate the pipeline held.
     def txn(i: int, rows: int, state: str = "PUBLISHED") -> TxnSummary:
-        return TxnSummary(txn=f"t{i}", state=state, epoch=1, total_rows=rows, started_at=100.0 + i,
-                          committed_at=100.0 + i + 1.4)
+        return TxnSummary(
+            txn=f"t{i}", state=state, epoch=1, total_rows=rows, started_at=100.0 + i, committed_at=100.0 + i + 1.4
+        )
 
     txns = [txn(0, 0), *(txn(i, 240_000) for i in range(1, 5)), txn(5, 40_000), txn(6, 0), txn(7, 0, "ABORTED")]
     got = figures_from_ledger(None, txns=txns)  # type: ignore[arg-type]  # the config is read only without txns

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+
 import pytest
 
 from protocol.chunking import BodyBuilder, ChunkBuilder, check_format, json_problem, record_problem
@@ -16,17 +17,21 @@ def records(offsets: list[int], size: int = 10, topic: str = "src", partition: i
 
 
 def builder(start: int = 0, rows: int = 3, nbytes: int = 1000) -> ChunkBuilder:
-    return ChunkBuilder(pipeline="pl", txn="e1_t1", topic="src", partition=0, start_offset=start, chunk_rows=rows, chunk_bytes=nbytes)
+    return ChunkBuilder(
+        pipeline="pl", txn="e1_t1", topic="src", partition=0, start_offset=start, chunk_rows=rows, chunk_bytes=nbytes
+    )
 
 
 def cut(recs: list[Rec], batch: int, **kw) -> list[tuple]:
     b = builder(**kw)
     chunks = []
     for i in range(0, len(recs), batch):
-        chunks += b.add(recs[i:i + batch])
+        chunks += b.add(recs[i : i + batch])
     last = b.flush()
     chunks += [last] if last else []
-    return [(c.chunk_no, c.token, c.first_offset, c.next_offset, tuple(r.o for r in c.records), c.bytes) for c in chunks]
+    return [
+        (c.chunk_no, c.token, c.first_offset, c.next_offset, tuple(r.o for r in c.records), c.bytes) for c in chunks
+    ]
 
 
 def test_chunks_by_rows_numbered_from_zero_with_tokens():
@@ -38,7 +43,12 @@ def test_chunks_by_rows_numbered_from_zero_with_tokens():
 
 
 def test_chunks_by_bytes_cut_before_the_record_that_would_overflow():
-    recs = [Rec("src", 0, 0, b"a" * 40), Rec("src", 0, 1, b"b" * 40), Rec("src", 0, 2, b"c" * 30), Rec("src", 0, 3, b"d" * 200)]
+    recs = [
+        Rec("src", 0, 0, b"a" * 40),
+        Rec("src", 0, 1, b"b" * 40),
+        Rec("src", 0, 2, b"c" * 30),
+        Rec("src", 0, 3, b"d" * 200),
+    ]
     assert [(c[2], c[3], c[5]) for c in cut(recs, batch=1, rows=100, nbytes=100)] == [
         (0, 2, 80),  # 80 + 30 would pass 100
         (2, 3, 30),  # a record larger than chunk_bytes forms a chunk of its own
@@ -79,8 +89,9 @@ def rule_2(recs: list[Rec], rows: int, nbytes: int) -> list[tuple[int, ...]]:
 def test_chunks_follow_rule_2_whatever_the_batches_sizes_and_null_values(seed):
     rng = random.Random(seed)
     rows, nbytes = rng.randint(1, 9), rng.randint(1, 150)
-    recs = [Rec("src", 0, o, None if rng.random() < 0.03 else b"z" * rng.choice([0, 1, 7, 30, 64, 200]))
-            for o in range(400)]
+    recs = [
+        Rec("src", 0, o, None if rng.random() < 0.03 else b"z" * rng.choice([0, 1, 7, 30, 64, 200])) for o in range(400)
+    ]
     b, got, i = builder(rows=rows, nbytes=nbytes), [], 0
     while i < len(recs):
         step = rng.randint(1, 50)
@@ -133,14 +144,17 @@ def splice(values: list[bytes], columns=("_topic", "_partition", "_offset"), fmt
 
 
 def test_splice_prepends_metadata_without_parsing():
-    body = BodyBuilder(topic="src.a", partition=3, input_format="JSONEachRow", columns=("_topic", "_partition", "_offset", "x")).body(
-        [Rec("src.a", 3, 7, b'{"x":1}'), Rec("src.a", 3, 9, b'{"x":2}')]
+    body = BodyBuilder(
+        topic="src.a", partition=3, input_format="JSONEachRow", columns=("_topic", "_partition", "_offset", "x")
+    ).body([Rec("src.a", 3, 7, b'{"x":1}'), Rec("src.a", 3, 9, b'{"x":2}')])
+    assert (
+        body
+        == b'{"_topic":"src.a","_partition":3,"_offset":7,"x":1}\n{"_topic":"src.a","_partition":3,"_offset":9,"x":2}'
     )
-    assert body == b'{"_topic":"src.a","_partition":3,"_offset":7,"x":1}\n{"_topic":"src.a","_partition":3,"_offset":9,"x":2}'
 
 
 def test_splice_handles_empty_objects_whitespace_and_nested_values():
-    assert splice([b"{}", b"  {\"a\": [1, {\"b\": 2}]}", b"{ }", b"{\n\"c\":\"}\"}"]) == [
+    assert splice([b"{}", b'  {"a": [1, {"b": 2}]}', b"{ }", b'{\n"c":"}"}']) == [
         {"_topic": "src.a", "_partition": 3, "_offset": 100},
         {"_topic": "src.a", "_partition": 3, "_offset": 101, "a": [1, {"b": 2}]},
         {"_topic": "src.a", "_partition": 3, "_offset": 102},
@@ -162,7 +176,9 @@ def test_splice_fills_only_the_columns_the_target_has(columns, expected):
 
 
 def test_without_metadata_columns_the_body_is_the_values_joined():
-    body = BodyBuilder(topic="t", partition=0, input_format="CSV").body([Rec("t", 0, 0, b"1,a"), Rec("t", 0, 1, b"2,b")])
+    body = BodyBuilder(topic="t", partition=0, input_format="CSV").body(
+        [Rec("t", 0, 0, b"1,a"), Rec("t", 0, 1, b"2,b")]
+    )
     assert body == b"1,a\n2,b"
 
 

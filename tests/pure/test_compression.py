@@ -72,7 +72,10 @@ def test_a_bad_checksum_answers_checksum_doesnt_match() -> None:
         decompress(flipped_checksum)
     assert (err.value.code, err.value.name) == (40, "CHECKSUM_DOESNT_MATCH")
     assert err.value.text.startswith("Checksum doesn't match: corrupted data. Reference: ")
-    assert f"Size of compressed block: {len(good) - 16}. The mismatch is caused by single bit flip in checksum." in err.value.text
+    assert (
+        f"Size of compressed block: {len(good) - 16}. The mismatch is caused by single bit flip in checksum."
+        in err.value.text
+    )
 
     plain = compress_block(b"some data " * 10, NONE)
     flipped_data = plain[:-1] + bytes([plain[-1] ^ 0x04])  # the last space becomes "$"

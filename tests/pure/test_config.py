@@ -62,8 +62,12 @@ def test_an_unknown_key_inside_an_existing_section() -> None:
         ("[transaction]\ninterval_s = -1\n", "transaction.interval_s", -1.0, "must be greater than 0"),
         ("[transaction]\npublish_mode = 'copy'\n", "transaction.publish_mode", "copy", "Invalid enum value"),
         ("[participant]\nchunk_rows = 0\n", "participant.chunk_rows", 0, "must be greater than 0"),
-        ("[transaction]\nheartbeat_misses = 100\n", "transaction.heartbeat_misses", 100,
-         "must be shorter than write_status_timeout_s"),
+        (
+            "[transaction]\nheartbeat_misses = 100\n",
+            "transaction.heartbeat_misses",
+            100,
+            "must be shorter than write_status_timeout_s",
+        ),
         ("[kafka.properties]\n'group.id' = 'x'\n", "kafka.properties", {"group.id": "x"}, "group ids are chtxn's"),
         ("[coordinator]\nclickhouse_nice = -21\n", "coordinator.clickhouse_nice", -21, "between -20 (first) and 19"),
         ("[coordinator]\nclickhouse_nice = 20\n", "coordinator.clickhouse_nice", 20, "between -20 (first) and 19"),
@@ -95,14 +99,17 @@ def test_not_toml_is_refused_with_the_file_name() -> None:
 
 
 def test_env_overrides_every_kind_of_field() -> None:
-    cfg = parse_config(BASE, {
-        "CHTXN_TRANSACTION_INTERVAL_S": "2.5",
-        "CHTXN_PIPELINE_TOPICS": "a, b ,c",
-        "CHTXN_CLICKHOUSE_PASSWORD": "from-env",
-        "CHTXN_KAFKA_BOOTSTRAP_SERVERS": "broker:9093",
-        "CHTXN_PIPELINE_START_FROM": "latest",
-        "CHTXN_PARTICIPANT_CHUNK_ROWS": "1000",
-    })
+    cfg = parse_config(
+        BASE,
+        {
+            "CHTXN_TRANSACTION_INTERVAL_S": "2.5",
+            "CHTXN_PIPELINE_TOPICS": "a, b ,c",
+            "CHTXN_CLICKHOUSE_PASSWORD": "from-env",
+            "CHTXN_KAFKA_BOOTSTRAP_SERVERS": "broker:9093",
+            "CHTXN_PIPELINE_START_FROM": "latest",
+            "CHTXN_PARTICIPANT_CHUNK_ROWS": "1000",
+        },
+    )
     assert cfg.transaction.interval_s == 2.5
     assert cfg.pipeline.topics == ("a", "b", "c")
     assert cfg.clickhouse.password == "from-env"

@@ -105,7 +105,8 @@ def test_a_missing_write_status_aborts_at_the_timeout_and_the_next_txn_restarts_
         assert d.at(now, *beats(P0, P1), Tick()) == []
     assert t1.phase is Phase.ENDING  # 10 s after END is not yet past the timeout
     assert d.at(T0 + 11.5, *beats(P0, P1)) == abort(
-        t1, "write-status timeout: nothing from events-1", "write-status-timeout")
+        t1, "write-status timeout: nothing from events-1", "write-status-timeout"
+    )
     actions = d.at(T0 + 11.6, StageCreated(txn_id(2)))
     assert actions == [start(2, START_1), RecordStarted(d.txn(2)), create(3)]
 
@@ -128,7 +129,9 @@ def test_a_participant_dying_before_end_aborts_at_once() -> None:
     d = Driver(replace(TIMING, interval_s=60.0))
     t1 = d.started(T0)
     assert d.at(T0 + 0.5, hb(P1)) == []
-    assert d.at(T0 + 3.5, hb(P1), Tick()) == abort(t1, "participant of events-0 stopped sending heartbeats", "participant-dead")
+    assert d.at(T0 + 3.5, hb(P1), Tick()) == abort(
+        t1, "participant of events-0 stopped sending heartbeats", "participant-dead"
+    )
 
 
 def test_silence_is_judged_on_tick_only_so_a_stalled_leader_reads_its_backlog_first() -> None:
@@ -156,7 +159,11 @@ def test_a_second_live_copy_of_a_participant_is_fenced_and_aborts_nothing() -> N
         CountStage(t1.id, t1.stage_table),
     ]
     actions = d.at(T0 + 2.3, StageCreated(txn_id(2)))
-    assert actions == [start(2, {P0: 50, P1: 5}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]  # the holder stays
+    assert actions == [
+        start(2, {P0: 50, P1: 5}, chunk_rows=LEARNT),
+        RecordStarted(d.txn(2)),
+        create(3),
+    ]  # the holder stays
 
 
 def test_when_the_holder_dies_its_txn_aborts_and_the_next_start_names_the_live_copy() -> None:
@@ -164,7 +171,8 @@ def test_when_the_holder_dies_its_txn_aborts_and_the_next_start_names_the_live_c
     t1 = d.started(T0)
     assert d.at(T0 + 2.0, hb(P0), hb(P1, sender="part-1-retry"), Tick()) == []  # holder part-1 silent 2 s
     assert d.at(T0 + 3.5, hb(P0), hb(P1, sender="part-1-retry"), Tick()) == abort(
-        t1, "participant of events-1 stopped sending heartbeats", "participant-dead")
+        t1, "participant of events-1 stopped sending heartbeats", "participant-dead"
+    )
     actions = d.at(T0 + 3.6, StageCreated(txn_id(2)))
     assert actions == [start(2, START_1, holders={P1: "part-1-retry"}), RecordStarted(d.txn(2)), create(3)]
 
@@ -186,21 +194,26 @@ def test_a_write_status_with_errors_aborts() -> None:
     d.ended(1, T0 + 1)
     bad = ws("e3_t1", P1, 0, 5, 3, errors=("Code: 241. Memory limit exceeded", "gave up after 5 tries"))
     assert d.at(T0 + 1.1, bad) == abort(
-        t1, "events-1 failed: Code: 241. Memory limit exceeded; gave up after 5 tries", "participant-error")
+        t1, "events-1 failed: Code: 241. Memory limit exceeded; gave up after 5 tries", "participant-error"
+    )
 
 
 def test_a_write_status_starting_elsewhere_than_start_aborts() -> None:
     d = Driver()
     t1 = d.started(T0)
     d.ended(1, T0 + 1)
-    assert d.at(T0 + 1.1, ws("e3_t1", P0, 41, 50, 9)) == abort(t1, "events-0 staged from 41, START said 40", "offset-mismatch")
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 41, 50, 9)) == abort(
+        t1, "events-0 staged from 41, START said 40", "offset-mismatch"
+    )
 
 
 def test_a_write_status_ending_before_its_start_aborts() -> None:
     d = Driver()
     t1 = d.started(T0)
     d.ended(1, T0 + 1)
-    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 39, 0)) == abort(t1, "events-0 reported end 39 before start 40", "offset-mismatch")
+    assert d.at(T0 + 1.1, ws("e3_t1", P0, 40, 39, 0)) == abort(
+        t1, "events-0 reported end 39 before start 40", "offset-mismatch"
+    )
 
 
 # ---- step 5 ---------------------------------------------------------------------------
@@ -218,12 +231,16 @@ def test_a_row_count_mismatch_aborts() -> None:
 # ---- WRITE-STATUS that change nothing -------------------------------------------------
 
 
-@pytest.mark.parametrize("stray", [
-    ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH - 1),  # a stale epoch
-    ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH + 1),  # not ours either
-    ws("e3_t9", P0, 40, 50, 10),  # another txn
-    ws("e2_t1", P0, 40, 50, 10),  # another leader's txn
-], ids=["stale-epoch", "newer-epoch", "other-txn", "other-leaders-txn"])
+@pytest.mark.parametrize(
+    "stray",
+    [
+        ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH - 1),  # a stale epoch
+        ws("e3_t1", P0, 40, 50, 10, epoch=EPOCH + 1),  # not ours either
+        ws("e3_t9", P0, 40, 50, 10),  # another txn
+        ws("e2_t1", P0, 40, 50, 10),  # another leader's txn
+    ],
+    ids=["stale-epoch", "newer-epoch", "other-txn", "other-leaders-txn"],
+)
 def test_a_write_status_not_for_the_current_txn_is_ignored(stray) -> None:
     d = Driver()
     t1 = d.started(T0)
@@ -255,10 +272,14 @@ def test_messages_of_another_pipeline_are_ignored() -> None:
 # ---- step 6 and stepping down ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("won, reason", [
-    (False, "lost commit slot 8 of e3_t1 to another leader"),
-    (None, "commit outcome of e3_t1 unknown (Code: 209. Timeout); re-reading the ledger"),
-], ids=["lost", "unknown"])
+@pytest.mark.parametrize(
+    "won, reason",
+    [
+        (False, "lost commit slot 8 of e3_t1 to another leader"),
+        (None, "commit outcome of e3_t1 unknown (Code: 209. Timeout); re-reading the ledger"),
+    ],
+    ids=["lost", "unknown"],
+)
 def test_a_commit_slot_not_won_steps_down_and_the_machine_goes_inert(won, reason) -> None:
     d = Driver()
     verifying_1(d)
@@ -267,8 +288,12 @@ def test_a_commit_slot_not_won_steps_down_and_the_machine_goes_inert(won, reason
     assert d.at(T0 + 1.3, CommitResult(t1.id, won=won, error="Code: 209. Timeout")) == [StepDown(reason)]
     assert d.state.stepped_down
     inert = [
-        CommitResult(t1.id, won=True), PublishResult(t1.id, ok=True), StageCreated("e3_t2"), Tick(),
-        *beats(P0, P1), Shutdown(),
+        CommitResult(t1.id, won=True),
+        PublishResult(t1.id, ok=True),
+        StageCreated("e3_t2"),
+        Tick(),
+        *beats(P0, P1),
+        Shutdown(),
     ]
     assert d.at(T0 + 10, *inert) == []
 
@@ -276,8 +301,11 @@ def test_a_commit_slot_not_won_steps_down_and_the_machine_goes_inert(won, reason
 def coordinator_messages(epoch: int, sender: str) -> list:
     env = {"pipeline": PIPE, "epoch": epoch, "txn": "e9_t1", "sender": sender}
     return [
-        LeaderHeartbeat(**env), StartCommit(**env, stage_table="t", offsets=()), EndCommit(**env),
-        AckCommit(**env, offsets=()), Abort(**env, reason="x"),
+        LeaderHeartbeat(**env),
+        StartCommit(**env, stage_table="t", offsets=()),
+        EndCommit(**env),
+        AckCommit(**env, offsets=()),
+        Abort(**env, reason="x"),
     ]
 
 

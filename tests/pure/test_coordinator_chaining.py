@@ -94,7 +94,11 @@ def test_the_chained_txn_starts_from_the_ends_reported_and_commits_only_after_th
     actions = d.at(T0 + 2.2, CommitResult(t1.id, won=True))
     t3 = d.txn(3)
     assert actions == [
-        ack(1, END_1, HEAD_SEQ + 1), Publish(t1), chained_end(2, continuing(P0, P1), chunk_rows=LEARNT), RecordStarted(t3), create(4),
+        ack(1, END_1, HEAD_SEQ + 1),
+        Publish(t1),
+        chained_end(2, continuing(P0, P1), chunk_rows=LEARNT),
+        RecordStarted(t3),
+        create(4),
     ]
     assert d.at(T0 + 2.3, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4)) == [CountStage(t2.id, t2.stage_table)]
     assert (t3.start, t3.after) == (END_2, t2.id)
@@ -127,7 +131,12 @@ def test_no_chaining_when_a_holder_does_not_heartbeat_continues() -> None:
     assert d.at(T0 + 1.1, ws(t1.id, P0, 40, 50, 10)) == []
     actions = d.at(T0 + 1.2, ws(t1.id, P1, 0, 5, 5))
     t2 = d.txn(2)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
+    assert actions == [
+        CountStage(t1.id, t1.stage_table),
+        start(2, END_1, chunk_rows=LEARNT),
+        RecordStarted(t2),
+        create(3),
+    ]
     assert (t2.chained, t2.after) == (False, t1.id)
 
 
@@ -150,7 +159,12 @@ def test_no_chaining_when_the_spare_is_not_ready() -> None:
     assert d.at(T0 + 1.1, StageCreated(txn_id(2))) == []  # txn 1 is still ending
     actions = d.at(T0 + 1.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5))
     t2 = d.txn(2)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
+    assert actions == [
+        CountStage(t1.id, t1.stage_table),
+        start(2, END_1, chunk_rows=LEARNT),
+        RecordStarted(t2),
+        create(3),
+    ]
     assert t2.chained is False
 
 
@@ -217,12 +231,18 @@ def test_a_write_status_of_the_chained_txn_before_the_previous_ones_aborts_it() 
     d = Driver()
     chained_2(d)
     t1, t2 = d.txn(1), d.txn(2)
-    assert d.at(T0 + 1.1, ws(t2.id, P0, 50, 52, 2)) == abort(t2, "events-0 staged from 50, START said -1", "offset-mismatch")
+    assert d.at(T0 + 1.1, ws(t2.id, P0, 50, 52, 2)) == abort(
+        t2, "events-0 staged from 50, START said -1", "offset-mismatch"
+    )
     assert d.state.txns == [t1]  # the previous txn goes on
     assert d.at(T0 + 1.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
     actions = d.at(T0 + 1.3, StageCreated(txn_id(3)))
     t3 = d.txn(3)
-    assert actions == [start(3, END_1, chunk_rows=LEARNT), RecordStarted(t3), create(4)]  # explicit, pipelined after txn 1
+    assert actions == [
+        start(3, END_1, chunk_rows=LEARNT),
+        RecordStarted(t3),
+        create(4),
+    ]  # explicit, pipelined after txn 1
     assert (t3.chained, t3.after) == (False, t1.id)
 
 
@@ -272,7 +292,9 @@ def test_a_holder_still_reading_an_ended_txn_gets_the_same_end_again() -> None:
     assert t1.end_sent_at == T0 + 2.0 and t1.ended_at == T0 + 1  # the timeouts still count from the first END
     assert d.at(T0 + 2.5, hb(P1, txn=t1.id, continues=True), Tick()) == []  # once per RESEND_END_S
     assert d.at(T0 + 3.0, hb(P1, txn=t1.id, continues=True), Tick()) == [again]
-    assert d.at(T0 + 3.2, hb(P1, txn=t2.id, continues=True), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
+    assert d.at(T0 + 3.2, hb(P1, txn=t2.id, continues=True), ws(t1.id, P1, 0, 5, 5)) == [
+        CountStage(t1.id, t1.stage_table)
+    ]
     assert d.at(T0 + 4.5, Tick()) == []
 
 

@@ -94,7 +94,10 @@ def test_start_offsets_are_the_ledger_head_and_initial_for_never_committed_parti
     assert d.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), *beats(P0, P1)) == [create(1)]
     spare = d.state.spare
     assert spare is not None and (spare.txn, spare.stage_table, spare.ready) == (
-        "e3_t1", "shop.orders__chtxn_orders__e3_t1", False)
+        "e3_t1",
+        "shop.orders__chtxn_orders__e3_t1",
+        False,
+    )
     assert d.at(T0 + 0.2, Tick()) == [] and d.state.txns == []  # no START before the stage table exists
     actions = d.at(T0 + 0.3, StageCreated("e3_t1"))
     t1 = d.txn(1)
@@ -148,7 +151,12 @@ def test_a_full_transaction_commits_then_publishes() -> None:
     # The set is complete: verify it, and pipeline txn 2 at once on the spare (and make the next spare).
     actions = d.at(T0 + 1.3, ws("e3_t1", P1, 0, 5, 5))
     t2 = d.txn(2)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
+    assert actions == [
+        CountStage(t1.id, t1.stage_table),
+        start(2, END_1, chunk_rows=LEARNT),
+        RecordStarted(t2),
+        create(3),
+    ]
     assert d.at(T0 + 1.4, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
     assert t1.phase is Phase.COMMITTING and d.state.head == HEAD
     assert d.at(T0 + 1.5, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
@@ -208,7 +216,12 @@ def test_next_start_goes_out_from_the_reported_ends_and_commits_only_after_the_p
     assert d.at(T0 + 2.4, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1), end(2)]
     actions = d.at(T0 + 2.5, ws(t2.id, P0, 50, 58, 8), ws(t2.id, P1, 5, 9, 4))
     t3 = d.txn(3)
-    assert actions == [CountStage(t2.id, t2.stage_table), start(3, END_2, chunk_rows=LEARNT), RecordStarted(t3), create(4)]
+    assert actions == [
+        CountStage(t2.id, t2.stage_table),
+        start(3, END_2, chunk_rows=LEARNT),
+        RecordStarted(t3),
+        create(4),
+    ]
     assert d.at(T0 + 2.6, Counted(t2.id, 12)) == [Commit(t2, HEAD_SEQ + 2)]
     # Publishes go in commit order: txn 2's waits until txn 1's is done.
     assert d.at(T0 + 2.7, CommitResult(t2.id, won=True)) == [ack(2, END_2, HEAD_SEQ + 2)]
@@ -250,7 +263,6 @@ def test_an_abort_while_the_spare_is_being_created_keeps_the_spare_for_the_resta
     assert t2.after is None
 
 
-
 def test_an_abort_of_the_pipelined_txn_leaves_the_previous_one_committing() -> None:
     d = Driver()
     t1 = d.started(T0)
@@ -259,14 +271,19 @@ def test_an_abort_of_the_pipelined_txn_leaves_the_previous_one_committing() -> N
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     t2 = d.txn(2)
     assert actions == [start(2, END_1, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
-    assert d.at(T0 + 1.3, ws(t2.id, P1, 5, 9, 4, errors=("boom",))) == abort(t2, "events-1 failed: boom", "participant-error")
+    assert d.at(T0 + 1.3, ws(t2.id, P1, 5, 9, 4, errors=("boom",))) == abort(
+        t2, "events-1 failed: boom", "participant-error"
+    )
     actions = d.at(T0 + 1.35, StageCreated(txn_id(3)))
     t3 = d.txn(3)
     assert actions == [start(3, END_1, chunk_rows=LEARNT), RecordStarted(t3), create(4)]
     assert (t3.start, t3.after) == (END_1, t1.id)  # still pipelined after txn 1
     assert d.at(T0 + 1.4, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
-        Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
+        Commit(t1, HEAD_SEQ + 1),
+        ack(1, END_1, HEAD_SEQ + 1),
+        Publish(t1),
     ]
+
 
 # ---- shutdown -------------------------------------------------------------------------
 
@@ -294,7 +311,6 @@ def test_shutdown_with_nothing_committed_stops_at_once() -> None:
     assert d.at(T0 + 0.5, Shutdown()) == [*abort(t1, "coordinator shutting down", "shutdown"), drop(2), Stopped()]
 
 
-
 def test_shutdown_aborts_a_txn_whose_end_waits_behind_a_commit() -> None:
     d = Driver()
     t1 = d.started(T0)
@@ -310,6 +326,7 @@ def test_shutdown_aborts_a_txn_whose_end_waits_behind_a_commit() -> None:
     assert d.at(T0 + 2.5, Shutdown()) == [*abort(t2, "coordinator shutting down", "shutdown"), drop(3)]
     assert d.at(T0 + 2.6, CommitResult(t1.id, won=True)) == [ack(1, END_1, HEAD_SEQ + 1), Publish(t1)]
     assert d.at(T0 + 2.7, PublishResult(t1.id, ok=True)) == [Stopped()]
+
 
 # ---- partitions -----------------------------------------------------------------------
 
@@ -327,7 +344,9 @@ def test_a_new_partition_joins_the_next_txn_once_it_is_held() -> None:
     t2 = d.txn(2)
     assert actions == [start(2, {**END_1, P2: 7}, chunk_rows=LEARNT), RecordStarted(t2), create(3)]
     assert d.at(T0 + 1.5, Counted(t1.id, 15), CommitResult(t1.id, won=True)) == [
-        Commit(t1, HEAD_SEQ + 1), ack(1, END_1, HEAD_SEQ + 1), Publish(t1),
+        Commit(t1, HEAD_SEQ + 1),
+        ack(1, END_1, HEAD_SEQ + 1),
+        Publish(t1),
     ]
     d.ended(2, T0 + 2.2)  # END needs no heartbeat from P2, but P2 must stay alive
     assert d.at(T0 + 2.3, hb(P2)) == []
@@ -349,7 +368,12 @@ def test_partitions_changed_never_moves_the_start_of_a_known_never_committed_par
     d.spare_ready(2, T0 + 0.6)
     d.ended(1, T0 + 1)
     actions = complete_1(d, T0 + 1.1)
-    assert actions == [CountStage(t1.id, t1.stage_table), start(2, {**END_1, P2: 7}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]
+    assert actions == [
+        CountStage(t1.id, t1.stage_table),
+        start(2, {**END_1, P2: 7}, chunk_rows=LEARNT),
+        RecordStarted(d.txn(2)),
+        create(3),
+    ]
     assert d.at(T0 + 1.2, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]  # not an offset mismatch
 
 
@@ -359,7 +383,8 @@ def test_after_an_abort_a_never_committed_partition_restarts_from_its_first_init
     assert d.at(T0 + 0.5, PartitionsChanged((P0, P1), {P1: 3})) == []
     d.ended(1, T0 + 1)
     assert d.at(T0 + 1.1, ws("e3_t1", P1, 0, 5, 5, errors=("boom",))) == abort(
-        t1, "events-1 failed: boom", "participant-error")
+        t1, "events-1 failed: boom", "participant-error"
+    )
     actions = d.at(T0 + 1.2, StageCreated(txn_id(2)))
     assert actions == [start(2, START_1), RecordStarted(d.txn(2)), create(3)]  # P1's records 0-2 are read again
 
@@ -368,8 +393,10 @@ def test_lag_is_log_end_from_heartbeats_minus_the_committed_offset() -> None:
     from protocol.coordinator_events import Received
     from protocol.messages import Heartbeat, PartitionPosition
 
-    positions = (PartitionPosition(topic=P0.topic, partition=0, position=45, log_end=70),
-                 PartitionPosition(topic=P1.topic, partition=1, position=0, log_end=-1))
+    positions = (
+        PartitionPosition(topic=P0.topic, partition=0, position=45, log_end=70),
+        PartitionPosition(topic=P1.topic, partition=1, position=0, log_end=-1),
+    )
     beat = Received(Heartbeat(pipeline="orders", epoch=3, txn="", sender="x", partitions=positions))
     before = Driver()
     before.at(T0, Ready(HEAD_SEQ, HEAD, INITIAL), beat)
@@ -408,7 +435,8 @@ def test_rows_of_a_partition_that_differ_from_its_write_status_abort_even_when_t
     complete_1(d, T0 + 1.5)
     stats = {P0: PartitionStats(11, 40, 50), P1: PartitionStats(4, 0, 3)}
     assert d.at(T0 + 1.6, Counted(t1.id, 15, partitions=stats)) == abort(
-        t1, "row-count mismatch: events-0: stage table holds 11 rows, its participant reported 10", "row-count-mismatch")
+        t1, "row-count mismatch: events-0: stage table holds 11 rows, its participant reported 10", "row-count-mismatch"
+    )
 
 
 def test_offsets_outside_a_partitions_reported_range_abort() -> None:
@@ -418,8 +446,10 @@ def test_offsets_outside_a_partitions_reported_range_abort() -> None:
     complete_1(d, T0 + 1.5)
     stats = {P0: PartitionStats(10, 39, 48), P1: PartitionStats(5, 0, 4)}
     assert d.at(T0 + 1.6, Counted(t1.id, 15, partitions=stats)) == abort(
-        t1, "row-count mismatch: events-0: stage table holds offsets 39..48, outside the reported [40, 50)",
-        "row-count-mismatch")
+        t1,
+        "row-count mismatch: events-0: stage table holds offsets 39..48, outside the reported [40, 50)",
+        "row-count-mismatch",
+    )
 
 
 def test_matching_partitions_commit() -> None:
@@ -436,10 +466,16 @@ def test_a_target_altered_after_staging_aborts_before_the_commit_point() -> None
     t1 = d.started(T0)
     d.ended(1, T0 + 1)
     complete_1(d, T0 + 1.5)
-    assert d.at(T0 + 1.6, Counted(t1.id, 15, altered="columns added: note")) == [*abort(
-        t1, "the target table changed after the stage table was made (columns added: note); the next txn "
-        "stages in the new structure", "target-altered"),
-        drop(2), create(3)]  # the spare was made like the old target too: a new one, like the new target
+    assert d.at(T0 + 1.6, Counted(t1.id, 15, altered="columns added: note")) == [
+        *abort(
+            t1,
+            "the target table changed after the stage table was made (columns added: note); the next txn "
+            "stages in the new structure",
+            "target-altered",
+        ),
+        drop(2),
+        create(3),
+    ]  # the spare was made like the old target too: a new one, like the new target
     assert d.at(T0 + 1.7, StageCreated(txn_id(2))) == []  # a late answer for the dropped spare
     actions = d.at(T0 + 1.8, StageCreated(txn_id(3)))
     assert actions == [start(3, START_1, chunk_rows=LEARNT), RecordStarted(d.txn(3)), create(4)]
@@ -459,6 +495,8 @@ def test_a_gap_found_while_leading_aborts_the_txn_below_it_at_verify_and_restart
     assert d.at(T0 + 0.5, GapFound(P0, 45)) == []
     d.ended(1, T0 + 1)
     complete_1(d, T0 + 1.5)
-    assert d.at(T0 + 1.6, Counted(t1.id, 15)) == abort(t1, "events-0 started at 40, ledger head is 45", "offset-mismatch")
+    assert d.at(T0 + 1.6, Counted(t1.id, 15)) == abort(
+        t1, "events-0 started at 40, ledger head is 45", "offset-mismatch"
+    )
     actions = d.at(T0 + 1.7, StageCreated(txn_id(2)))
     assert actions == [start(2, {P0: 45, P1: 0}, chunk_rows=LEARNT), RecordStarted(d.txn(2)), create(3)]

@@ -22,11 +22,18 @@ from tools import docgen
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: Pages this repository's docs consist of and that must link only inside it.
-OWN_PAGES = ("README.md", "docs/architecture.md", "docs/configuration.md", "docs/cli.md", "docs/operations.md",
-             "docs/troubleshooting.md", "benchmarks/README.md")
-#: Notes kept outside the repository, which its users never see ("DESIGN" ".md" split, so that a grep of the
-#: repository for the name finds nothing, this file included).
-OUTSIDE_NOTES = ("DESIGN" ".md", "../" "shared")
+OWN_PAGES = (
+    "README.md",
+    "docs/architecture.md",
+    "docs/configuration.md",
+    "docs/cli.md",
+    "docs/operations.md",
+    "docs/troubleshooting.md",
+    "benchmarks/README.md",
+)
+#: Notes kept outside the repository, which its users never see (joined at run time, so that a grep of the
+#: repository for the names finds nothing, this file included).
+OUTSIDE_NOTES = ("".join(("DESIGN", ".md")), "/".join(("..", "shared")))
 #: Packages whose strings are the messages users see.
 PRODUCT_PACKAGES = ("protocol", "coordinator", "participant", "clients", "cli", "embedded", "procs")
 
@@ -40,7 +47,7 @@ def section(text: str, heading: str) -> str:
     match = re.search(rf"^(#+) {re.escape(heading)}.*$", text, re.MULTILINE)
     assert match, f"no heading {heading!r}"
     level = len(match.group(1))
-    rest = text[match.end():]
+    rest = text[match.end() :]
     end = re.search(rf"^#{{1,{level}}} ", rest, re.MULTILINE)
     return rest[: end.start()] if end else rest
 
@@ -57,16 +64,27 @@ def test_a_generated_page_matches_the_code(page: str) -> None:
     committed = read(page) if (ROOT / page).is_file() else ""
     generated = docgen.PAGES[page]()
     if committed != generated:
-        diff = "\n".join(list(difflib.unified_diff(
-            committed.splitlines(), generated.splitlines(), "committed", "generated", lineterm=""))[:40])
+        diff = "\n".join(
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(), generated.splitlines(), "committed", "generated", lineterm=""
+                )
+            )[:40]
+        )
         pytest.fail(f"{page} is stale: run `{docgen.REGENERATE}` and commit the result\n{diff}")
 
 
 def test_every_config_field_carries_its_description() -> None:
-    undescribed = sorted(f"{s}.{name}" for s, cls in docgen.config_sections().items()
-                         for name, (description, _) in docgen.field_docs(cls).items() if not description)
-    assert not undescribed, (f"config fields without a description: {undescribed}; give each an "
-                             "Annotated[type, msgspec.Meta(description=...)] in protocol/config_sections.py")
+    undescribed = sorted(
+        f"{s}.{name}"
+        for s, cls in docgen.config_sections().items()
+        for name, (description, _) in docgen.field_docs(cls).items()
+        if not description
+    )
+    assert not undescribed, (
+        f"config fields without a description: {undescribed}; give each an "
+        "Annotated[type, msgspec.Meta(description=...)] in protocol/config_sections.py"
+    )
 
 
 def test_the_documented_environment_variables_are_the_ones_the_config_reads() -> None:
@@ -77,7 +95,9 @@ def test_the_documented_environment_variables_are_the_ones_the_config_reads() ->
             if docgen.is_table(field):
                 continue
             var = docgen.env_var(section_name, field.name)
-            assert _env_overrides({var: "x"}) == {section_name: {field.name: ["x"] if field.name == "topics" else "x"}}, var
+            assert _env_overrides({var: "x"}) == {
+                section_name: {field.name: ["x"] if field.name == "topics" else "x"}
+            }, var
 
 
 def test_the_complete_example_is_a_valid_config_with_the_defaults() -> None:
@@ -85,15 +105,29 @@ def test_the_complete_example_is_a_valid_config_with_the_defaults() -> None:
 
     [example] = fenced_blocks(read("docs/configuration.md"), "toml")
     config = parse_config(example, {}, source="docs/configuration.md")
-    expected = msgspec.convert({"pipeline": {"name": "orders", "topics": ["orders"]},
-                                "clickhouse": {"target_table": "orders"}}, PipelineConfig)
+    expected = msgspec.convert(
+        {"pipeline": {"name": "orders", "topics": ["orders"]}, "clickhouse": {"target_table": "orders"}}, PipelineConfig
+    )
     assert config == expected
 
 
 # ---- diagrams -------------------------------------------------------------------------------
 
-MERMAID_TYPES = {"sequenceDiagram", "stateDiagram-v2", "stateDiagram", "flowchart", "graph", "classDiagram",
-                 "erDiagram", "gantt", "pie", "journey", "gitGraph", "mindmap", "timeline"}
+MERMAID_TYPES = {
+    "sequenceDiagram",
+    "stateDiagram-v2",
+    "stateDiagram",
+    "flowchart",
+    "graph",
+    "classDiagram",
+    "erDiagram",
+    "gantt",
+    "pie",
+    "journey",
+    "gitGraph",
+    "mindmap",
+    "timeline",
+}
 #: Arrows whose characters would read as unbalanced brackets.
 _ARROWS = re.compile(r"<<?-{1,2}>>?|-{1,2}>>|-{1,2}\)|-{1,2}x\b|-{1,2}>|==>|-\.->")
 
@@ -139,21 +173,23 @@ def mermaid_blocks() -> list[tuple[str, str]]:
 def test_the_checker_finds_bad_mermaid() -> None:
     assert mermaid_problems("sequenceDiagram\n    A->>B: hello (world)\n    A-)B: async\n") == []
     assert mermaid_problems("stateDiagram-v2\n    [*] --> A : go\n") == []
-    assert mermaid_problems("flowchart TD\n    a[\"x (y\"] -->|\"z\"| b{\"ok?\"}\n") == []
+    assert mermaid_problems('flowchart TD\n    a["x (y"] -->|"z"| b{"ok?"}\n') == []
     assert mermaid_problems("sequenceDiagramm\n")
-    assert mermaid_problems("flowchart TD\n    a[\"x] --> b\n")
+    assert mermaid_problems('flowchart TD\n    a["x] --> b\n')
     assert mermaid_problems("flowchart TD\n    a[x --> b\n")
     assert mermaid_problems("sequenceDiagram\n\tA->>B: hi\n")
     assert mermaid_problems("sequenceDiagram\n    A->>B: a<br/>b\n")
     assert mermaid_problems("sequenceDiagram\n    A->>B: a; b\n")
-    assert mermaid_problems("flowchart TD\n    a[\"1. first\"] --> b\n")
+    assert mermaid_problems('flowchart TD\n    a["1. first"] --> b\n')
 
 
 def test_every_mermaid_block_is_well_formed() -> None:
     blocks = mermaid_blocks()
     kinds = [block.split()[0] for _, block in blocks]
     assert "sequenceDiagram" in kinds and kinds.count("stateDiagram-v2") >= 2, kinds
-    problems = [f"{page}, diagram {i}: {p}" for i, (page, block) in enumerate(blocks, 1) for p in mermaid_problems(block)]
+    problems = [
+        f"{page}, diagram {i}: {p}" for i, (page, block) in enumerate(blocks, 1) for p in mermaid_problems(block)
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -239,8 +275,12 @@ def test_every_row_of_the_fault_table_names_code_that_handles_it_and_imports() -
 
 
 def test_every_test_named_in_any_page_exists() -> None:
-    missing = [f"{page}: {path}::{name}" for page in OWN_PAGES for path, name in TEST_REF.findall(read(page))
-               if not (ROOT / path).is_file() or name not in test_functions(ROOT / path)]
+    missing = [
+        f"{page}: {path}::{name}"
+        for page in OWN_PAGES
+        for path, name in TEST_REF.findall(read(page))
+        if not (ROOT / path).is_file() or name not in test_functions(ROOT / path)
+    ]
     assert not missing, missing
 
 
@@ -276,8 +316,11 @@ def message_corpus() -> str:
 
 def _as_words(piece: str, corpus: str) -> bool:
     """``piece`` is in ``corpus`` and does not start or end inside a word of it."""
-    pattern = ((r"(?<![A-Za-z0-9_])" if piece[0].isalnum() else "") + re.escape(piece)
-               + (r"(?![A-Za-z0-9_])" if piece[-1].isalnum() else ""))
+    pattern = (
+        (r"(?<![A-Za-z0-9_])" if piece[0].isalnum() else "")
+        + re.escape(piece)
+        + (r"(?![A-Za-z0-9_])" if piece[-1].isalnum() else "")
+    )
     return re.search(pattern, corpus) is not None
 
 
@@ -298,8 +341,9 @@ def uncovered(fragment: str, corpus: str, piece: int = 6) -> str:
             else:
                 hi = mid - 1
         while lo - i >= piece:  # then the longest that is whole words, here and in the corpus
-            if (not (lo < len(fragment) and fragment[lo - 1].isalnum() and fragment[lo].isalnum())
-                    and _as_words(fragment[i:lo], corpus)):
+            if not (lo < len(fragment) and fragment[lo - 1].isalnum() and fragment[lo].isalnum()) and _as_words(
+                fragment[i:lo], corpus
+            ):
                 break
             lo -= 1
         if lo - i >= piece:
@@ -343,8 +387,17 @@ def test_every_troubleshooting_message_is_one_the_code_shows() -> None:
 # ---- links ----------------------------------------------------------------------------------
 
 #: Directories of the working tree that are not the repository's own text.
-NOT_OURS = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".chtxn", "results",
-            "node_modules"}
+NOT_OURS = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".chtxn",
+    "results",
+    "node_modules",
+}
 
 
 def own_text_files() -> list[Path]:
@@ -359,11 +412,15 @@ def own_text_files() -> list[Path]:
 def test_no_file_cites_notes_outside_the_repository() -> None:
     files = own_text_files()
     assert ROOT / "protocol" / "config.py" in files and ROOT / "README.md" in files
-    citing = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in files
-              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-              if any(note in line for note in OUTSIDE_NOTES)]
-    assert not citing, ("cite docs/architecture.md (its section numbers) instead of notes users never see:\n"
-                        + "\n".join(citing))
+    citing = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if any(note in line for note in OUTSIDE_NOTES)
+    ]
+    assert not citing, (
+        "cite docs/architecture.md (its section numbers) instead of notes users never see:\n" + "\n".join(citing)
+    )
 
 
 def github_anchors(text: str) -> set[str]:
@@ -391,8 +448,9 @@ def test_links_stay_inside_the_repository_and_resolve(page: str) -> None:
     text = read(page)
     body = prose(text)
     problems = []
-    assert not any(note in text for note in OUTSIDE_NOTES) and "shared/" not in text, \
+    assert not any(note in text for note in OUTSIDE_NOTES) and "shared/" not in text, (
         f"{page} refers to notes users never see"
+    )
     for url in re.findall(r"(?:https?:|mailto:|ftp:)//?\S+|www\.\S+", body):
         problems.append(f"a link that leaves the repository: {url}")
     for target in re.findall(r"\]\(([^)\s]+)\)", body):

@@ -31,8 +31,11 @@ def env(epoch: int, sender: str = "coord-a") -> dict:
 def coordinator_messages(epoch: int, sender: str = "coord-a") -> list:
     e = env(epoch, sender)
     return [
-        StartCommit(**e, stage_table="t", offsets=()), EndCommit(**e), AckCommit(**e, offsets=()),
-        Abort(**e, reason="x"), LeaderHeartbeat(**e),
+        StartCommit(**e, stage_table="t", offsets=()),
+        EndCommit(**e),
+        AckCommit(**e, offsets=()),
+        Abort(**e, reason="x"),
+        LeaderHeartbeat(**e),
     ]
 
 

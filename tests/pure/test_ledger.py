@@ -12,7 +12,9 @@ from protocol.ledger_view import audit, summarize
 
 
 def rng(partition: int, start: int, end: int, rows: int | None = None, topic: str = "src") -> PartitionRange:
-    return PartitionRange(topic=topic, partition=partition, start=start, end=end, rows=end - start if rows is None else rows)
+    return PartitionRange(
+        topic=topic, partition=partition, start=start, end=end, rows=end - start if rows is None else rows
+    )
 
 
 def row(event: LedgerEvent, txn: str = "e1_t1", **fields: object) -> LedgerRow:
@@ -37,10 +39,20 @@ def test_ddl_has_no_partition_key_and_a_dedup_window() -> None:
 
 def test_a_row_survives_conversion_to_insert_values_and_back() -> None:
     original = row(
-        LedgerEvent.COMMITTED, commit_seq=4, coordinator="c1", claim_id="abc", target="events",
-        stage_table="events__chtxn_e1_t1", ranges=(rng(0, 10, 20), rng(1, 5, 5, topic="other")),
-        total_rows=10, total_bytes=999, dead_letters=1, started_at=1700000000.125, ended_at=1700000001.5,
-        committed_at=1700000001.75, reason="",
+        LedgerEvent.COMMITTED,
+        commit_seq=4,
+        coordinator="c1",
+        claim_id="abc",
+        target="events",
+        stage_table="events__chtxn_e1_t1",
+        ranges=(rng(0, 10, 20), rng(1, 5, 5, topic="other")),
+        total_rows=10,
+        total_bytes=999,
+        dead_letters=1,
+        started_at=1700000000.125,
+        ended_at=1700000001.5,
+        committed_at=1700000001.75,
+        reason="",
     )
     values = ledger.to_insert_values(original)
     assert len(values) == len(ledger.INSERT_COLUMNS)
@@ -48,11 +60,11 @@ def test_a_row_survives_conversion_to_insert_values_and_back() -> None:
     assert by_name["topics"] == ["src", "other"] and by_name["end_offsets"] == [20, 5]
     assert by_name["started_at"] == datetime(2023, 11, 14, 22, 13, 20, 125000, tzinfo=timezone.utc)
     # what a query returns: times as unix milliseconds, event_time last
-    returned = [
-        int(v.timestamp() * 1000) if isinstance(v, datetime) else v for v in values
-    ] + [1700000002000]
+    returned = [int(v.timestamp() * 1000) if isinstance(v, datetime) else v for v in values] + [1700000002000]
     back = ledger.from_result_row(returned)
-    assert back == LedgerRow(**{**{f: getattr(original, f) for f in original.__struct_fields__}, "event_time": 1700000002.0})
+    assert back == LedgerRow(
+        **{**{f: getattr(original, f) for f in original.__struct_fields__}, "event_time": 1700000002.0}
+    )
 
 
 def test_state_precedence_in_python_and_sql_agree() -> None:
@@ -68,8 +80,18 @@ def test_state_precedence_in_python_and_sql_agree() -> None:
 def test_summary_of_a_published_txn() -> None:
     rows = [
         row(LedgerEvent.STARTED, ranges=(rng(0, 0, -1, 0),), started_at=100.0, event_time=100.01, coordinator="c1"),
-        row(LedgerEvent.COMMITTED, commit_seq=1, ranges=(rng(0, 0, 50),), total_rows=50, started_at=100.0,
-            ended_at=101.0, committed_at=101.25, event_time=101.3, coordinator="c1", target="events"),
+        row(
+            LedgerEvent.COMMITTED,
+            commit_seq=1,
+            ranges=(rng(0, 0, 50),),
+            total_rows=50,
+            started_at=100.0,
+            ended_at=101.0,
+            committed_at=101.25,
+            event_time=101.3,
+            coordinator="c1",
+            target="events",
+        ),
         row(LedgerEvent.PUBLISHED, commit_seq=1, ranges=(rng(0, 0, 50),), published_at=101.5, event_time=101.5),
     ]
     s = summarize(list(reversed(rows)))

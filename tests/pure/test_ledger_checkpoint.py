@@ -13,8 +13,14 @@ def tp(partition: int) -> TopicPartition:
 
 
 def commit(seq: int, *ranges: tuple[int, int, int]) -> LedgerRow:
-    return LedgerRow(pipeline="p", txn=f"e1_t{seq}", event=LedgerEvent.COMMITTED, epoch=1, commit_seq=seq,
-                     ranges=tuple(PartitionRange(topic="src", partition=p, start=s, end=e) for p, s, e in ranges))
+    return LedgerRow(
+        pipeline="p",
+        txn=f"e1_t{seq}",
+        event=LedgerEvent.COMMITTED,
+        epoch=1,
+        commit_seq=seq,
+        ranges=tuple(PartitionRange(topic="src", partition=p, start=s, end=e) for p, s, e in ranges),
+    )
 
 
 def test_a_checkpoint_row_holds_every_partitions_end_and_reads_back() -> None:
@@ -67,7 +73,9 @@ def test_the_ddl_has_the_skip_indexes_and_older_ledgers_get_them() -> None:
     for name, definition in ledger.SKIP_INDEXES:
         assert f"INDEX {name} {definition}" in ddl
     add, materialize = ledger.add_index_sql("db", "chtxn_txn")
-    assert add == "ALTER TABLE `db`.`chtxn_ledger` ADD INDEX IF NOT EXISTS chtxn_txn txn TYPE bloom_filter GRANULARITY 1"
+    assert (
+        add == "ALTER TABLE `db`.`chtxn_ledger` ADD INDEX IF NOT EXISTS chtxn_txn txn TYPE bloom_filter GRANULARITY 1"
+    )
     assert materialize == "ALTER TABLE `db`.`chtxn_ledger` MATERIALIZE INDEX chtxn_txn"
 
 
@@ -88,4 +96,6 @@ def test_audit_from_a_checkpoint_finds_overlaps_gaps_and_disagreements() -> None
         "src/0: the checkpoint at slot 11 says the committed end is 125, the chain says 120"
     ]
     ahead = ledger_checkpoint.checkpoint_row("p", 14, {tp(0): 120, tp(1): 60}, epoch=1, coordinator="c1")
-    assert audit(sound, start=start, checkpoints=[ahead]) == ["the checkpoint at slot 14 is past the last commit, slot 12"]
+    assert audit(sound, start=start, checkpoints=[ahead]) == [
+        "the checkpoint at slot 14 is past the last commit, slot 12"
+    ]

@@ -22,9 +22,13 @@ from tests.pure.coordinator_driver import T0, Driver
 from tests.pure.test_participant_state import TP0, machine, polled, start
 
 
-@pytest.mark.parametrize(("machine_type", "events"), [
-    (CoordinatorState, coordinator_events.Event), (ParticipantState, participant_events.Event),
-])
+@pytest.mark.parametrize(
+    ("machine_type", "events"),
+    [
+        (CoordinatorState, coordinator_events.Event),
+        (ParticipantState, participant_events.Event),
+    ],
+)
 def test_every_event_type_has_exactly_one_handler(machine_type: type, events: object) -> None:
     assert set(machine_type._HANDLERS) == set(typing.get_args(events))
 
@@ -65,15 +69,23 @@ def test_participant_validate_tells_what_was_expected_found_and_the_txn() -> Non
     m.handle(polled(TP0, 10), 0)
     m.validate()
     m.parts[("src", 0)].position = 99
-    with pytest.raises(InvalidTransition, match="txn e1_t1, src-0: expected the partition positioned at the next "
-                                                "offset 11, found 99"):
+    with pytest.raises(
+        InvalidTransition, match="txn e1_t1, src-0: expected the partition positioned at the next offset 11, found 99"
+    ):
         m.validate()
 
 
 def test_abort_kinds_are_the_strings_written_to_metrics_and_logs() -> None:
     assert ABORT_KINDS == (
-        "write-status-timeout", "participant-dead", "participant-error",
-        "offset-mismatch", "count-failed", "row-count-mismatch", "cascade", "shutdown", "target-altered",
+        "write-status-timeout",
+        "participant-dead",
+        "participant-error",
+        "offset-mismatch",
+        "count-failed",
+        "row-count-mismatch",
+        "cascade",
+        "shutdown",
+        "target-altered",
     )
     assert all(type(kind) is str for kind in ABORT_KINDS)
     kind = AbortKind.PARTICIPANT_DEAD

@@ -40,8 +40,14 @@ def test_stage_tables_and_back() -> None:
 
 @pytest.mark.parametrize(
     "table",
-    ["events", "other__chtxn_orders__e1_t1", "events__chtxn_orders__", "events__chtxn_orders__e1_t1_old",
-     "events__chtxn_orders__backup", "events__chtxn_e1_t1"],
+    [
+        "events",
+        "other__chtxn_orders__e1_t1",
+        "events__chtxn_orders__",
+        "events__chtxn_orders__e1_t1_old",
+        "events__chtxn_orders__backup",
+        "events__chtxn_e1_t1",
+    ],
 )
 def test_tables_that_are_not_stage_tables_of_the_pipeline(table: str) -> None:
     assert naming.txn_of_stage_table("events", "orders", table) is None
@@ -52,8 +58,18 @@ def test_a_target_whose_name_extends_another_is_not_confused() -> None:
     assert naming.txn_of_stage_table("events", "p", naming.stage_table("events_v2", "p", "e1_t1")) is None
 
 
-@pytest.mark.parametrize("other", ["orders2", "orders__e1_t1", "orders__x", "o", "orders__restage",
-                                   "orders__probe_0000abcd", "orders__e1_t1__probe_0000abcd"])
+@pytest.mark.parametrize(
+    "other",
+    [
+        "orders2",
+        "orders__e1_t1",
+        "orders__x",
+        "o",
+        "orders__restage",
+        "orders__probe_0000abcd",
+        "orders__e1_t1__probe_0000abcd",
+    ],
+)
 def test_pipelines_sharing_a_target_never_see_each_others_stage_tables(other: str) -> None:
     """Pipeline names may contain ``__``: the txn id that ends every stage table name keeps them apart."""
     stage = naming.stage_table("events", other, "e1_t1")
@@ -71,10 +87,15 @@ def test_tokens() -> None:
 
 def test_tokens_are_distinct_across_kinds_pipelines_and_slots() -> None:
     tokens = [
-        naming.commit_token("orders", 1), naming.commit_token("orders", 2), naming.commit_token("orders2", 1),
-        naming.epoch_token("orders", 1), naming.publish_token("orders", "e1_t1"),
-        naming.chunk_token("orders", "e1_t1", "src", 0, 0, 0, 5), naming.chunk_token("orders", "e1_t1", "src", 0, 1, 5, 9),
-        naming.chunk_token("orders", "e1_t1", "src", 1, 0, 0, 5), naming.chunk_token("orders", "e1_t2", "src", 0, 0, 0, 5),
+        naming.commit_token("orders", 1),
+        naming.commit_token("orders", 2),
+        naming.commit_token("orders2", 1),
+        naming.epoch_token("orders", 1),
+        naming.publish_token("orders", "e1_t1"),
+        naming.chunk_token("orders", "e1_t1", "src", 0, 0, 0, 5),
+        naming.chunk_token("orders", "e1_t1", "src", 0, 1, 5, 9),
+        naming.chunk_token("orders", "e1_t1", "src", 1, 0, 0, 5),
+        naming.chunk_token("orders", "e1_t2", "src", 0, 0, 0, 5),
         naming.chunk_token("orders", "e1_t1", "src", 0, 0, 0, 6),
     ]
     assert len(set(tokens)) == len(tokens)

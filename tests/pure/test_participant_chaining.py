@@ -43,13 +43,25 @@ from tests.pure.test_participant_state import (
 )
 
 
-def end_next(txn: str, nxt: str, offsets: dict[TopicPartition, int], *, epoch: int = 1,
-             holders: dict[TopicPartition, str] | None = None) -> Received:
+def end_next(
+    txn: str,
+    nxt: str,
+    offsets: dict[TopicPartition, int],
+    *,
+    epoch: int = 1,
+    holders: dict[TopicPartition, str] | None = None,
+) -> Received:
     """END of ``txn`` carrying the START of ``nxt`` (offsets ``CONTINUE`` or explicit)."""
     start_next = StartCommit(
-        pipeline=P, epoch=epoch, txn=nxt, sender="coord", stage_table=f"t__chtxn_{nxt}",
+        pipeline=P,
+        epoch=epoch,
+        txn=nxt,
+        sender="coord",
+        stage_table=f"t__chtxn_{nxt}",
         offsets=tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()),
-        holders=tuple(PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in (holders or {}).items()),
+        holders=tuple(
+            PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in (holders or {}).items()
+        ),
     )
     return Received(EndCommit(pipeline=P, epoch=epoch, txn=txn, sender="coord", next=start_next))
 
@@ -63,8 +75,9 @@ def beat(txn: str, *positions: PartitionPosition, epoch: int = 1) -> Send:
 
 
 def pos(tp: TopicPartition, position: int, buffered: int = 0, log_end: int = -1) -> PartitionPosition:
-    return PartitionPosition(topic=tp.topic, partition=tp.partition, position=position, log_end=log_end,
-                             buffered_rows=buffered)
+    return PartitionPosition(
+        topic=tp.topic, partition=tp.partition, position=position, log_end=log_end, buffered_rows=buffered
+    )
 
 
 # ---- END with next --------------------------------------------------------------------
@@ -107,12 +120,17 @@ def test_write_status_of_one_partition_go_out_in_txn_order():
     m.handle(start("e1_t1", {TP0: 10}), 0)
     m.handle(polled(TP0, 10), 0)
     assert stages(m.handle(end_next("e1_t1", "e1_t2", {TP0: CONTINUE}), 0)) == [
-        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-11", [10])]
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-11", [10])
+    ]
     m.handle(polled(TP0, 11), 0)
     assert stages(m.handle(end_next("e1_t2", "e1_t3", {TP0: CONTINUE}), 0)) == [
-        ("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/11-12", [11])]
+        ("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/11-12", [11])
+    ]
     assert m.handle(staged("e1_t2", TP0, 0, 1), 0) == []  # txn 1 has not reported yet
-    assert m.handle(staged("e1_t1", TP0, 0, 1), 0) == [status("e1_t1", TP0, 10, 11, 1, 1), status("e1_t2", TP0, 11, 12, 1, 1)]
+    assert m.handle(staged("e1_t1", TP0, 0, 1), 0) == [
+        status("e1_t1", TP0, 10, 11, 1, 1),
+        status("e1_t2", TP0, 11, 12, 1, 1),
+    ]
     assert stages(m.handle(polled(TP0, 12, 13), 0)) == [("t__chtxn_e1_t3", "pl/e1_t3/src/0/0/12-14", [12, 13])]
 
 
@@ -163,10 +181,13 @@ def test_a_copy_fenced_by_holders_in_a_chained_start_stands_down():
     m.handle(start("e1_t1", {TP0: 10, TP1: 20}), 0)
     m.handle(polled(TP0, 10), 0)
     m.handle(polled(TP1, 20), 0)
-    acts = m.handle(end_next("e1_t1", "e1_t2", {TP0: CONTINUE, TP1: CONTINUE},
-                             holders={TP0: "task-0", TP1: "task-0-other-copy"}), 0)
-    assert stages(acts[:2]) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-11", [10]),
-                                ("t__chtxn_e1_t1", "pl/e1_t1/src/1/0/20-21", [20])]
+    acts = m.handle(
+        end_next("e1_t1", "e1_t2", {TP0: CONTINUE, TP1: CONTINUE}, holders={TP0: "task-0", TP1: "task-0-other-copy"}), 0
+    )
+    assert stages(acts[:2]) == [
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-11", [10]),
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/1/0/20-21", [20]),
+    ]
     assert acts[2:] == [Pause((TP1,))]
     assert m.handle(staged("e1_t1", TP1, 0, 1), 0) == [status("e1_t1", TP1, 20, 21, 1, 1)]  # txn 1 was read here
     assert m.handle(polled(TP1, 21), 0) == []  # delivered anyway: not staged
@@ -205,8 +226,15 @@ def test_an_abort_of_the_chained_txn_alone_keeps_the_ended_one_reporting():
 
 
 def test_a_heartbeat_goes_out_at_once_each_time_a_partition_crosses_its_share_of_the_size_trigger():
-    m = ParticipantState(pipeline=P, sender="task-0", partitions=[TP0, TP1], chunk_rows=100, chunk_bytes=10_000,
-                         heartbeat_interval_s=1.0, size_trigger_rows=8)
+    m = ParticipantState(
+        pipeline=P,
+        sender="task-0",
+        partitions=[TP0, TP1],
+        chunk_rows=100,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+        size_trigger_rows=8,
+    )
     assert m.handle(Tick(), 0.0) == [beat("", pos(TP0, -1), pos(TP1, -1), epoch=0)]
     m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0.05)  # two partitions: a share is 4 rows
     assert m.handle(polled(TP0, 0, 1, 2), 0.1) == []
@@ -226,8 +254,15 @@ def test_a_heartbeat_goes_out_at_once_each_time_a_partition_crosses_its_share_of
 def test_a_partition_past_its_share_of_the_size_trigger_by_the_slack_stops_reading_until_end():
     """Share 10 rows (trigger 20, two partitions), slack 20%: reading waits at 12 rows per
     partition, so a txn ended by the trigger holds at most 24 rows (to a poll batch)."""
-    m = ParticipantState(pipeline=P, sender="task-0", partitions=[TP0, TP1], chunk_rows=100, chunk_bytes=10_000,
-                         heartbeat_interval_s=1.0, size_trigger_rows=20)
+    m = ParticipantState(
+        pipeline=P,
+        sender="task-0",
+        partitions=[TP0, TP1],
+        chunk_rows=100,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+        size_trigger_rows=20,
+    )
     m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0.0)
     m.handle(polled(TP0, *range(12)), 0.1)
     assert m.consuming  # TP1 still has room
@@ -244,8 +279,15 @@ def test_a_full_partition_says_so_at_once_and_reads_on_into_the_next_txn():
     12). It reports its share and then its being full at once, so the leader ends the txn without
     waiting for the interval; the END's next START lets it read on from the cut."""
     tps = [TopicPartition(topic="src", partition=i) for i in range(4)]
-    m = ParticipantState(pipeline=P, sender="task-0", partitions=tps[:1], chunk_rows=100, chunk_bytes=10_000,
-                         heartbeat_interval_s=1.0, size_trigger_rows=40)  # a task per partition, as Spark runs them
+    m = ParticipantState(
+        pipeline=P,
+        sender="task-0",
+        partitions=tps[:1],
+        chunk_rows=100,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+        size_trigger_rows=40,
+    )  # a task per partition, as Spark runs them
     m.handle(start("e1_t1", dict.fromkeys(tps, 0)), 0.0)
     reports = []
     for offset in range(12):

@@ -41,16 +41,28 @@ TP9 = TopicPartition(topic="src", partition=9)  # held by another task
 def machine(chunk_rows: int = 2) -> ParticipantState:
     """A task of TP0 and TP1; its invariants are checked after every event (``tests/pure/conftest.py``)."""
     return ParticipantState(
-        pipeline=P, sender="task-0", partitions=[TP1, TP0], chunk_rows=chunk_rows, chunk_bytes=10_000,
+        pipeline=P,
+        sender="task-0",
+        partitions=[TP1, TP0],
+        chunk_rows=chunk_rows,
+        chunk_bytes=10_000,
         heartbeat_interval_s=1.0,
     )
 
 
 def start(txn: str, offsets: dict[TopicPartition, int], epoch: int = 1) -> Received:
-    return Received(StartCommit(
-        pipeline=P, epoch=epoch, txn=txn, sender="coord", stage_table=f"t__chtxn_{txn}",
-        offsets=tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()),
-    ))
+    return Received(
+        StartCommit(
+            pipeline=P,
+            epoch=epoch,
+            txn=txn,
+            sender="coord",
+            stage_table=f"t__chtxn_{txn}",
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()
+            ),
+        )
+    )
 
 
 def end(txn: str, epoch: int = 1) -> Received:
@@ -58,10 +70,17 @@ def end(txn: str, epoch: int = 1) -> Received:
 
 
 def ack(txn: str, offsets: dict[TopicPartition, int], epoch: int = 1) -> Received:
-    return Received(AckCommit(
-        pipeline=P, epoch=epoch, txn=txn, sender="coord",
-        offsets=tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()),
-    ))
+    return Received(
+        AckCommit(
+            pipeline=P,
+            epoch=epoch,
+            txn=txn,
+            sender="coord",
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in offsets.items()
+            ),
+        )
+    )
 
 
 def abort(txn: str, epoch: int = 1) -> Received:
@@ -72,8 +91,18 @@ def polled(tp: TopicPartition, *offsets: int) -> Polled:
     return Polled([Rec(tp.topic, tp.partition, o, b'{"o":%03d}' % o) for o in offsets])
 
 
-def staged(txn: str, tp: TopicPartition, chunk_no: int, rows: int, dead_letters: int = 0, error: str = "") -> ChunkStaged:
-    return ChunkStaged(txn=txn, topic=tp.topic, partition=tp.partition, chunk_no=chunk_no, rows=rows, dead_letters=dead_letters, error=error)
+def staged(
+    txn: str, tp: TopicPartition, chunk_no: int, rows: int, dead_letters: int = 0, error: str = ""
+) -> ChunkStaged:
+    return ChunkStaged(
+        txn=txn,
+        topic=tp.topic,
+        partition=tp.partition,
+        chunk_no=chunk_no,
+        rows=rows,
+        dead_letters=dead_letters,
+        error=error,
+    )
 
 
 def stages(actions) -> list[tuple]:
@@ -82,11 +111,23 @@ def stages(actions) -> list[tuple]:
 
 
 def status(txn, tp, start_offset, end_offset, rows, chunks, dead_letters=0, errors=(), epoch=1, nbytes=None) -> Send:
-    return Send(WriteStatus(
-        pipeline=P, epoch=epoch, txn=txn, sender="task-0", topic=tp.topic, partition=tp.partition,
-        start_offset=start_offset, end_offset=end_offset, rows=rows, chunks=chunks, dead_letters=dead_letters,
-        bytes=nbytes if nbytes is not None else 9 * (end_offset - start_offset), errors=tuple(errors),
-    ))
+    return Send(
+        WriteStatus(
+            pipeline=P,
+            epoch=epoch,
+            txn=txn,
+            sender="task-0",
+            topic=tp.topic,
+            partition=tp.partition,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            rows=rows,
+            chunks=chunks,
+            dead_letters=dead_letters,
+            bytes=nbytes if nbytes is not None else 9 * (end_offset - start_offset),
+            errors=tuple(errors),
+        )
+    )
 
 
 def test_a_whole_txn_start_records_end_write_status_ack():
@@ -102,7 +143,9 @@ def test_a_whole_txn_start_records_end_write_status_ack():
     assert not m.consuming
     assert m.handle(staged("e1_t1", TP0, 1, 1), 0) == [status("e1_t1", TP0, 10, 13, 3, 2)]
     assert m.handle(ack("e1_t1", {TP0: 13, TP1: 20, TP9: 5}), 0) == [
-        CommitOffsets((PartitionOffset(topic="src", partition=0, offset=13), PartitionOffset(topic="src", partition=1, offset=20)))
+        CommitOffsets(
+            (PartitionOffset(topic="src", partition=0, offset=13), PartitionOffset(topic="src", partition=1, offset=20))
+        )
     ]
     assert m.handle(ack("e1_t1", {TP0: 13}), 0) == []  # once only
 
@@ -126,7 +169,9 @@ def test_pipelined_start_continues_without_seeking():
     assert m.consuming
     assert stages(m.handle(polled(TP0, 11, 12), 0)) == [("t__chtxn_e1_t2", "pl/e1_t2/src/0/0/11-13", [11, 12])]
     # the ACK of the previous txn still commits its offsets
-    assert m.handle(ack("e1_t1", {TP0: 11}), 0) == [CommitOffsets((PartitionOffset(topic="src", partition=0, offset=11),))]
+    assert m.handle(ack("e1_t1", {TP0: 11}), 0) == [
+        CommitOffsets((PartitionOffset(topic="src", partition=0, offset=11),))
+    ]
 
 
 def test_a_start_elsewhere_than_the_position_seeks():
@@ -205,7 +250,18 @@ def test_stale_epochs_other_txns_and_others_messages_are_ignored():
     assert m.handle(ack("e2_t7", {TP0: 1}, epoch=2), 0) == []
     assert m.handle(start("e2_t1", {TP0: 0}, epoch=2), 0) == []  # a START seen before
     others = [
-        WriteStatus(pipeline=P, epoch=2, txn="e2_t1", sender="x", topic="src", partition=9, start_offset=0, end_offset=0, rows=0, chunks=0),
+        WriteStatus(
+            pipeline=P,
+            epoch=2,
+            txn="e2_t1",
+            sender="x",
+            topic="src",
+            partition=9,
+            start_offset=0,
+            end_offset=0,
+            rows=0,
+            chunks=0,
+        ),
         Heartbeat(pipeline=P, epoch=2, txn="e2_t1", sender="x", partitions=()),
         LeaderHeartbeat(pipeline=P, epoch=3, txn="", sender="coord"),
         EndCommit(pipeline="other", epoch=2, txn="e2_t1", sender="coord"),
@@ -251,23 +307,58 @@ def test_an_unreadable_partition_is_reported_at_end():
 def test_heartbeats_every_interval_with_positions_and_buffered_rows():
     m = machine(chunk_rows=100)
     beat = m.handle(Tick(), 0.0)
-    assert beat == [Send(Heartbeat(pipeline=P, epoch=0, txn="", sender="task-0", partitions=(
-        PartitionPosition(topic="src", partition=0, position=-1, log_end=-1),
-        PartitionPosition(topic="src", partition=1, position=-1, log_end=-1),
-    ), continues=True))]
+    assert beat == [
+        Send(
+            Heartbeat(
+                pipeline=P,
+                epoch=0,
+                txn="",
+                sender="task-0",
+                partitions=(
+                    PartitionPosition(topic="src", partition=0, position=-1, log_end=-1),
+                    PartitionPosition(topic="src", partition=1, position=-1, log_end=-1),
+                ),
+                continues=True,
+            )
+        )
+    ]
     m.handle(start("e1_t1", {TP0: 10, TP1: 0}), 0.1)
     m.handle(polled(TP0, 10, 11, 12), 0.2)
     assert m.handle(Tick({TP0: 40}), 0.9) == []
     assert m.heartbeat_due(1.0)
-    assert m.handle(Tick({TP0: 40}), 1.0) == [Send(Heartbeat(pipeline=P, epoch=1, txn="e1_t1", sender="task-0", partitions=(
-        PartitionPosition(topic="src", partition=0, position=13, log_end=40, buffered_rows=3),
-        PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
-    ), continues=True))]
+    assert m.handle(Tick({TP0: 40}), 1.0) == [
+        Send(
+            Heartbeat(
+                pipeline=P,
+                epoch=1,
+                txn="e1_t1",
+                sender="task-0",
+                partitions=(
+                    PartitionPosition(topic="src", partition=0, position=13, log_end=40, buffered_rows=3),
+                    PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
+                ),
+                continues=True,
+            )
+        )
+    ]
     m.handle(end("e1_t1"), 1.5)
-    assert m.handle(Tick(), 2.0) == [Send(Heartbeat(pipeline=P, epoch=1, txn="", sender="task-0", partitions=(
-        PartitionPosition(topic="src", partition=0, position=13, log_end=40, buffered_rows=0),  # the last log end seen
-        PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
-    ), continues=True))]
+    assert m.handle(Tick(), 2.0) == [
+        Send(
+            Heartbeat(
+                pipeline=P,
+                epoch=1,
+                txn="",
+                sender="task-0",
+                partitions=(
+                    PartitionPosition(
+                        topic="src", partition=0, position=13, log_end=40, buffered_rows=0
+                    ),  # the last log end seen
+                    PartitionPosition(topic="src", partition=1, position=0, log_end=-1, buffered_rows=0),
+                ),
+                continues=True,
+            )
+        )
+    ]
 
 
 def test_mixed_batches_are_split_by_partition():
@@ -289,12 +380,23 @@ def test_a_copy_not_named_as_holder_stands_down_for_that_partition():
     """Two live copies of one task: START names the holder of each partition; the other copy
     stages nothing of it and sends no WRITE-STATUS for it."""
     m = machine()
-    held = Received(StartCommit(
-        pipeline=P, epoch=1, txn="e1_t1", sender="coord", stage_table="t__chtxn_e1_t1",
-        offsets=(PartitionOffset(topic="src", partition=0, offset=10), PartitionOffset(topic="src", partition=1, offset=20)),
-        holders=(PartitionHolder(topic="src", partition=0, sender="task-0"),
-                 PartitionHolder(topic="src", partition=1, sender="task-0-other-copy")),
-    ))
+    held = Received(
+        StartCommit(
+            pipeline=P,
+            epoch=1,
+            txn="e1_t1",
+            sender="coord",
+            stage_table="t__chtxn_e1_t1",
+            offsets=(
+                PartitionOffset(topic="src", partition=0, offset=10),
+                PartitionOffset(topic="src", partition=1, offset=20),
+            ),
+            holders=(
+                PartitionHolder(topic="src", partition=0, sender="task-0"),
+                PartitionHolder(topic="src", partition=1, sender="task-0-other-copy"),
+            ),
+        )
+    )
     assert m.handle(held, 0) == [Seek("src", 0, 10)]
     assert stages(m.handle(polled(TP1, 20, 21), 0)) == []  # delivered anyway: not staged
     assert stages(m.handle(polled(TP0, 10, 11), 0)) == [("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/10-12", [10, 11])]
@@ -309,8 +411,15 @@ def test_the_insert_backlog_is_one_chunk_per_partition_read_at_the_txns_chunk_si
     assert m.insert_backlog_rows == 0, "nothing is read before a START"
     m.handle(start("e1_t1", {TP0: 0, TP1: 0}), 0)
     assert m.insert_backlog_rows == 200
-    small = StartCommit(pipeline=P, epoch=1, txn="e1_t2", sender="coord", stage_table="t__chtxn_e1_t2", chunk_rows=30,
-                        offsets=(PartitionOffset(topic="src", partition=0, offset=0),))
+    small = StartCommit(
+        pipeline=P,
+        epoch=1,
+        txn="e1_t2",
+        sender="coord",
+        stage_table="t__chtxn_e1_t2",
+        chunk_rows=30,
+        offsets=(PartitionOffset(topic="src", partition=0, offset=0),),
+    )
     m.handle(abort("e1_t1"), 0)
     m.handle(Received(small), 0)
     assert m.insert_backlog_rows == 30, "the START's smaller chunks, for the one partition it names"

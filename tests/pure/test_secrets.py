@@ -11,8 +11,18 @@ from protocol.errors import ConfigError
 BASE = '[pipeline]\nname = "orders"\ntopics = ["orders"]\n[clickhouse]\ntarget_table = "events"\n'
 
 
-@pytest.mark.parametrize("key", ["sasl.password", "ssl.key.password", "clickhouse.password", "sasl.jaas.config",
-                                 "sasl.oauthbearer.client.secret", "ssl.key.pem", "api_token"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sasl.password",
+        "ssl.key.password",
+        "clickhouse.password",
+        "sasl.jaas.config",
+        "sasl.oauthbearer.client.secret",
+        "ssl.key.pem",
+        "api_token",
+    ],
+)
 def test_keys_that_hold_secrets(key: str) -> None:
     assert secrets.is_secret_key(key)
 
@@ -55,8 +65,13 @@ def test_credentials_in_the_url_are_used_and_leave_the_url() -> None:
     assert "s@cret-pw" not in repr(cfg)
 
 
-@pytest.mark.parametrize("extra, what", [('password = "other-pw-1"\n', "password other than clickhouse.password"),
-                                         ('user = "bob"\n', "clickhouse.user is 'bob'")])
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        ('password = "other-pw-1"\n', "password other than clickhouse.password"),
+        ('user = "bob"\n', "clickhouse.user is 'bob'"),
+    ],
+)
 def test_credentials_in_the_url_that_disagree_are_refused_without_the_secret(extra: str, what: str) -> None:
     with pytest.raises(ConfigError, match=what) as info:
         parse_config(BASE + 'url = "http://alice:url-pw-1@h:8123"\n' + extra)

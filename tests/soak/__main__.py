@@ -23,16 +23,25 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule (default 1)")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of faults and traffic (default 600)")
     parser.add_argument("--partitions", type=int, default=2, help="source partitions, one Spark slot each (default 2)")
     parser.add_argument("--rate", type=float, default=200.0, help="records per second produced (default 200)")
-    parser.add_argument("--stuck-after", type=float, default=60.0, help="seconds without a commit outside faults "
-                        "that count as stuck (default 60)")
-    parser.add_argument("--workdir", type=Path, default=None, help="logs, config and the embedded stack's data "
-                        "(default: a new directory under the system temp directory)")
+    parser.add_argument(
+        "--stuck-after",
+        type=float,
+        default=60.0,
+        help="seconds without a commit outside faults that count as stuck (default 60)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="logs, config and the embedded stack's data (default: a new directory under the system temp directory)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"where the JSON report goes (default {RESULTS})")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chtxn-soak-seed{args.seed}-"))
@@ -41,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     stack = TestStack(workdir / "embedded")
     started = time.monotonic()
     try:
-        result = run_soak(stack, workdir, seed=args.seed, duration_s=args.duration, partitions=args.partitions,
-                          rate=args.rate, stuck_after_s=args.stuck_after)
+        result = run_soak(
+            stack,
+            workdir,
+            seed=args.seed,
+            duration_s=args.duration,
+            partitions=args.partitions,
+            rate=args.rate,
+            stuck_after_s=args.stuck_after,
+        )
     finally:
         stack.stop()
     result.print(console)

@@ -48,13 +48,20 @@ class Cluster:
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         path = self.logs / f"{name}.log"
         with open(path, "a") as log:
-            log.write(f"=== soak: start {name} at {time.strftime('%H:%M:%S')} "
-                      f"{' '.join(f'{k}={v}' for k, v in env.items() if k.startswith('CHTXN_'))}\n")
+            log.write(
+                f"=== soak: start {name} at {time.strftime('%H:%M:%S')} "
+                f"{' '.join(f'{k}={v}' for k, v in env.items() if k.startswith('CHTXN_'))}\n"
+            )
         log = open(path, "a")  # noqa: SIM115 -- the child holds it; ours closes with the Popen
         full_env = {**os.environ, **self.extra_env, "PYTHONPATH": str(REPO), **env}
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
-                                cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         self.procs[name] = proc
         self.held.discard(name)
@@ -89,8 +96,15 @@ class Cluster:
         for name, proc in list(self.procs.items()):
             if name in self.held or proc.poll() is None:
                 continue
-            self.exits.append({"process": name, "returncode": proc.returncode, "at": time.time(),
-                               "armed": self.armed.get(name, ""), "log_tail": self.tail(name, 1500)})
+            self.exits.append(
+                {
+                    "process": name,
+                    "returncode": proc.returncode,
+                    "at": time.time(),
+                    "armed": self.armed.get(name, ""),
+                    "log_tail": self.tail(name, 1500),
+                }
+            )
             self.restart(name)
 
     def tail(self, name: str, chars: int = 4000) -> str:
@@ -129,8 +143,11 @@ class Cluster:
                 signal_group(pgid, signal.SIGKILL)
         proc.wait(30)
         if groups:
-            wait_until(lambda: not any(is_running(g, t) for g, t in groups.items()), 30,
-                       f"the participant job's groups {sorted(groups)} gone")
+            wait_until(
+                lambda: not any(is_running(g, t) for g, t in groups.items()),
+                30,
+                f"the participant job's groups {sorted(groups)} gone",
+            )
             for pgid in groups:
                 self._job_groups.pop(pgid, None)
 

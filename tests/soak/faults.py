@@ -47,13 +47,23 @@ class FaultRecord:
     recovery_s: float | None = None  # from the ledger (report)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.plan.to_json(), "started": self.started, "ended": self.ended, "target": self.target,
-                "injected": self.injected, "detail": self.detail, "acked_at_end": self.acked_at_end,
-                "recovered_at": self.recovered_at, "recovery_s": self.recovery_s}
+        return {
+            **self.plan.to_json(),
+            "started": self.started,
+            "ended": self.ended,
+            "target": self.target,
+            "injected": self.injected,
+            "detail": self.detail,
+            "acked_at_end": self.acked_at_end,
+            "recovered_at": self.recovered_at,
+            "recovery_s": self.recovery_s,
+        }
 
 
 class Injector:
-    def __init__(self, cluster: Cluster, traffic: Traffic, proxy: TcpProxy, check: Pipeline, ledger: LedgerStore) -> None:
+    def __init__(
+        self, cluster: Cluster, traffic: Traffic, proxy: TcpProxy, check: Pipeline, ledger: LedgerStore
+    ) -> None:
         self.cluster = cluster
         self.traffic = traffic
         self.proxy = proxy
@@ -73,13 +83,15 @@ class Injector:
     def whole(self) -> bool:
         """Both replicas and the job run, one replica leads, and the job's task workers run."""
         self.cluster.supervise()
-        return (all(self.cluster.alive(c) for c in COORDINATORS) and self.leader() is not None
-                and bool(self.cluster.python_workers()))
+        return (
+            all(self.cluster.alive(c) for c in COORDINATORS)
+            and self.leader() is not None
+            and bool(self.cluster.python_workers())
+        )
 
     def wait_whole(self) -> None:
         try:
-            wait_until(self.whole, READY_TIMEOUT_S, "both coordinators, a leader and the task workers",
-                       interval_s=0.2)
+            wait_until(self.whole, READY_TIMEOUT_S, "both coordinators, a leader and the task workers", interval_s=0.2)
         except AssertionError as exc:
             raise NotReady(str(exc)) from None
 
@@ -87,8 +99,12 @@ class Injector:
         """Keep a fault on for ``seconds`` (a timed window drawn from the schedule, not a
         synchronisation), restarting meanwhile any process that dies unheld."""
         end = time.monotonic() + seconds
-        wait_until(lambda: self.cluster.supervise() or time.monotonic() >= end, seconds + 30,
-                   "the end of the fault window", interval_s=0.1)
+        wait_until(
+            lambda: self.cluster.supervise() or time.monotonic() >= end,
+            seconds + 30,
+            "the end of the fault window",
+            interval_s=0.1,
+        )
 
     # ---- faults ---------------------------------------------------------------------------------
 
@@ -133,8 +149,12 @@ class Injector:
         self.cluster.start_participant()
         started = time.monotonic()
         try:
-            wait_until(lambda: self.cluster.supervise() or self.cluster.python_workers(), JOB_START_TIMEOUT_S,
-                       "the restarted job's task workers", interval_s=0.2)
+            wait_until(
+                lambda: self.cluster.supervise() or self.cluster.python_workers(),
+                JOB_START_TIMEOUT_S,
+                "the restarted job's task workers",
+                interval_s=0.2,
+            )
         except AssertionError as exc:
             record.detail = str(exc)
         else:
@@ -175,8 +195,7 @@ class Injector:
 
         def leads_or_fired() -> bool:
             self.cluster.supervise()
-            return (fired() or not self.cluster.alive(armed)
-                    or self.ledger.epoch_owner(self.ledger.max_epoch()) == armed)
+            return fired() or not self.cluster.alive(armed) or self.ledger.epoch_owner(self.ledger.max_epoch()) == armed
 
         self.cluster.kill(leader)
         try:
@@ -185,8 +204,12 @@ class Injector:
             record.detail = f"{exc}; "  # the point is waited for below all the same
         self.cluster.start_coordinator(leader)
         try:
-            wait_until(lambda: self.cluster.supervise() or fired(), FAILPOINT_TIMEOUT_S,
-                       f"failpoint {point} in {armed}", interval_s=0.1)
+            wait_until(
+                lambda: self.cluster.supervise() or fired(),
+                FAILPOINT_TIMEOUT_S,
+                f"failpoint {point} in {armed}",
+                interval_s=0.1,
+            )
         except AssertionError:
             record.injected = False
             record.detail += f"{point} not reached within {FAILPOINT_TIMEOUT_S:g}s"

@@ -48,8 +48,9 @@ def recovery_times(records: list[FaultRecord], commits: list[LedgerRow], topic: 
         record.recovery_s = None if at is None else round(max(0.0, at - record.ended), 3)
 
 
-def stuck_spells(commits: list[LedgerRow], faults: list[FaultRecord], start: float, end: float,
-                 stuck_after_s: float) -> list[str]:
+def stuck_spells(
+    commits: list[LedgerRow], faults: list[FaultRecord], start: float, end: float, stuck_after_s: float
+) -> list[str]:
     """Spells without a new commit longer than ``stuck_after_s`` outside fault windows."""
     times = sorted(c.event_time for c in commits if start <= c.event_time <= end)
     windows = [(f.started, f.ended) for f in faults]
@@ -58,8 +59,9 @@ def stuck_spells(commits: list[LedgerRow], faults: list[FaultRecord], start: flo
         overlap = sum(max(0.0, min(b, we) - max(a, ws)) for ws, we in windows)
         quiet = (b - a) - overlap
         if quiet > stuck_after_s:
-            spells.append(f"no commit for {b - a:.1f}s ({quiet:.1f}s outside faults) "
-                          f"from +{a - start:.1f}s to +{b - start:.1f}s")
+            spells.append(
+                f"no commit for {b - a:.1f}s ({quiet:.1f}s outside faults) from +{a - start:.1f}s to +{b - start:.1f}s"
+            )
     return spells
 
 
@@ -116,7 +118,8 @@ class SoakResult:
             injected = [f for f in done if f.injected]
             times = [f.recovery_s for f in injected if f.recovery_s is not None]
             rows[kind] = {
-                "injected": len(injected), "not_injected": len(done) - len(injected),
+                "injected": len(injected),
+                "not_injected": len(done) - len(injected),
                 "recovery_p50_s": round(statistics.median(times), 2) if times else None,
                 "recovery_max_s": round(max(times), 2) if times else None,
                 "unrecovered": len(injected) - len(times),
@@ -125,12 +128,25 @@ class SoakResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "failures": self.failures(), "seed": self.seed, "duration_s": self.duration_s,
-            "git_commit": self.git_commit, "pipeline": self.pipeline, "logs": self.logs,
-            "started_at": self.started_at, "duplicates": self.duplicates, "losses": self.losses,
-            "by_kind": self.by_kind(), "faults": [f.to_json() for f in self.faults],
-            "produced": self.produced, "drain": self.drain, "txns": self.txns,
-            "oracle": self.oracle, "verify": self.verify, "routing": self.routing, "stuck": self.stuck,
+            "ok": self.ok,
+            "failures": self.failures(),
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "git_commit": self.git_commit,
+            "pipeline": self.pipeline,
+            "logs": self.logs,
+            "started_at": self.started_at,
+            "duplicates": self.duplicates,
+            "losses": self.losses,
+            "by_kind": self.by_kind(),
+            "faults": [f.to_json() for f in self.faults],
+            "produced": self.produced,
+            "drain": self.drain,
+            "txns": self.txns,
+            "oracle": self.oracle,
+            "verify": self.verify,
+            "routing": self.routing,
+            "stuck": self.stuck,
             "exits": self.exits,
             "next_fault": self.next_fault.to_json() if self.next_fault else None,
         }
@@ -150,16 +166,29 @@ class SoakResult:
         for column in ("#", "kind", "params", "target", "hold s", "injected", "recovery s", "detail"):
             faults.add_column(column, justify="right" if column in ("#", "hold s", "recovery s") else "left")
         for f in self.faults:
-            faults.add_row(str(f.plan.index), f.plan.kind, f.plan.params_text()[:60], f.target, f"{f.plan.hold_s:.1f}",
-                           "yes" if f.injected else "[yellow]no[/]",
-                           "-" if f.recovery_s is None else f"{f.recovery_s:.2f}", f.detail[:90])
+            faults.add_row(
+                str(f.plan.index),
+                f.plan.kind,
+                f.plan.params_text()[:60],
+                f.target,
+                f"{f.plan.hold_s:.1f}",
+                "yes" if f.injected else "[yellow]no[/]",
+                "-" if f.recovery_s is None else f"{f.recovery_s:.2f}",
+                f.detail[:90],
+            )
         console.print(faults)
         kinds = Table(title="per fault kind (recovery: fault end -> everything acknowledged before it committed)")
         for column in ("kind", "injected", "not injected", "recovery p50 s", "recovery max s", "unrecovered"):
             kinds.add_column(column, justify="left" if column == "kind" else "right")
         for kind, row in self.by_kind().items():
-            kinds.add_row(kind, str(row["injected"]), str(row["not_injected"]),
-                          _num(row["recovery_p50_s"]), _num(row["recovery_max_s"]), str(row["unrecovered"]))
+            kinds.add_row(
+                kind,
+                str(row["injected"]),
+                str(row["not_injected"]),
+                _num(row["recovery_p50_s"]),
+                _num(row["recovery_max_s"]),
+                str(row["unrecovered"]),
+            )
         console.print(kinds)
         summary = Table(title="outcome", show_header=False)
         summary.add_column("what")
@@ -167,13 +196,19 @@ class SoakResult:
         t = self.txns
         for what, value in (
             ("produced", ", ".join(f"{k} {v}" for k, v in self.produced.items())),
-            ("txns", f"committed {t.get('committed', 0)} ({t.get('with_rows', 0)} with rows, {t.get('seals', 0)} seals), "
-                     f"aborted {t.get('aborted', 0)}"),
+            (
+                "txns",
+                f"committed {t.get('committed', 0)} ({t.get('with_rows', 0)} with rows, {t.get('seals', 0)} seals), "
+                f"aborted {t.get('aborted', 0)}",
+            ),
             ("rows in target", str(self.oracle.get("rows_in_target", "?"))),
             ("dead letters", str(self.routing.get("dead_lettered", "?"))),
             ("duplicates", _flag(self.duplicates)),
             ("losses", _flag(self.losses)),
-            ("drain", f"{self.drain.get('seconds', '?')}s, uncommitted {sum(self.drain.get('uncommitted', {}).values())}"),
+            (
+                "drain",
+                f"{self.drain.get('seconds', '?')}s, uncommitted {sum(self.drain.get('uncommitted', {}).values())}",
+            ),
             ("oracle", "[green]ok[/]" if self.oracle.get("ok") else "[red]FAILED[/]"),
             ("verify --deep", "[green]ok[/]" if self.verify.get("ok") else "[red]FAILED[/]"),
             ("stuck", _flag(len(self.stuck))),

@@ -49,24 +49,46 @@ DEAD_LETTERS_TIMEOUT_S = 30.0
 
 def git_commit() -> str:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout.strip()
     return (head or "unknown") + ("-dirty" if dirty else "")
 
 
-def run_soak(stack: Any, workdir: Path, *, seed: int, duration_s: float, partitions: int = 2, rate: float = 200.0,
-             stuck_after_s: float = 60.0, recovery_timeout_s: float = 90.0, drain_timeout_s: float = 240.0) -> SoakResult:
+def run_soak(
+    stack: Any,
+    workdir: Path,
+    *,
+    seed: int,
+    duration_s: float,
+    partitions: int = 2,
+    rate: float = 200.0,
+    stuck_after_s: float = 60.0,
+    recovery_timeout_s: float = 90.0,
+    drain_timeout_s: float = 240.0,
+) -> SoakResult:
     """Run one soak on ``stack`` (anything with ``kafka_bootstrap``, ``clickhouse_url``,
     ``clickhouse_host``, ``clickhouse_port``); logs and the config go under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     schedule = draw_schedule(seed, duration_s)
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port, lifetime_s=duration_s + 7200) as proxy:
-        pipeline = make_pipeline(Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)), workdir,
-                                 unique_name(f"soak{seed}"), partitions=partitions, settings=SETTINGS)
+        pipeline = make_pipeline(
+            Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
+            workdir,
+            unique_name(f"soak{seed}"),
+            partitions=partitions,
+            settings=SETTINGS,
+        )
         check = direct(pipeline, stack.clickhouse_url)
         ledger = check.ledger()
-        result = SoakResult(seed=seed, duration_s=duration_s, git_commit=git_commit(), pipeline=pipeline.cfg.name,
-                            logs=str(workdir / "logs"), schedule=schedule)
+        result = SoakResult(
+            seed=seed,
+            duration_s=duration_s,
+            git_commit=git_commit(),
+            pipeline=pipeline.cfg.name,
+            logs=str(workdir / "logs"),
+            schedule=schedule,
+        )
         cluster = Cluster(pipeline.config_path, workdir / "logs", slots=partitions)
         traffic = Traffic(stack.kafka_bootstrap, pipeline.topic, partitions, rate)
         injector = Injector(cluster, traffic, proxy, check, ledger)
@@ -77,8 +99,12 @@ def run_soak(stack: Any, workdir: Path, *, seed: int, duration_s: float, partiti
             traffic.start()
             result.started_at = time.time()
             try:
-                wait_until(lambda: cluster.supervise() or any(ledger.head()[1].values()), WARMUP_TIMEOUT_S,
-                           "the first commit with rows", interval_s=0.5)
+                wait_until(
+                    lambda: cluster.supervise() or any(ledger.head()[1].values()),
+                    WARMUP_TIMEOUT_S,
+                    "the first commit with rows",
+                    interval_s=0.5,
+                )
             except AssertionError as exc:
                 result.stuck.append(f"warm-up: {exc}")
             else:
@@ -103,8 +129,9 @@ def run_soak(stack: Any, workdir: Path, *, seed: int, duration_s: float, partiti
     return result
 
 
-def _faults(result: SoakResult, injector: Injector, schedule: list, duration_s: float,
-            recovery_timeout_s: float) -> None:
+def _faults(
+    result: SoakResult, injector: Injector, schedule: list, duration_s: float, recovery_timeout_s: float
+) -> None:
     end = time.monotonic() + duration_s
     ledger = injector.ledger
     for plan in schedule:
@@ -116,8 +143,10 @@ def _faults(result: SoakResult, injector: Injector, schedule: list, duration_s: 
         record = injector.inject(plan)
         result.faults.append(record)
         if not _recovered(record, injector, ledger, recovery_timeout_s):
-            result.stuck.append(f"fault {record.plan.describe()}: not recovered within {recovery_timeout_s:g}s "
-                                f"(acknowledged {record.acked_at_end}, committed {_heads(ledger)})")
+            result.stuck.append(
+                f"fault {record.plan.describe()}: not recovered within {recovery_timeout_s:g}s "
+                f"(acknowledged {record.acked_at_end}, committed {_heads(ledger)})"
+            )
             return
     injector.hold(max(0.0, end - time.monotonic()))
 
@@ -142,8 +171,9 @@ def _recovered(record: FaultRecord, injector: Injector, ledger, timeout_s: float
     return True
 
 
-def _drain(result: SoakResult, cluster: Cluster, traffic: Traffic, proxy: TcpProxy, check: Pipeline,
-           timeout_s: float) -> None:
+def _drain(
+    result: SoakResult, cluster: Cluster, traffic: Traffic, proxy: TcpProxy, check: Pipeline, timeout_s: float
+) -> None:
     started = time.monotonic()
     traffic.stop()
     proxy.restore()
@@ -167,9 +197,12 @@ def _drain(result: SoakResult, cluster: Cluster, traffic: Traffic, proxy: TcpPro
         wait_until(drained, timeout_s, "every produced offset committed and published", interval_s=0.5)
     except AssertionError as exc:
         result.stuck.append(f"drain did not finish: {exc}")
-    result.drain = {"seconds": round(time.monotonic() - started, 1), "log_end": ends,
-                    "uncommitted": {str(p): n for p, n in behind.items()},
-                    "stage_tables_open": check.stage_tables()}  # the open txn's included
+    result.drain = {
+        "seconds": round(time.monotonic() - started, 1),
+        "log_end": ends,
+        "uncommitted": {str(p): n for p, n in behind.items()},
+        "stage_tables_open": check.stage_tables(),
+    }  # the open txn's included
     result.produced = traffic.counts()
     if traffic.failed:
         result.errors.append(f"{len(traffic.failed)} records not delivered: {traffic.failed[:3]}")
@@ -199,15 +232,28 @@ def _check(result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url
     result.oracle = msgspec.to_builtins(report)
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_CLICKHOUSE_URL": clickhouse_url}
-    verify = subprocess.run([sys.executable, "-m", "cli", "verify", "--config", str(check.config_path), "--deep", "--json"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    verify = subprocess.run(
+        [sys.executable, "-m", "cli", "verify", "--config", str(check.config_path), "--deep", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     try:
         out = json.loads(verify.stdout)
     except json.JSONDecodeError:
-        out = {"ok": False, "anomalies": [f"no JSON from chtxn verify (exit {verify.returncode}): "
-                                          f"{verify.stdout[-500:]} {verify.stderr[-1500:]}"]}
-    result.verify = {"ok": verify.returncode == 0 and bool(out.get("ok")), "exit_code": verify.returncode,
-                     "anomalies": out.get("anomalies", [])}
+        out = {
+            "ok": False,
+            "anomalies": [
+                f"no JSON from chtxn verify (exit {verify.returncode}): {verify.stdout[-500:]} {verify.stderr[-1500:]}"
+            ],
+        }
+    result.verify = {
+        "ok": verify.returncode == 0 and bool(out.get("ok")),
+        "exit_code": verify.returncode,
+        "anomalies": out.get("anomalies", []),
+    }
 
     dead_by_p = {tp.partition: offs for tp, offs in dead.items() if tp.topic == check.topic}
     good_dead = {p: sorted(traffic.good[p] & dead_by_p.get(p, set())) for p in traffic.good}
@@ -217,17 +263,23 @@ def _check(result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url
         "bad_produced": sum(len(v) for v in traffic.bad.values()),
         "good_dead_lettered": sum(len(v) for v in good_dead.values()),
         "bad_not_dead_lettered": sum(len(v) for v in bad_alive.values()),
-        "examples": {"good_dead_lettered": {p: v[:10] for p, v in good_dead.items() if v},
-                     "bad_not_dead_lettered": {p: v[:10] for p, v in bad_alive.items() if v}},
+        "examples": {
+            "good_dead_lettered": {p: v[:10] for p, v in good_dead.items() if v},
+            "bad_not_dead_lettered": {p: v[:10] for p, v in bad_alive.items() if v},
+        },
     }
 
 
 def _txns(check: Pipeline, commits: list) -> dict[str, Any]:
     ch = check.cfg.clickhouse
-    rows = check.client().query(
-        f"SELECT txn, reason FROM `{ch.database}`.`chtxn_ledger` WHERE pipeline = {{p:String}} AND event = 'ABORTED'",
-        parameters={"p": check.cfg.name},
-    ).result_rows
+    rows = (
+        check.client()
+        .query(
+            f"SELECT txn, reason FROM `{ch.database}`.`chtxn_ledger` WHERE pipeline = {{p:String}} AND event = 'ABORTED'",
+            parameters={"p": check.cfg.name},
+        )
+        .result_rows
+    )
     reasons = Counter(re.sub(r"\d+", "N", reason)[:100] for _, reason in rows)
     return {
         "committed": len(commits),

@@ -26,17 +26,17 @@ from clients.failpoints import POINTS
 
 #: Every fault the soak injects, in a fixed order (the shuffles below depend on it).
 KINDS: tuple[str, ...] = (
-    "leader-kill",        # SIGKILL the leader coordinator, restart it after hold_s
-    "leader-stall",       # SIGSTOP the leader for hold_s (longer than the 2 s lease), then SIGCONT
-    "standby-kill",       # SIGKILL the standby coordinator, restart it after hold_s
-    "worker-kill",        # SIGKILL one PySpark Python worker (Spark retries the task)
-    "participant-kill",   # SIGKILL the whole participant job, restart it after hold_s
-    "clickhouse-cut",     # reset every ClickHouse connection for hold_s
-    "clickhouse-slow",    # hold every chunk of ClickHouse traffic delay_s, for hold_s
-    "failpoint",          # a leader.* failpoint armed in the next leader (crash or stall)
-    "bad-records",        # a burst of malformed records and records that are not one row
-    "alter-add-column",   # ALTER TABLE target ADD COLUMN ... DEFAULT ...
-    "alter-twice",        # two ALTERs of the target in a row (ADD, then ADD or DROP), gap_s apart
+    "leader-kill",  # SIGKILL the leader coordinator, restart it after hold_s
+    "leader-stall",  # SIGSTOP the leader for hold_s (longer than the 2 s lease), then SIGCONT
+    "standby-kill",  # SIGKILL the standby coordinator, restart it after hold_s
+    "worker-kill",  # SIGKILL one PySpark Python worker (Spark retries the task)
+    "participant-kill",  # SIGKILL the whole participant job, restart it after hold_s
+    "clickhouse-cut",  # reset every ClickHouse connection for hold_s
+    "clickhouse-slow",  # hold every chunk of ClickHouse traffic delay_s, for hold_s
+    "failpoint",  # a leader.* failpoint armed in the next leader (crash or stall)
+    "bad-records",  # a burst of malformed records and records that are not one row
+    "alter-add-column",  # ALTER TABLE target ADD COLUMN ... DEFAULT ...
+    "alter-twice",  # two ALTERs of the target in a row (ADD, then ADD or DROP), gap_s apart
 )
 
 #: The failpoints a soak arms: the leader's commit path.
@@ -46,8 +46,12 @@ LEADER_POINTS: tuple[str, ...] = tuple(sorted(p for p in POINTS if p.startswith(
 NOT_ONE_ROW_SHAPES: tuple[str, ...] = ("two-objects", "two-lines", "empty", "blank")
 
 #: Column types for ``alter-add-column``, each with a default.
-ALTER_TYPES: tuple[str, ...] = ("String DEFAULT 'soak'", "UInt32 DEFAULT 7", "Float64 DEFAULT 0.5",
-                                "LowCardinality(String) DEFAULT 'x'")
+ALTER_TYPES: tuple[str, ...] = (
+    "String DEFAULT 'soak'",
+    "UInt32 DEFAULT 7",
+    "Float64 DEFAULT 0.5",
+    "LowCardinality(String) DEFAULT 'x'",
+)
 
 #: The shortest a fault cycle can take (quiet time, and a recovery of at least a commit interval).
 MIN_CYCLE_S = 2.0
@@ -70,8 +74,13 @@ class FaultPlan:
         return f"#{self.index} {self.kind}{hold}{' ' + extra if extra else ''}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "kind": self.kind, "quiet_s": self.quiet_s, "hold_s": self.hold_s,
-                "params": self.params}
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "quiet_s": self.quiet_s,
+            "hold_s": self.hold_s,
+            "params": self.params,
+        }
 
 
 def draw_schedule(seed: int, duration_s: float) -> list[FaultPlan]:

@@ -12,13 +12,24 @@ TOPIC = "t"
 
 def commit(seq: int, at: float, *ends: int) -> LedgerRow:
     ranges = tuple(PartitionRange(topic=TOPIC, partition=p, start=0, end=e) for p, e in enumerate(ends))
-    return LedgerRow(pipeline="p", txn=f"e1_t{seq}", event=LedgerEvent.COMMITTED, epoch=1, commit_seq=seq,
-                     ranges=ranges, event_time=at)
+    return LedgerRow(
+        pipeline="p",
+        txn=f"e1_t{seq}",
+        event=LedgerEvent.COMMITTED,
+        epoch=1,
+        commit_seq=seq,
+        ranges=ranges,
+        event_time=at,
+    )
 
 
 def fault(kind: str, started: float, ended: float, acked: dict[int, int]) -> FaultRecord:
-    return FaultRecord(plan=FaultPlan(index=0, kind=kind, quiet_s=1.0, hold_s=ended - started), started=started,
-                       ended=ended, acked_at_end=acked)
+    return FaultRecord(
+        plan=FaultPlan(index=0, kind=kind, quiet_s=1.0, hold_s=ended - started),
+        started=started,
+        ended=ended,
+        acked_at_end=acked,
+    )
 
 
 def test_recovery_is_the_first_commit_covering_what_was_acknowledged_when_the_fault_ended():
@@ -40,12 +51,18 @@ def test_a_long_silence_is_stuck_only_outside_fault_windows():
 
 def test_duplicates_losses_and_stuck_spells_fail_the_soak():
     result = SoakResult(seed=1, duration_s=60, git_commit="x", pipeline="p", logs="")
-    result.oracle = {"ok": True, "anomalies": [], "partitions": [
-        {"expected_rows": 10, "distinct_offsets": 10, "duplicates": 0}]}
+    result.oracle = {
+        "ok": True,
+        "anomalies": [],
+        "partitions": [{"expected_rows": 10, "distinct_offsets": 10, "duplicates": 0}],
+    }
     result.verify = {"ok": True}
     assert result.ok and result.losses == 0
-    result.oracle = {"ok": False, "anomalies": ["t-0: ..."], "partitions": [
-        {"expected_rows": 10, "distinct_offsets": 8, "duplicates": 3}]}
+    result.oracle = {
+        "ok": False,
+        "anomalies": ["t-0: ..."],
+        "partitions": [{"expected_rows": 10, "distinct_offsets": 8, "duplicates": 3}],
+    }
     assert (result.duplicates, result.losses) == (3, 2) and not result.ok
     result.oracle = {"ok": True, "anomalies": [], "partitions": []}
     result.stuck = ["drain did not finish"]

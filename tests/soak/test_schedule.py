@@ -19,7 +19,7 @@ def test_a_longer_soak_starts_with_the_shorter_ones_faults():
 def test_every_round_of_faults_covers_every_kind_once():
     plans = draw_schedule(3, 600)
     for first in range(0, len(plans) - len(KINDS) + 1, len(KINDS)):
-        assert sorted(p.kind for p in plans[first:first + len(KINDS)]) == sorted(KINDS)
+        assert sorted(p.kind for p in plans[first : first + len(KINDS)]) == sorted(KINDS)
 
 
 def test_parameters_stay_in_their_ranges():

@@ -92,8 +92,13 @@ class Traffic:
         partition = i % self.partitions
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=str(i).encode(), partition=partition,
-                                       on_delivery=partial(self._delivered, kind))
+                self._producer.produce(
+                    self.topic,
+                    value=value,
+                    key=str(i).encode(),
+                    partition=partition,
+                    on_delivery=partial(self._delivered, kind),
+                )
                 break
             except BufferError:  # the local queue is full: serve delivery reports, then retry
                 self._producer.poll(0.1)
@@ -145,18 +150,34 @@ class Traffic:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {"sent": self.sent, "good": sum(map(len, self.good.values())),
-                    "bad": sum(map(len, self.bad.values())), "failed": len(self.failed)}
+            return {
+                "sent": self.sent,
+                "good": sum(map(len, self.good.values())),
+                "bad": sum(map(len, self.bad.values())),
+                "failed": len(self.failed),
+            }
 
 
-def log_end(bootstrap: str, topic: str, partitions: int, hint: dict[int, int], timeout_s: float = 30.0) -> dict[int, int]:
+def log_end(
+    bootstrap: str, topic: str, partitions: int, hint: dict[int, int], timeout_s: float = 30.0
+) -> dict[int, int]:
     """Per partition, the offset after the last record, read by consuming to partition EOF from
     just before ``hint`` (the acknowledged end). Never less than ``hint``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"soak-log-end-{topic}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"soak-log-end-{topic}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
-        consumer.assign([KafkaTP(topic, p, max(0, hint.get(p, 0) - 1) if hint.get(p) else OFFSET_BEGINNING)
-                         for p in range(partitions)])
+        consumer.assign(
+            [
+                KafkaTP(topic, p, max(0, hint.get(p, 0) - 1) if hint.get(p) else OFFSET_BEGINNING)
+                for p in range(partitions)
+            ]
+        )
         ends = {p: hint.get(p, 0) for p in range(partitions)}
         at_eof: set[int] = set()
         deadline = time.monotonic() + timeout_s
