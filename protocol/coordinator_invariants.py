@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 
 from protocol import naming
 from protocol.coordinator_events import Phase, Txn
+from protocol.coordinator_txns import OPEN
 from protocol.errors import InvalidTransition
 from protocol.messages import CONTINUE
 
 if TYPE_CHECKING:
     from protocol.coordinator_state import CoordinatorState
-
-_OPEN = (Phase.COLLECTING, Phase.ENDING)
 
 
 def check(state: CoordinatorState) -> None:
@@ -63,7 +62,7 @@ def _check_lifecycle(state: CoordinatorState) -> None:
         if state.spare is not None:
             raise _broken(state.spare.txn, "no spare stage table once stopping", "one kept")
         for txn in state.txns:
-            if txn.phase in _OPEN or txn.phase is Phase.COMPLETE:
+            if txn.phase in OPEN or txn.phase is Phase.COMPLETE:
                 raise _broken(txn.id, "only txns past their commit check once stopping", txn.phase.value)
 
 
@@ -148,7 +147,7 @@ def _check_phase(state: CoordinatorState, txn: Txn) -> None:
         raise _broken(txn.id, f"explicit start offsets once ended ({phase.value})", "a CONTINUE start")
     if phase is Phase.ENDING and txn.complete:
         raise _broken(txn.id, "a WRITE-STATUS missing while ending", "every one in")
-    if phase not in _OPEN and not txn.complete:
+    if phase not in OPEN and not txn.complete:
         raise _broken(txn.id, f"every WRITE-STATUS in once {phase.value}", f"{txn.missing} missing")
     if phase is Phase.COMMITTING and txn.commit_seq != state.head_seq + 1:
         raise _broken(

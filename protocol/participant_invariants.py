@@ -23,7 +23,8 @@ from itertools import pairwise
 
 from protocol import naming, size_trigger
 from protocol.errors import InvalidTransition
-from protocol.participant_state import MAX_UNACKED, ParticipantState, Partition, Status, Stint
+from protocol.participant_state import MAX_UNACKED, ParticipantState
+from protocol.participant_stint import Partition, Status, Stint
 
 
 def check(state: ParticipantState) -> None:
@@ -38,7 +39,7 @@ def check(state: ParticipantState) -> None:
             f"no txn of an epoch above the highest seen ({state.epoch})",
             f"epochs {sorted(set(state.unacked.values()) | {state.current_epoch})}",
         )
-    if state._report_now:
+    if state.partitions.report_now:
         raise _broken(state.current, "no size-trigger report left pending after an event", "one pending")
     for key, p in state.parts.items():
         if key != (p.tp.topic, p.tp.partition):

@@ -1,0 +1,47 @@
+"""The control messages the leader broadcasts (START, END, ACK-COMMIT, ABORT), each stamped with
+its pipeline, epoch and coordinator id, so participants can fence a leader of an older epoch. Pure.
+"""
+
+from __future__ import annotations
+
+from protocol.coordinator_events import Offsets, Txn
+from protocol.messages import Abort, AckCommit, EndCommit, PartitionHolder, PartitionOffset, StartCommit
+
+
+class Outbox:
+    """Builds the messages of one leader (``pipeline``, ``epoch``, ``coordinator``); sends nothing."""
+
+    def __init__(self, *, pipeline: str, epoch: int, coordinator: str) -> None:
+        self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
+
+    def start(self, txn: Txn, chunk_rows: int) -> StartCommit:
+        """Commit step 3's START: where each partition starts, who holds it, the chunk size to cut."""
+        holders = tuple(
+            PartitionHolder(topic=tp.topic, partition=tp.partition, sender=s) for tp, s in sorted(txn.holders.items())
+        )
+        return StartCommit(
+            **self._envelope(txn.id),
+            stage_table=txn.stage_table,
+            offsets=_offsets(txn.start),
+            holders=holders,
+            chunk_rows=chunk_rows,
+        )
+
+    def end(self, txn: Txn, next_start: StartCommit | None) -> EndCommit:
+        """Commit step 3's END, carrying the START of the txn chained to it, if any."""
+        return EndCommit(**self._envelope(txn.id), next=next_start)
+
+    def ack(self, txn: Txn) -> AckCommit:
+        """Commit step 7's ACK-COMMIT: the end offsets committed, in commit slot ``txn.commit_seq``."""
+        return AckCommit(**self._envelope(txn.id), offsets=_offsets(txn.end), commit_seq=txn.commit_seq)
+
+    def abort(self, txn: Txn, reason: str) -> Abort:
+        """Commit step 4's ABORT."""
+        return Abort(**self._envelope(txn.id), reason=reason)
+
+    def _envelope(self, txn: str) -> dict:
+        return {"pipeline": self.pipeline, "epoch": self.epoch, "txn": txn, "sender": self.coordinator}
+
+
+def _offsets(offsets: Offsets) -> tuple[PartitionOffset, ...]:
+    return tuple(PartitionOffset(topic=tp.topic, partition=tp.partition, offset=o) for tp, o in sorted(offsets.items()))
