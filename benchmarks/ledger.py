@@ -35,9 +35,10 @@ from typing import Any
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger, naming
+from protocol import ledger, ledger_sql, naming
 from protocol.config import ClickHouseSection
-from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow
+from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,12 +71,12 @@ class OldLedgerStore(LedgerHistory):
         return 0
 
     def head(self) -> tuple[int, dict]:
-        rows = self._query("read the ledger head", ledger.head_sql(self._database), **ALL_SLOTS)
+        rows = self._query("read the ledger head", ledger_sql.head_sql(self._database), **ALL_SLOTS)
         seq = max((int(r[3]) for r in rows), default=0)
         return seq, {(t, int(p)): int(e) for t, p, e, _ in rows if t}
 
     def committed_unpublished(self, *, after: int | None = None) -> list[LedgerRow]:
-        sql = OLD_UNPUBLISHED.format(commits=ledger.resolved_commits_sql(self._database), t=self.table)
+        sql = OLD_UNPUBLISHED.format(commits=ledger_sql.resolved_commits_sql(self._database), t=self.table)
         return [ledger.from_result_row(r) for r in self._query("read unpublished commits", sql, **ALL_SLOTS)]
 
     def history(self, limit: int = 20, state: str | None = None) -> list[TxnSummary]:

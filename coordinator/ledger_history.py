@@ -8,8 +8,9 @@ needs them. Like every ledger read, they resolve a duplicated slot by its first 
 from __future__ import annotations
 
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_checkpoint
-from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow
+from protocol import ledger, ledger_checkpoint, ledger_sql
+from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, audit, summarize
 
 #: Extra txns a txn-list window query returns, for txns with rows older than the window.
@@ -37,7 +38,7 @@ class LedgerHistory(LedgerStore):
         for since_ms in self._windows():
             picked = self._query(
                 "list txns",
-                ledger.history_txns_sql(self._database),
+                ledger_sql.history_txns_sql(self._database),
                 limit=limit + _SLACK,
                 state=(state or "").upper(),
                 since_ms=since_ms,
@@ -54,7 +55,7 @@ class LedgerHistory(LedgerStore):
 
     def last_abort(self) -> LedgerRow | None:
         """The newest ABORTED row (reads only ABORTED rows)."""
-        rows = self._query("read the last abort", ledger.latest_event_sql(self._database, LedgerEvent.ABORTED))
+        rows = self._query("read the last abort", ledger_sql.latest_event_sql(self._database, LedgerEvent.ABORTED))
         return ledger.from_result_row(rows[0]) if rows else None
 
     def audit(self) -> list[str]:
@@ -77,7 +78,7 @@ class LedgerHistory(LedgerStore):
 
     def commits(self) -> list[LedgerRow]:
         """The retained chain: one resolved COMMITTED row per slot, in slot order."""
-        sql = ledger.resolved_commits_sql(self._database)
+        sql = ledger_sql.resolved_commits_sql(self._database)
         return [ledger.from_result_row(r) for r in self._query("read the commits", sql, **ALL_SLOTS)]
 
     def checkpoints(self) -> list[LedgerRow]:
@@ -87,11 +88,11 @@ class LedgerHistory(LedgerStore):
 
     def gaps(self) -> list[LedgerRow]:
         """Every GAP row of the pipeline, oldest first."""
-        return [ledger.from_result_row(r) for r in self._query("read gaps", ledger.gap_rows_sql(self._database))]
+        return [ledger.from_result_row(r) for r in self._query("read gaps", ledger_sql.gap_rows_sql(self._database))]
 
     def lost(self) -> list[LedgerRow]:
         """Committed txns whose rows could not be published (stage table gone): alarms."""
-        sql = ledger.event_rows_sql(self._database, LedgerEvent.LOST)
+        sql = ledger_sql.event_rows_sql(self._database, LedgerEvent.LOST)
         return [ledger.from_result_row(r) for r in self._query("read lost txns", sql)]
 
     # -- plumbing -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ Guarantees:
 - ``seal`` lets a new leader fence every older one out of the next commit slot.
 - ``claim_commit`` only commits. Its winner then calls ``after_won_slot``: every
   ``checkpoint_every``-th won slot and every won seal are followed by a checkpoint and an expiry
-  run (``protocol.ledger_checkpoint``): reads start from the latest checkpoint, and history older
+  run (``coordinator.ledger_upkeep``): reads start from the latest checkpoint, and history older
   than ``retention_s`` goes, never the head. Their failures are logged, never raised: the commit
   stands, and the next checkpoint covers what this one missed.
 - On replicated ClickHouse (``replicated=True``) inserts wait for a quorum and reads see every
@@ -23,7 +23,6 @@ Calls retry retryable ClickHouse errors and then raise ``protocol.errors.ClickHo
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -32,13 +31,12 @@ from typing import Any
 import msgspec
 
 from clients.clickhouse import ClickHouseRetrying, retrying
-from protocol import dead_letters, ledger, ledger_checkpoint, naming
-from protocol.errors import ChtxnError
-from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow
+from coordinator.ledger_upkeep import LedgerUpkeep
+from protocol import dead_letters, ledger, ledger_checkpoint, ledger_sql, naming
+from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize
 from protocol.messages import TopicPartition
-
-log = logging.getLogger(__name__)
 
 #: Default ``retention_s``: 30 days.
 DEFAULT_RETENTION_S = 30 * 86400.0
@@ -67,10 +65,8 @@ class LedgerStore:
         self._retries = retries
         self._sleep = sleep
         self._read_settings: dict[str, Any] = {"select_sequential_consistency": 1} if replicated else {}
-        self._checkpoint_every = checkpoint_every
-        self._retention_s = retention_s
         self._wall_clock = wall_clock
-        self._expired_through = 0
+        self._upkeep = LedgerUpkeep(self, every=checkpoint_every, retention_s=retention_s, wall_clock=wall_clock)
 
     @property
     def table(self) -> str:
@@ -185,64 +181,6 @@ class LedgerStore:
             and (winner.txn, winner.epoch, winner.coordinator) == (row.txn, row.epoch, row.coordinator)
         )
 
-    def after_won_slot(self, commit_seq: int, *, epoch: int, coordinator: str, seal: bool = False) -> None:
-        """Upkeep for the claimer that just won slot ``commit_seq`` (by its seal, with ``seal``), called
-        right after ``claim_commit`` or ``seal`` returned True: every ``checkpoint_every``-th slot and
-        every seal are followed by a checkpoint and an expiry run. Failures are logged, never raised:
-        the commit stands, and the next checkpoint covers what this one missed."""
-        if commit_seq % self._checkpoint_every != 0 and not seal:
-            return
-        try:
-            self.checkpoint(epoch=epoch, coordinator=coordinator)
-            self.expire()
-        except ChtxnError as exc:
-            log.warning("could not checkpoint or expire the ledger", extra={"error": str(exc)})
-
-    def checkpoint(self, *, epoch: int, coordinator: str) -> int:
-        """Write a checkpoint for the longest decided and settled prefix of the chain past the
-        latest checkpoint (``protocol.ledger_checkpoint``), derived from what is read back.
-        Returns its slot, or the latest checkpoint's when there is nothing new to summarise."""
-        latest = self.latest_checkpoint()
-        after = latest.commit_seq if latest else 0
-        slots = [
-            int(r[0])
-            for r in self._query(
-                "read the commit slots", ledger_checkpoint.chain_slots_sql(self._database), after=after
-            )
-        ]
-        pending = [r.commit_seq for r in self.committed_unpublished(after=after)]
-        through = ledger_checkpoint.settled_through(after, slots, pending)
-        if through <= after:
-            return after
-        rows = self._query("read the head to checkpoint", ledger.head_sql(self._database), after=after, through=through)
-        seq, offsets = ledger_checkpoint.overlay(latest, rows)
-        row = ledger_checkpoint.checkpoint_row(self._pipeline, seq, offsets, epoch=epoch, coordinator=coordinator)
-        self._insert(row, naming.checkpoint_token(self._pipeline, seq), f"checkpoint the ledger at slot {seq}")
-        return seq
-
-    def expire(self) -> int:
-        """Delete the history older than the retention that no reader needs
-        (``protocol.ledger_checkpoint``); returns the last slot whose rows are now gone (0: none)."""
-        before_ms = int((self._wall_clock() - self._retention_s) * 1000)
-        horizon = self._query(
-            "find the expiry horizon", ledger_checkpoint.expiry_horizon_sql(self._database), before_ms=before_ms
-        )
-        if not horizon:
-            return 0
-        through, at_ms = int(horizon[0][0]), int(horizon[0][1])
-        if through > self._expired_through:
-            self._command(
-                "expire old checkpoints", ledger_checkpoint.expire_checkpoints_sql(self._database), through=through
-            )
-            self._command(
-                "expire old ledger rows",
-                ledger_checkpoint.expire_rows_sql(self._database),
-                through=through,
-                before_ms=at_ms,
-            )
-            self._expired_through = through
-        return through
-
     def claim_epoch(self, epoch: int, coordinator: str, claim_id: str = "") -> bool:
         """Claim leadership generation ``epoch`` for ``coordinator``; True if it is ours.
 
@@ -262,12 +200,28 @@ class LedgerStore:
         winner = self._slot_winner(LedgerEvent.EPOCH, epoch)
         return winner is not None and winner.claim_id == mine.claim_id
 
+    # -- upkeep (coordinator.ledger_upkeep) ---------------------------------------------------
+
+    def after_won_slot(self, commit_seq: int, *, epoch: int, coordinator: str, seal: bool = False) -> None:
+        """Call right after ``claim_commit`` or ``seal`` returned True for slot ``commit_seq``: a
+        checkpoint and an expiry run when due (``LedgerUpkeep.after_won_slot``); their failures are
+        logged, never raised."""
+        self._upkeep.after_won_slot(commit_seq, epoch=epoch, coordinator=coordinator, seal=seal)
+
+    def checkpoint(self, *, epoch: int, coordinator: str) -> int:
+        """``LedgerUpkeep.checkpoint``: write a checkpoint if there is something new; its slot."""
+        return self._upkeep.checkpoint(epoch=epoch, coordinator=coordinator)
+
+    def expire(self) -> int:
+        """``LedgerUpkeep.expire``: delete expired history; the last slot whose rows are now gone (0: none)."""
+        return self._upkeep.expire()
+
     # -- reads --------------------------------------------------------------------------------
 
     def initial_offsets(self) -> dict[TopicPartition, int]:
         """Per partition, the start offset first recorded for it (INITIAL rows; first claim wins)."""
         chosen: dict[TopicPartition, int] = {}
-        for r in self._query("read initial offsets", ledger.event_rows_sql(self._database, LedgerEvent.INITIAL)):
+        for r in self._query("read initial offsets", ledger_sql.event_rows_sql(self._database, LedgerEvent.INITIAL)):
             for g in ledger.from_result_row(r).ranges:
                 chosen.setdefault(g.tp, g.start)
         return chosen
@@ -291,7 +245,7 @@ class LedgerStore:
 
     def max_epoch(self) -> int:
         """The highest epoch in any row of this pipeline, 0 when there is none."""
-        rows = self._query("read the highest epoch", ledger.max_epoch_sql(self._database))
+        rows = self._query("read the highest epoch", ledger_sql.max_epoch_sql(self._database))
         return int(rows[0][0]) if rows else 0
 
     def head(self) -> tuple[int, dict[TopicPartition, int]]:
@@ -300,7 +254,7 @@ class LedgerStore:
         latest = self.latest_checkpoint()
         after = latest.commit_seq if latest else 0
         rows = self._query(
-            "read the ledger head", ledger.head_sql(self._database), after=after, through=ALL_SLOTS["through"]
+            "read the ledger head", ledger_sql.head_sql(self._database), after=after, through=ALL_SLOTS["through"]
         )
         return ledger_checkpoint.overlay(latest, rows)
 
@@ -310,7 +264,7 @@ class LedgerStore:
         if after is None:
             latest = self.latest_checkpoint()
             after = latest.commit_seq if latest else 0
-        sql = ledger.committed_unpublished_sql(self._database)
+        sql = ledger_sql.committed_unpublished_sql(self._database)
         rows = self._query("read unpublished commits", sql, after=after, through=ALL_SLOTS["through"])
         return [ledger.from_result_row(r) for r in rows]
 
@@ -325,13 +279,15 @@ class LedgerStore:
         if not txns:
             return {}
         grouped: dict[str, list[LedgerRow]] = {}
-        for r in self._query("read txn rows", ledger.txn_rows_sql(self._database), txns=txns):
+        for r in self._query("read txn rows", ledger_sql.txn_rows_sql(self._database), txns=txns):
             row = ledger.from_result_row(r)
             grouped.setdefault(row.txn, []).append(row)
         return grouped
 
     def _slot_winner(self, event: LedgerEvent, slot: int) -> LedgerRow | None:
-        rows = self._query(f"read {event.value} slot {slot}", ledger.slot_winner_sql(self._database, event), slot=slot)
+        rows = self._query(
+            f"read {event.value} slot {slot}", ledger_sql.slot_winner_sql(self._database, event), slot=slot
+        )
         if not rows:
             return None
         if event is LedgerEvent.COMMITTED:

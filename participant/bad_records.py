@@ -17,15 +17,16 @@ none, must never reach a stage table. Three lines of defence, cheapest first (th
 3. After the insert, ClickHouse's ``written_rows`` must equal the records sent. When it does not
    (a CSV record of two lines; without metadata columns, a JSON string left open that swallows the
    next record), the chunk is already in the stage table under its token and that txn cannot
-   commit. The stager then finds the culprits with ``isolate`` (probes into a Null-engine clone,
-   never the stage table) and ``Remembered`` keeps them, so the txn that reads them again
-   dead-letters them in step 1 and commits: such a record costs one aborted txn, not a loop.
+   commit. The stager then finds the culprits with ``participant.bisection.isolate`` (probes into
+   a Null-engine clone, never the stage table: ``participant.not_one_row``) and ``Remembered``
+   keeps them, so the txn that reads them again dead-letters them in step 1 and commits: such a
+   record costs one aborted txn, not a loop.
 
-Records ClickHouse refuses (``isolate_refused``) are found by inserting parts of their chunk:
-ClickHouse is the judge, ``json_problem`` only picks the records to try alone first. It is advice,
-not a verdict, and never raises: msgspec refuses much that ClickHouse reads (NaN, raw newlines in
-strings, bytes that are not UTF-8, numbers past a float, nesting past Python's recursion limit).
-Its syntax errors name a problem; its other failures say nothing (it cannot tell).
+Records ClickHouse refuses (``participant.bisection.isolate_refused``) are found by inserting parts
+of their chunk: ClickHouse is the judge, ``json_problem`` only picks the records to try alone first.
+It is advice, not a verdict, and never raises: msgspec refuses much that ClickHouse reads (NaN, raw
+newlines in strings, bytes that are not UTF-8, numbers past a float, nesting past Python's recursion
+limit). Its syntax errors name a problem; its other failures say nothing (it cannot tell).
 
 A letter is ``(record, error, code)``: ``code`` is ClickHouse's error code, 0 when found here.
 """
@@ -35,14 +36,12 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
 
-from protocol.chcodes import ErrorClass, classify, is_memory
 from protocol.chunking import RecordLike, record_problem
-from protocol.errors import ClickHouseError
 
 #: The error of a record with a null value (a Kafka tombstone).
 TOMBSTONE = (
@@ -53,12 +52,6 @@ TOMBSTONE = (
 EMPTY = "empty record: zero-length value, nothing to insert"
 #: The error of a JSON record that is not one object.
 NOT_AN_OBJECT = "not a JSON object: JSONEachRow takes exactly one {...} object per record"
-
-#: The start of the error of a record ClickHouse runs out of memory for, alone, while it has memory to spare.
-TOO_BIG_FOR_MEMORY = (
-    "too big for ClickHouse's memory: this record failed alone, again, while the server had memory "
-    "for other queries, so parsing it needs more than a query may use (max_memory_usage)"
-)
 
 #: Errors are kept (and stored with letters) cut to this many characters.
 MAX_ERROR_CHARS = 4096
@@ -82,14 +75,6 @@ class Remembrance(NamedTuple):
     fingerprint: int
     error: str
     code: int
-
-
-class Refused(Exception):
-    """A probe's data was refused by ClickHouse (a DATA-class error)."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def precheck(
@@ -179,109 +164,6 @@ def split_joined(records: Sequence[RecordLike]) -> tuple[list[RecordLike], list[
         else:
             kept.append(record)
     return kept, letters
-
-
-def isolate(records: Sequence[RecordLike], probe: Callable[[Sequence[RecordLike]], int]) -> list[Letter]:
-    """Bad records step 3: the records that are not one row each, by bisection; ``probe(part)`` returns the rows
-    ClickHouse made of ``part`` (into a table that keeps nothing) or raises ``Refused``.
-
-    A part whose row count matches is taken as sound; one that does not, or is refused, is split
-    until single records are judged. Every mismatch of the whole is traced to at least one record.
-    """
-    letters: list[Letter] = []
-
-    def judge(part: Sequence[RecordLike]) -> None:
-        if not part:
-            return
-        try:
-            rows = probe(part)
-        except Refused as exc:
-            if len(part) == 1:
-                letters.append(Letter(part[0], str(exc), exc.code))
-                return
-        else:
-            if rows == len(part):
-                return
-            if len(part) == 1:
-                letters.append(Letter(part[0], f"not one row: ClickHouse made {rows} rows of this record"))
-                return
-        mid = len(part) // 2
-        judge(part[:mid])
-        judge(part[mid:])
-
-    judge(records)
-    return letters
-
-
-def isolate_refused(
-    records: Sequence[RecordLike],
-    refusal: ClickHouseError,
-    insert: Callable[[Sequence[RecordLike], bool], int],
-    has_memory: Callable[[], bool],
-    *,
-    suspect: Callable[[RecordLike], bool] | None = None,
-) -> tuple[int, list[Letter]]:
-    """Stage what ClickHouse takes of ``records``, refused as a whole with ``refusal``: (rows
-    staged, letters of the records it refuses), by bisection.
-
-    ``insert(part, retry_memory)`` inserts ``part`` (retrying ``RETRY`` codes, and ``MEMORY``
-    codes only when ``retry_memory``) and returns its rows, or raises ``ClickHouseError``.
-    ``has_memory()`` says whether the server can give a query memory now. ``suspect(record)``
-    picks records to try alone first when the refusal is ``DATA`` (the JSON pre-check): the rest
-    then goes in whole, and nothing is bisected when the suspects were the culprits.
-
-    A record becomes a letter only when ClickHouse refuses it alone:
-
-    - ``DATA`` code: at once, with ClickHouse's error and code.
-    - ``MEMORY`` code: a part refused for memory is split without retrying (smaller parts need
-      less memory), and only while ``has_memory()``. A single record refused for memory is
-      inserted alone again with retries; it becomes a letter (``TOO_BIG_FOR_MEMORY``) only if that
-      fails too and ``has_memory()`` holds before and after.
-
-    Raises the ``ClickHouseError`` for anything else, and for a memory error while the server has
-    no memory to spare (its load, not a record): the chunk fails, its txn aborts, nothing is
-    dead-lettered. Parts inserted before that stay under their sub-tokens.
-    """
-    letters: list[Letter] = []
-
-    def again_alone(record: RecordLike) -> int:
-        try:
-            return insert([record], True)
-        except ClickHouseError as exc:
-            if classify(exc.code) is ErrorClass.DATA:
-                letters.append(Letter(record, str(exc), exc.code))
-                return 0
-            if not is_memory(exc.code) or not has_memory():
-                raise
-            letters.append(Letter(record, f"{TOO_BIG_FOR_MEMORY}: {exc}", exc.code))
-            return 0
-
-    def judge(part: Sequence[RecordLike], failure: ClickHouseError | None = None) -> int:
-        if not part:
-            return 0
-        if failure is None:
-            try:
-                return insert(part, False)
-            except ClickHouseError as exc:
-                failure = exc
-        if classify(failure.code) is ErrorClass.DATA:
-            if len(part) == 1:
-                letters.append(Letter(part[0], str(failure), failure.code))
-                return 0
-        elif is_memory(failure.code) and has_memory():
-            if len(part) == 1:
-                return again_alone(part[0])
-        else:
-            raise failure
-        mid = len(part) // 2
-        return judge(part[:mid]) + judge(part[mid:])
-
-    flags = [suspect(r) for r in records] if suspect and classify(refusal.code) is ErrorClass.DATA else []
-    if not any(flags):
-        return judge(records, refusal), letters
-    rows = judge([r for r, flagged in zip(records, flags) if not flagged])
-    rows += sum(judge([r]) for r, flagged in zip(records, flags) if flagged)
-    return rows, letters
 
 
 def json_problem(value: bytes) -> str | None:

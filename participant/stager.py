@@ -14,7 +14,7 @@
    however often it is sent. In JSON object formats, a record holding objects back to back is
    found by one scan of the body first and set aside (no abort).
 3. If ClickHouse refuses the data (a ``DATA``-class error code), the bad records are isolated
-   (``participant.bad_records.isolate_refused``): the records a JSON pre-check in Python finds
+   (``participant.bisection.isolate_refused``): the records a JSON pre-check in Python finds
    malformed are tried alone, the rest in one part, and a refused part is bisected, each part
    inserted with the sub-token ``<token>/<first offset>-<last offset>``. Only ClickHouse's
    refusal of a record alone makes a letter, with ClickHouse's error and code; everything else
@@ -31,9 +31,9 @@
 5. If ClickHouse stored a different number of rows than records were sent (``written_rows``),
    the chunk's rows are in the stage table under its token and its txn cannot commit: the
    culprits are isolated without touching the stage table again (``json_problem``, then a
-   bisection whose probes go to a Null-engine clone of it), remembered in ``remembered``, and the
-   result carries the error, so the coordinator aborts once and the txn that reads them again
-   dead-letters them at step 1.
+   bisection whose probes go to a Null-engine clone of it: ``participant.not_one_row``),
+   remembered in ``remembered``, and the result carries the error, so the coordinator aborts once
+   and the txn that reads them again dead-letters them at step 1.
 6. Any other failure (permanent error, retries exhausted, a server out of memory, ClickHouse
    unreachable, dead letters not stored) is returned as ``ChunkStaged.error``: the WRITE-STATUS
    carries it and the coordinator aborts, and the records are read again. A record is never
@@ -57,19 +57,11 @@ from typing import Any, TypedDict
 import tenacity
 
 from clients.clickhouse import error_code, is_retryable, retrying
-from participant.bad_records import (
-    Letter,
-    Refused,
-    Remembered,
-    has_joins,
-    isolate,
-    isolate_refused,
-    json_problem,
-    precheck,
-    split_joined,
-)
+from participant.bad_records import Letter, Remembered, has_joins, json_problem, precheck, split_joined
+from participant.bisection import isolate_refused
 from participant.dead_letters import DeadLetterSink
-from protocol import insert_settings, naming
+from participant.not_one_row import NotOneRow, NotOneRowFinder
+from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
 from protocol.config import ClickHouseSection
@@ -81,14 +73,6 @@ log = logging.getLogger(__name__)
 #: Memory a control query asks for after a memory error, to tell a record too big for a query's
 #: memory from a server short of it: above ClickHouse's untracked allowance per thread (4 MiB).
 CONTROL_BYTES = 8 << 20
-
-
-class NotOneRow(ChtxnError):
-    """ClickHouse stored ``written`` rows for ``records``: some record is not exactly one row."""
-
-    def __init__(self, message: str, *, records: Sequence[RecordLike], written: int) -> None:
-        super().__init__(message)
-        self.records, self.written = records, written
 
 
 class _ChunkKey(TypedDict):
@@ -119,6 +103,13 @@ class Stager:
         self._columns: dict[str, tuple[str, ...]] = {}
         self._settings: dict[str, int] | None = None
         self._lock = threading.Lock()
+        self._not_one_row = NotOneRowFinder(
+            client=client,
+            section=section,
+            remembered=self.remembered,
+            retrying=self._retrying,
+            settings=self._chunk_settings,
+        )
 
     # ---- the table ------------------------------------------------------------------------
 
@@ -166,8 +157,8 @@ class Stager:
             good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
             try:
                 rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)
-            except NotOneRow as exc:
-                return ChunkStaged(**result, error=self._set_aside(stage_table, chunk, exc, bodies))
+            except NotOneRow as exc:  # Stager step 5: records that are not one row, found after their insert
+                return ChunkStaged(**result, error=self._not_one_row.set_aside(stage_table, chunk, exc, bodies))
             letters.sort(key=lambda letter: letter.record.offset())
             if letters:
                 log.warning(
@@ -249,79 +240,6 @@ class Stager:
             )
         return len(records)
 
-    # ---- stager step 5: records that are not one row, found after their insert ---------------
-
-    def _set_aside(self, stage_table: str, chunk: Chunk, exc: NotOneRow, bodies: BodyBuilder) -> str:
-        """Find the records of ``exc`` that are not one row, remember them; the chunk's error."""
-        try:
-            found = self._isolate(stage_table, chunk.token, exc.records, bodies)
-        except ChtxnError as failure:
-            found, why = [], f"finding them failed: {failure}"
-        else:
-            why = "none could be told apart by its row count" if not found else ""
-        self.remembered.remember(found)
-        offsets = ", ".join(str(letter.record.offset()) for letter in found[:20]) + (" ..." if len(found) > 20 else "")
-        if found:
-            log.warning(
-                "records at offsets %s of %s/%d are not one row each; dead-lettered when read again",
-                offsets,
-                chunk.topic,
-                chunk.partition,
-                extra={"txn": chunk.txn, "first_error": found[0].error[:500]},
-            )
-            return (
-                f"{exc}: the records at offsets {offsets} are not exactly one {self.section.input_format} row each; "
-                "they are set aside for the dead-letter topic when read again, and this txn must abort"
-            )
-        log.error("%s and %s", exc, why, extra={"txn": chunk.txn})
-        return f"{exc}: some record is not exactly one {self.section.input_format} row, and {why}; the txn will abort"
-
-    def _isolate(
-        self, stage_table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder
-    ) -> list[Letter]:
-        """JSON records that are not one object, then a bisection of the rest on a Null-engine clone."""
-        letters: list[Letter] = []
-        rest: Sequence[RecordLike] = records
-        if bodies.json_objects:
-            rest = []
-            for record in records:
-                if problem := json_problem(record.value()):  # type: ignore[arg-type]  # prechecked: never None
-                    letters.append(Letter(record, f"not one row: {problem}"))
-                else:
-                    rest.append(record)
-        probe_table = naming.probe_table(stage_table, token)
-        db = _ident(self.section.database)
-        settings = {k: v for k, v in self._chunk_settings().items() if k != "insert_deduplicate"}
-
-        def probe(part: Sequence[RecordLike]) -> int:
-            try:
-                summary = self._retrying(f"probe {len(part)} records in {probe_table}")(
-                    self.client.raw_insert,
-                    probe_table,
-                    insert_block=bodies.body(part),
-                    fmt=self.section.input_format,
-                    settings=settings,
-                )
-            except ClickHouseError as exc:
-                if classify(exc.code) is ErrorClass.DATA:
-                    raise Refused(str(exc), exc.code) from None
-                raise
-            if "written_rows" not in (summary.summary or {}):
-                raise ClickHouseError("the server reports no written_rows for inserts: cannot count rows per record")
-            return summary.written_rows
-
-        self._retrying(f"create {probe_table}")(
-            self.client.command,
-            f"CREATE TABLE IF NOT EXISTS {db}.{_ident(probe_table)} AS {db}.{_ident(stage_table)} ENGINE = Null",
-        )
-        try:
-            letters += isolate(rest, probe)
-        finally:
-            self._retrying(f"drop {probe_table}")(
-                self.client.command, f"DROP TABLE IF EXISTS {db}.{_ident(probe_table)}"
-            )
-        return sorted(letters, key=lambda letter: letter.record.offset())
-
     def _has_memory(self) -> bool:
         """Stager step 3's control after a memory error: whether a query gets ``CONTROL_BYTES`` now.
         Asked once, not retried; any failure (unreachable included) is a no."""
@@ -371,7 +289,3 @@ def check_target(stager: Stager, table: str) -> tuple[str, ...]:
 
 def _retryable_but_memory(exc: BaseException) -> bool:
     return is_retryable(exc) and not is_memory(error_code(exc))
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

@@ -17,13 +17,9 @@ database. Events:
   prefix of the chain that is decided and settled (``protocol.ledger_checkpoint``). Readers start
   from the latest one, so what they read does not grow with the chain.
 
-**Resolution rule for readers.** Deduplication makes a commit slot hold one row. Past the
-deduplication window a slot could hold two: the **first claim wins for ever** (the earliest
-``event_time``, then the smallest ``claim_id``), whatever the epochs, so a late claim can never
-rewrite a slot whose owner went on to publish. Every query here applies it, so the chain of
-commits is always one line. A slot a checkpoint covers was decided before that checkpoint was
-written: a claim stored after the first checkpoint covering its slot never owns the slot, even
-once the slot's rows have expired (``slot_winner_sql``'s ``fence_ms``).
+**Resolution rule for readers.** Deduplication makes a commit slot hold one row; past the
+deduplication window a slot could hold two, and the **first claim wins for ever**. The reads that
+apply the rule are in ``protocol.ledger_sql``, which states it in full.
 
 **Seals.** A new leader claims slot head+1 with an empty COMMITTED row of its own (txn
 ``e<epoch>_t0``, no stage table, no ranges) before it touches any stage table. A late commit of
@@ -31,7 +27,8 @@ an older leader then finds its slot taken and steps down; if the older commit la
 new leader rolls it forward and seals the next slot.
 
 Offsets are Kafka's "next offset to read"; times are unix seconds (0.0 when unknown).
-This module is pure: the SQL is text, run by ``coordinator.ledger_store``.
+This module (the schema, ``LedgerRow`` and its row codec) and ``protocol.ledger_sql`` (the reads)
+are pure: the SQL is text, run by ``coordinator.ledger_store``.
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ TABLE = "chtxn_ledger"
 #: Inserted blocks ClickHouse remembers for deduplication. A few ledger inserts happen per txn,
 #: so this covers tens of thousands of txns (hours at one txn per second): a stale leader's
 #: late claim on a slot within that span is dropped by ClickHouse itself. Beyond it, readers
-#: fall back on the resolution rule above.
+#: fall back on the resolution rule (``protocol.ledger_sql``).
 DEDUP_WINDOW = 100_000
 
 
@@ -260,124 +257,3 @@ def state_sql(events: str = "groupArray(event)") -> str:
 def state_of(events: Sequence[str]) -> str:
     """The Python twin of ``state_sql``."""
     return next((s for s in STATE_PRECEDENCE if s in events), STATE_PRECEDENCE[-1])
-
-
-#: ``after`` and ``through`` of every slot.
-ALL_SLOTS: dict[str, int] = {"after": 0, "through": 2**64 - 1}
-
-
-def resolved_commits_sql(database: str) -> str:
-    """The COMMITTED rows of ``{pipeline:String}`` in slots ``{after:UInt64}``+1..``{through:UInt64}``
-    (``ALL_SLOTS``: 0 and the largest slot), one per slot by the resolution rule, in slot order.
-    The primary key bounds the read to those slots."""
-    return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' "
-        "AND commit_seq > {after:UInt64} AND commit_seq <= {through:UInt64} "
-        "ORDER BY commit_seq ASC, event_time ASC, claim_id ASC LIMIT 1 BY commit_seq"
-    )
-
-
-def slot_winner_sql(database: str, event: LedgerEvent) -> str:
-    """The surviving row of one COMMITTED slot (``{slot:UInt64}`` = commit_seq) or EPOCH (= epoch).
-
-    For a COMMITTED slot one more column, ``fence_ms``: when the first checkpoint covering the
-    slot was written (unix ms; NULL if none covers it). A row stored after it is a late claim.
-    """
-    key = "commit_seq" if event is LedgerEvent.COMMITTED else "epoch"
-    fence = ""
-    if event is LedgerEvent.COMMITTED:
-        fence = (
-            f", (SELECT toUnixTimestamp64Milli(minOrNull(event_time)) FROM {qualified(database)} "
-            "WHERE pipeline = {pipeline:String} AND event = 'CHECKPOINT' AND commit_seq >= {slot:UInt64}) AS fence_ms"
-        )
-    return (
-        f"SELECT {SELECT_COLUMNS}{fence} FROM {qualified(database)} "
-        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' AND {key} = {{slot:UInt64}} "
-        "ORDER BY event_time ASC, claim_id ASC LIMIT 1"
-    )
-
-
-def max_epoch_sql(database: str) -> str:
-    """The highest epoch of ``{pipeline:String}``: of its EPOCH claims, checkpoints and the commits
-    from the latest checkpoint on (epochs only rise along the chain). Reads no old commit."""
-    t = qualified(database)
-    return (
-        f"SELECT max(epoch) FROM {t} WHERE pipeline = {{pipeline:String}} AND (event = 'EPOCH' "
-        "OR (event IN ('COMMITTED', 'CHECKPOINT') AND commit_seq >= "
-        f"(SELECT max(commit_seq) FROM {t} WHERE pipeline = {{pipeline:String}} AND event = 'CHECKPOINT')))"
-    )
-
-
-def head_sql(database: str) -> str:
-    """Per partition, the end offset of its latest commit in slots ``{after:UInt64}``+1..``{through:UInt64}``;
-    every such commit shows in some group.
-
-    One statement reads the table once, so the last slot and the offsets come from one snapshot.
-    Commits without partitions land in the group ``('', 0)``; callers take ``max(seq)`` over all
-    groups and ignore that one. With ``ALL_SLOTS`` this is the whole chain (how heads were read
-    before checkpoints).
-    """
-    return (
-        "SELECT topic, partition, argMax(end_offset, commit_seq) AS end_offset, max(commit_seq) AS seq "
-        f"FROM ({resolved_commits_sql(database)}) "
-        "LEFT ARRAY JOIN topics AS topic, partitions AS partition, end_offsets AS end_offset "
-        "GROUP BY topic, partition"
-    )
-
-
-def committed_unpublished_sql(database: str) -> str:
-    """Committed txns in slots ``{after:UInt64}``+1..``{through:UInt64}`` with a stage table (seals have none) and neither
-    PUBLISHED nor LOST, in slot order. PUBLISHED and LOST rows carry their txn's slot, so both
-    sides are read by the primary key (a row without a slot, 0, is read too)."""
-    return (
-        f"SELECT * FROM ({resolved_commits_sql(database)}) WHERE stage_table != '' AND txn NOT IN "
-        f"(SELECT txn FROM {qualified(database)} WHERE pipeline = {{pipeline:String}} "
-        "AND event IN ('PUBLISHED', 'LOST') AND (commit_seq > {after:UInt64} OR commit_seq = 0)) "
-        "ORDER BY commit_seq"
-    )
-
-
-def latest_event_sql(database: str, event: LedgerEvent) -> str:
-    """The newest ``event`` row of ``{pipeline:String}`` (reads only that event's rows)."""
-    return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' ORDER BY event_time DESC LIMIT 1"
-    )
-
-
-def event_rows_sql(database: str, event: LedgerEvent) -> str:
-    """Every ``event`` row of ``{pipeline:String}``, oldest first."""
-    return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        f"WHERE pipeline = {{pipeline:String}} AND event = '{event.value}' ORDER BY event_time, claim_id"
-    )
-
-
-def history_txns_sql(database: str) -> str:
-    """The latest ``{limit:UInt32}`` txns with a row stored at or after ``{since_ms:Int64}`` (unix
-    ms; 0: any), newest first by their first such row, in state ``{state:String}`` ('' for any),
-    judged by those rows; with the time of that first row (unix ms).
-
-    A txn whose rows all lie in the window is ranked and judged exactly; one with older rows too
-    ("straddling") may not be, and ``LedgerStore.history`` checks it against all its rows.
-    """
-    return (
-        f"SELECT txn, {state_sql()} AS state, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
-        f"FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND txn != '' AND event_time >= fromUnixTimestamp64Milli({since_ms:Int64}) "
-        "GROUP BY txn HAVING {state:String} = '' OR state = {state:String} "
-        "ORDER BY min(event_time) DESC, txn DESC LIMIT {limit:UInt32}"
-    )
-
-
-def txn_rows_sql(database: str) -> str:
-    """Every row of the txns in ``{txns:Array(String)}``, oldest first."""
-    return (
-        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND txn IN {txns:Array(String)} ORDER BY event_time, event"
-    )
-
-
-def gap_rows_sql(database: str) -> str:
-    return event_rows_sql(database, LedgerEvent.GAP)

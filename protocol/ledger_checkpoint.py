@@ -7,7 +7,7 @@ from what a leader hoped to write, and only for a prefix of the chain that is
 
 - decided: every slot from the previous checkpoint to S was read back with its winner, and the
   slots run without a hole. A claim of such a slot stored later never owns it (the resolution
-  rule, and ``slot_winner_sql``'s fence once the slot's rows have expired);
+  rule of ``protocol.ledger_sql``, and ``slot_winner_sql``'s fence once the slot's rows have expired);
 - settled: every txn committed at or before S is PUBLISHED or LOST, or is a seal (no stage table).
 
 So the head is the latest checkpoint folded with the commits after it, and every committed but
@@ -59,7 +59,7 @@ def offsets_of(checkpoint: LedgerRow | None) -> dict[TopicPartition, int]:
 
 
 def overlay(checkpoint: LedgerRow | None, head_rows: Sequence[Sequence[Any]]) -> tuple[int, dict[TopicPartition, int]]:
-    """The head: ``checkpoint`` overlaid with ``head_rows`` (``protocol.ledger.head_sql`` rows of
+    """The head: ``checkpoint`` overlaid with ``head_rows`` (``protocol.ledger_sql.head_sql`` rows of
     the commits after it: topic, partition, end offset, last slot). Returns the last slot and each
     partition's committed end offset."""
     seq = checkpoint.commit_seq if checkpoint else 0

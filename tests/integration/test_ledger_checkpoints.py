@@ -13,9 +13,10 @@ import pytest
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_checkpoint
+from protocol import ledger, ledger_checkpoint, ledger_sql
 from protocol.config import ClickHouseSection
-from protocol.ledger import ALL_SLOTS, LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger_sql import ALL_SLOTS
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name
 from tests.integration.ledger_writes import commit_row, rng
@@ -32,7 +33,7 @@ def new_store(ledger_section: ClickHouseSection, ledger_tables: None) -> Callabl
 
 def chain_head(store: LedgerStore) -> tuple[int, dict[TopicPartition, int]]:
     """The head computed from the whole retained chain, as before checkpoints."""
-    rows = store._query("read the chain's head", ledger.head_sql(store._database), **ALL_SLOTS)
+    rows = store._query("read the chain's head", ledger_sql.head_sql(store._database), **ALL_SLOTS)
     return ledger_checkpoint.overlay(None, rows)
 
 
@@ -71,7 +72,7 @@ def test_checkpoints_summarise_the_settled_chain_and_reads_start_from_them(new_s
     latest = store.latest_checkpoint()
     assert latest is not None
     assert ledger_checkpoint.offsets_of(latest) == dict(
-        ledger_checkpoint.overlay(None, store._query("h", ledger.head_sql(store._database), after=0, through=7))[1]
+        ledger_checkpoint.overlay(None, store._query("h", ledger_sql.head_sql(store._database), after=0, through=7))[1]
     )
     assert store.audit() == []
 

@@ -12,7 +12,7 @@ import json
 
 from clients.clickhouse import make_client
 from coordinator.stage import StageTables
-from participant.bad_records import TOO_BIG_FOR_MEMORY
+from participant.bisection import TOO_BIG_FOR_MEMORY
 from participant.dead_letters import DeadLetterSink
 from participant.stager import CONTROL_BYTES, Stager
 from protocol import naming

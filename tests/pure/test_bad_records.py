@@ -10,17 +10,14 @@ import participant.bad_records as bad_records
 from participant.bad_records import (
     EMPTY,
     TOMBSTONE,
-    TOO_BIG_FOR_MEMORY,
     Letter,
-    Refused,
     Remembered,
     has_joins,
-    isolate,
-    isolate_refused,
     json_problem,
     precheck,
     split_joined,
 )
+from participant.bisection import TOO_BIG_FOR_MEMORY, Refused, isolate, isolate_refused
 from protocol.chunking import BodyBuilder
 from protocol.errors import ClickHouseError
 from tests.records import Rec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol import ledger, ledger_checkpoint
+from protocol import ledger, ledger_checkpoint, ledger_sql
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.ledger_view import audit
 from protocol.messages import TopicPartition
@@ -48,13 +48,13 @@ def test_the_settled_prefix_stops_at_a_hole_or_an_unpublished_commit() -> None:
 
 
 def test_reads_are_bounded_by_the_primary_key() -> None:
-    assert "commit_seq > {after:UInt64} AND commit_seq <= {through:UInt64}" in ledger.resolved_commits_sql("db")
-    unpublished = ledger.committed_unpublished_sql("db")
+    assert "commit_seq > {after:UInt64} AND commit_seq <= {through:UInt64}" in ledger_sql.resolved_commits_sql("db")
+    unpublished = ledger_sql.committed_unpublished_sql("db")
     assert "AND event IN ('PUBLISHED', 'LOST') AND (commit_seq > {after:UInt64} OR commit_seq = 0)" in unpublished
-    assert "event = 'CHECKPOINT'" in ledger.max_epoch_sql("db")
-    assert "event_time >= fromUnixTimestamp64Milli({since_ms:Int64})" in ledger.history_txns_sql("db")
-    assert "AS fence_ms" in ledger.slot_winner_sql("db", LedgerEvent.COMMITTED)
-    assert "fence_ms" not in ledger.slot_winner_sql("db", LedgerEvent.EPOCH)
+    assert "event = 'CHECKPOINT'" in ledger_sql.max_epoch_sql("db")
+    assert "event_time >= fromUnixTimestamp64Milli({since_ms:Int64})" in ledger_sql.history_txns_sql("db")
+    assert "AS fence_ms" in ledger_sql.slot_winner_sql("db", LedgerEvent.COMMITTED)
+    assert "fence_ms" not in ledger_sql.slot_winner_sql("db", LedgerEvent.EPOCH)
 
 
 def test_expiry_spares_the_horizon_and_the_rows_nobody_may_lose() -> None:
