@@ -59,6 +59,7 @@ from protocol.coordinator_events import (
 )
 from protocol.coordinator_state import CoordinatorState, Timing
 from protocol.errors import ChtxnError
+from protocol.ledger import LedgerEvent
 from protocol.messages import EndCommit
 
 log = logging.getLogger(__name__)
@@ -292,7 +293,7 @@ class Leader:
     def _commit(self, action: Commit) -> Event:
         # Commit step 6: the commit point
         failpoints.hit("leader.before-commit", self.coordinator)
-        row = ledger_row(self, action.txn, "COMMITTED", commit_seq=action.commit_seq)
+        row = ledger_row(self, action.txn, LedgerEvent.COMMITTED, commit_seq=action.commit_seq)
         try:
             won = self.ledger.claim_commit(row)
         except ChtxnError as exc:

@@ -13,7 +13,7 @@ from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 
 
-def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason: str = "") -> LedgerRow:
+def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0, reason: str = "") -> LedgerRow:
     """The ``event`` row of ``txn``; ``leader`` gives pipeline, epoch, coordinator, target and clock."""
     shift = time.time() - leader.clock()  # monotonic -> unix seconds
 
@@ -34,11 +34,11 @@ def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason
     return LedgerRow(
         pipeline=leader.cfg.name,
         txn=txn.id,
-        event=LedgerEvent(event),
+        event=event,
         epoch=leader.epoch,
         commit_seq=commit_seq,
         coordinator=leader.coordinator,
-        claim_id=uuid.uuid4().hex if event == "COMMITTED" else "",
+        claim_id=uuid.uuid4().hex if event is LedgerEvent.COMMITTED else "",
         target=leader.cfg.clickhouse.target_table,
         stage_table=txn.stage_table,
         ranges=ranges,
@@ -47,8 +47,8 @@ def ledger_row(leader: Any, txn: Txn, event: str, *, commit_seq: int = 0, reason
         dead_letters=sum(ws.dead_letters for ws in txn.statuses.values()),
         started_at=wall(txn.started_at),
         ended_at=wall(txn.ended_at),
-        committed_at=now if event in ("COMMITTED", "PUBLISHED") else 0.0,
-        published_at=now if event == "PUBLISHED" else 0.0,
+        committed_at=now if event in (LedgerEvent.COMMITTED, LedgerEvent.PUBLISHED) else 0.0,
+        published_at=now if event is LedgerEvent.PUBLISHED else 0.0,
         reason=reason,
     )
 

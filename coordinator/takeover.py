@@ -24,7 +24,7 @@ from coordinator.stage import StageTables
 from coordinator.target_checks import check_target
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError
-from protocol.ledger import LedgerRow
+from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,9 @@ def take_over(
         progress()
     for txn_id, table in retry("list stage tables")(stages.existing).items():  # Take-over step 4: drop orphans
         summary = ledger.txn(txn_id)
-        if summary is not None and summary.state == "PUBLISHED":  # its rows are in the target: only clean up
+        if summary is not None and summary.state == LedgerEvent.PUBLISHED:  # its rows are in the target: only clean up
             retry(f"drop {table}")(stages.drop_all, table)
-        elif summary is not None and summary.state == "COMMITTED" and _owns_slot(ledger, summary):
+        elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
             publish(
                 txn_id,
                 table,

@@ -31,6 +31,7 @@ from protocol.coordinator_events import (
 )
 from protocol.coordinator_state import CoordinatorState
 from protocol.errors import ChtxnError
+from protocol.ledger import LedgerEvent
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class TxnActions:
 
     def record_started(self, action: RecordStarted) -> None:
         try:
-            self.ledger.append(ledger_row(self, action.txn, "STARTED"))
+            self.ledger.append(ledger_row(self, action.txn, LedgerEvent.STARTED))
         except ChtxnError as exc:  # history only: the txn goes on
             log.warning("could not record STARTED", extra={"txn": action.txn.id, "error": str(exc)})
 
@@ -84,7 +85,7 @@ class TxnActions:
         txn = action.txn
         try:
             lost = self.publisher.publish(
-                txn.id, txn.stage_table, lambda: ledger_row(self, txn, "PUBLISHED", commit_seq=txn.commit_seq)
+                txn.id, txn.stage_table, lambda: ledger_row(self, txn, LedgerEvent.PUBLISHED, commit_seq=txn.commit_seq)
             )
         except SteppedDown:
             raise
@@ -104,7 +105,7 @@ class TxnActions:
         self.acked_at.pop(txn.id, None)
         try:
             self.retry(f"drop {txn.stage_table}")(self.stages.drop_all, txn.stage_table)
-            self.ledger.append(ledger_row(self, txn, "ABORTED", reason=action.reason))
+            self.ledger.append(ledger_row(self, txn, LedgerEvent.ABORTED, reason=action.reason))
         except ChtxnError as exc:  # the orphan is dropped by the next take-over; nothing committed depends on it
             log.error("abort clean-up failed", extra={"txn": txn.id, "error": str(exc)})
         if action.kind == "participant-error":
@@ -117,7 +118,7 @@ class TxnActions:
                 continue  # outcome unknown or committed: the next leader decides
             try:
                 self.retry(f"drop {txn.stage_table}")(self.stages.drop, txn.stage_table)
-                self.ledger.append(ledger_row(self, txn, "ABORTED", reason="leader stepped down"))
+                self.ledger.append(ledger_row(self, txn, LedgerEvent.ABORTED, reason="leader stepped down"))
             except ChtxnError as exc:
                 log.warning("could not drop a stage table on stepping down", extra={"txn": txn.id, "error": str(exc)})
         if state.spare is not None:

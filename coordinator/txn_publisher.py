@@ -70,7 +70,7 @@ class TxnPublisher:
                 raise StageTableMissing(str(exc)) from exc
         except StageTableMissing as exc:
             summary = self.ledger.txn(txn_id)
-            if summary is not None and summary.state == "PUBLISHED":
+            if summary is not None and summary.state == LedgerEvent.PUBLISHED:
                 return False  # another leader finished it
             log.error("committed txn lost: its stage table is gone", extra={"txn": txn_id, "error": str(exc)})
             self.metrics.lost.labels(self.pipeline).inc()
