@@ -1,7 +1,8 @@
 """The ``chtxn`` command line: one module per command group, each with ``register(subparsers)``.
 
 Every command has ``--help`` with an example; commands whose output a script may want take
-``--json``. Exit codes: 0 success, 1 a failed check or operation, 2 bad usage or config.
+``--json``, and the read commands ``--format table|wide|tsv|json`` (``cli.output``: whole lines
+into a pipe). Exit codes: 0 success, 1 a failed check or operation, 2 bad usage or config.
 """
 
 from __future__ import annotations

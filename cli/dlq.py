@@ -1,8 +1,8 @@
 """``chtxn dlq list`` and ``chtxn dlq show``: what is in the dead-letter topic.
 
-Read-only, ``read_committed``: what a consumer draining the topic sees. People get rich tables
-(whole lines when piped); scripts get ``--json``, where bytes come as text (invalid UTF-8
-replaced) and, exactly, as base64.
+Read-only, ``read_committed``: what a consumer draining the topic sees. Output as ``cli.output``
+prints it (``--format table|wide|tsv|json``); in JSON, bytes come as text (invalid UTF-8 replaced)
+and, exactly, as base64.
 """
 
 from __future__ import annotations
@@ -10,21 +10,38 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import sys
 from datetime import datetime, timezone
 
 import msgspec
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from coordinator.dead_letter_view import DeadLetterReader
 from protocol.config import load_config
 from protocol.dead_letters import PublishedLetter
 from protocol.errors import SetupError
 
-#: Characters of an error shown in ``list``'s table (``--json`` and ``show`` give it whole).
+#: Characters of an error shown in ``list``'s table (the other formats and ``show`` give it whole).
 ERROR_CHARS = 100
+
+#: The columns of a letter in ``list`` (and of ``show --format tsv``, which adds its contents).
+LETTER_COLUMNS = (
+    Column("#", "position"),
+    Column("topic", "topic"),
+    Column("partition", "partition", right=True),
+    Column("offset", "offset", right=True),
+    Column("record time (UTC)", "record_time_utc", wide=True, fold=12),
+    Column("txn", "txn"),
+    Column("slot", "commit_seq", right=True),
+    Column("code", "error_code", right=True),
+    Column("error", "error", fold=10),
+)
+CONTENT_COLUMNS = (
+    Column("key", "key", fold=10),
+    Column("value", "value", fold=10),
+    Column("tombstone", "tombstone"),
+    Column("headers", "headers", fold=10),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "record chtxn could not insert, with its source topic/partition/offset, the txn and commit slot that "
         "published it, and why.",
         epilog="Examples:\n  chtxn dlq list --config pipeline.toml --from-end --limit 20\n"
+        "  chtxn dlq list --config pipeline.toml --format tsv\n"
         "  chtxn dlq show --config pipeline.toml orders 3 1841\n  chtxn dlq show --config pipeline.toml 0:57 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -45,28 +63,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one line per letter, oldest first",
         description="One line per letter, in publish order: where it sits in the dead-letter topic (#, "
         "partition:offset, for show), its source record, txn, commit slot, error code and error (cut in the "
-        "table, whole with --json).",
-        epilog="Example: chtxn dlq list --config pipeline.toml --from-end --limit 50 --json",
+        "table, whole with the other formats).",
+        epilog="Examples:\n  chtxn dlq list --config pipeline.toml --from-end --limit 50\n"
+        "  chtxn dlq list --config pipeline.toml --format wide\n"
+        "  chtxn dlq list --config pipeline.toml --from-end --limit 50 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lister.add_argument("--config", required=True, help="pipeline TOML file")
     lister.add_argument("--limit", type=int, default=50, help="how many letters (default 50)")
     lister.add_argument("--from-end", action="store_true", help="the latest letters instead of the oldest")
-    lister.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_option(lister, rows="one line per letter")
     lister.set_defaults(func=run_list)
 
     shower = commands.add_parser(
         "show",
         help="one letter in full, with key and value",
         description="One letter in full: by its source record (TOPIC PARTITION OFFSET), or by its place in the "
-        "dead-letter topic as list shows it in column # (PARTITION:OFFSET, or OFFSET for partition 0).",
+        "dead-letter topic as list shows it in column # (PARTITION:OFFSET, or OFFSET for partition 0). "
+        "With --format tsv, the columns of list --format tsv and the letter's key, value and headers.",
         epilog="Examples:\n  chtxn dlq show --config pipeline.toml orders 3 1841\n"
+        "  chtxn dlq show --config pipeline.toml 0:57 --format tsv\n"
         "  chtxn dlq show --config pipeline.toml 0:57 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     shower.add_argument("where", nargs="+", metavar="WHERE", help="TOPIC PARTITION OFFSET, or # as listed")
     shower.add_argument("--config", required=True, help="pipeline TOML file")
-    shower.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_option(shower, rows="one line per letter")
     shower.set_defaults(func=run_show)
 
 
@@ -76,34 +98,18 @@ def run_list(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     with DeadLetterReader(cfg) as reader:
         letters = reader.letters(limit=args.limit, from_end=args.from_end)
-    if args.json:
+    if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode([_summary(x) for x in letters])).decode())
         return 0
-    console = _console()
-    if not letters:
-        console.print(f"no letters in {cfg.dead_letter_topic}, the dead-letter topic of pipeline {cfg.name}")
+    out = Output(args.format)
+    if not letters and args.format != "tsv":
+        out.note(f"no letters in {cfg.dead_letter_topic}, the dead-letter topic of pipeline {cfg.name}")
         return 0
     which = "latest" if args.from_end else "oldest"
-    table = Table(title=f"{which} {len(letters)} letters in {cfg.dead_letter_topic}")
-    for column in ("#", "topic", "partition", "offset", "txn", "slot", "code", "error"):
-        table.add_column(
-            column,
-            justify="right" if column in ("partition", "offset", "slot", "code") else "left",
-            no_wrap=column != "error",
-        )
+    table = Sheet(f"{which} {len(letters)} letters in {cfg.dead_letter_topic}", LETTER_COLUMNS)
     for x in letters:
-        error = x.error if len(x.error) <= ERROR_CHARS else x.error[: ERROR_CHARS - 3] + "..."
-        table.add_row(
-            _where(x),
-            x.topic,
-            str(x.partition),
-            str(x.offset),
-            x.txn,
-            str(x.commit_seq or ""),
-            str(x.error_code),
-            escape(error),
-        )
-    console.print(table)
+        table.add(*_letter_cells(x, whole=args.format != "table"))
+    out.sheet(table)
     return 0
 
 
@@ -123,27 +129,28 @@ def run_show(args: argparse.Namespace) -> int:
             raise SetupError(f"show takes TOPIC PARTITION OFFSET or one # as listed, not {' '.join(args.where)!r}")
     if not letters:
         raise SetupError(f"no letter for {what} in {cfg.dead_letter_topic}: list them with chtxn dlq list")
-    if args.json:
+    if args.format == "json":
         whole = [_summary(x) | _contents(x) for x in letters]
         print(msgspec.json.format(msgspec.json.encode(whole if len(whole) > 1 else whole[0])).decode())
         return 0
-    console = _console()
+    out = Output(args.format)
     if len(letters) > 1:
-        console.print(
-            f"[yellow]{len(letters)} letters for {what}[/] (a publish cut short on a broker that shows "
+        out.note(
+            f"[yellow]{len(letters)} letters for {escape(what)}[/] (a publish cut short on a broker that shows "
             "aborted records, or the source topic was read again from scratch)"
         )
+    if args.format == "tsv":
+        table = Sheet("", LETTER_COLUMNS + CONTENT_COLUMNS)
+        for x in letters:
+            table.add(*_letter_cells(x, whole=True), *_content_cells(x))
+        out.sheet(table)
+        return 0
     for x in letters:
-        _print_letter(console, x)
+        _print_letter(out, x)
     return 0
 
 
 # ---- output -----------------------------------------------------------------------------------
-
-
-def _console() -> Console:
-    """Rich when on a terminal; piped, lines are never cut or wrapped at 80 columns."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100_000)
 
 
 def _where(x: PublishedLetter) -> str:
@@ -188,20 +195,44 @@ def _bytes(name: str, raw: bytes | None) -> dict[str, str | None]:
     return {name: raw.decode("utf-8", "replace"), f"{name}_base64": base64.b64encode(raw).decode()}
 
 
-def _shown(raw: bytes | None) -> str:
+def _letter_cells(x: PublishedLetter, *, whole: bool) -> tuple[Cell, ...]:
+    """The cells of ``x`` under ``LETTER_COLUMNS``; the error cut to ``ERROR_CHARS`` unless ``whole``."""
+    error = x.error if whole or len(x.error) <= ERROR_CHARS else x.error[: ERROR_CHARS - 3] + "..."
+    return (
+        _where(x),
+        x.topic,
+        str(x.partition),
+        str(x.offset),
+        _time(x.timestamp_ms).removesuffix(" UTC"),
+        x.txn,
+        str(x.commit_seq or ""),
+        str(x.error_code),
+        error,
+    )
+
+
+def _content_cells(x: PublishedLetter) -> tuple[Cell, ...]:
+    """The cells of ``x`` under ``CONTENT_COLUMNS``: bytes as text, invalid UTF-8 replaced."""
+    headers = "; ".join(f"{name}={_text(raw)}" for name, raw in x.headers)
+    return _text(x.key), _text(x.value), "yes" if x.value is None else "no", headers
+
+
+def _text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.decode("utf-8", "replace")
+
+
+def _shown(raw: bytes | None) -> Cell:
     if raw is None:
-        return "[dim]null[/]"
+        return Styled("null", "dim")
     try:
-        return escape(raw.decode("utf-8"))
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return f"[dim](not UTF-8, base64)[/] {base64.b64encode(raw).decode()}"
+        return f"(not UTF-8, base64) {base64.b64encode(raw).decode()}"
 
 
-def _print_letter(console: Console, x: PublishedLetter) -> None:
-    facts = Table.grid(padding=(0, 2))
-    facts.add_column(style="bold", no_wrap=True)
-    facts.add_column()
-    for name, value in (
+def _print_letter(out: Output, x: PublishedLetter) -> None:
+    value = _shown(x.value)
+    pairs: list[tuple[str, Cell]] = [
         ("position", f"{_where(x)} of the dead-letter topic"),
         ("source", f"{x.topic} partition {x.partition} offset {x.offset}"),
         ("record time", _time(x.timestamp_ms)),
@@ -209,14 +240,12 @@ def _print_letter(console: Console, x: PublishedLetter) -> None:
         ("txn", x.txn),
         ("commit slot", str(x.commit_seq or "-")),
         ("error code", str(x.error_code) + (" (found by chtxn)" if not x.error_code else "")),
-        ("error", escape(x.error)),
+        ("error", x.error),
         ("key", _shown(x.key)),
-        ("value", _shown(x.value) + (" (a tombstone)" if x.value is None else "")),
-    ):
-        facts.add_row(name, value)
-    for name, raw in x.headers:
-        facts.add_row(f"header {escape(name)}", _shown(raw))
-    console.print(facts)
+        ("value", Styled("null (a tombstone)", value.style) if isinstance(value, Styled) else value),
+    ]
+    pairs += [(f"header {name}", _shown(raw)) for name, raw in x.headers]
+    out.facts(pairs)
 
 
 def _int(text: str, what: str) -> int:

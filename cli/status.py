@@ -8,9 +8,9 @@ import time
 
 import msgspec
 from confluent_kafka import TopicPartition as KafkaTP
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
 from protocol import codec, naming
@@ -50,11 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Reads the ledger (epoch, last commit), the tail of the control topic (the leader's and the "
         "participants' heartbeats) and the source partitions' ends. Exit code 0 when a leader and a live "
         "participant for every partition were heard from, 1 otherwise.",
-        epilog="Example: chtxn status --config pipeline.toml --json",
+        epilog="Examples:\n  chtxn status --config pipeline.toml\n  chtxn status --config pipeline.toml --format tsv\n"
+        "  chtxn status --config pipeline.toml --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="pipeline TOML file")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_format_option(parser, rows="one line per source partition (the rest on stderr)")
     parser.set_defaults(func=run)
 
 
@@ -144,30 +145,40 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict[TopicPartition, str]]:
         consumer.close()
 
 
+#: The columns of ``status``'s partition table.
+PARTITION_COLUMNS = (
+    Column("topic", "topic"),
+    Column("partition", "partition", right=True),
+    Column("committed", "committed", right=True),
+    Column("log end", "log_end", right=True),
+    Column("lag", "lag", right=True),
+    Column("participant", "participant"),
+)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     status = collect(cfg, args.config)
-    if args.json:
+    if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(status)).decode())
         return 0 if status.healthy else 1
-    console = Console()
-    console.print(
-        f"pipeline [bold]{status.pipeline}[/]: leader {status.leader or '[red]none heard[/]'}; "
+    out = Output(args.format)
+    out.note(
+        f"pipeline [bold]{escape(status.pipeline)}[/]: leader {escape(status.leader) or '[red]none heard[/]'}; "
         f"highest epoch {status.epoch}; last commit slot {status.last_commit_seq}; "
         f"latest txn {status.last_txn or '-'} {status.last_txn_state}"
     )
     if status.last_abort_reason:
-        console.print(f"last abort: {status.last_abort_reason}")
-    table = Table(title="source partitions")
-    for column in ("partition", "committed", "log end", "lag", "participant"):
-        table.add_column(column, justify="left" if column in ("partition", "participant") else "right")
+        out.note(f"last abort: {escape(status.last_abort_reason)}")
+    table = Sheet("source partitions", PARTITION_COLUMNS)
     for p in status.partitions:
-        table.add_row(
-            f"{p.topic}-{p.partition}",
+        table.add(
+            p.topic,
+            str(p.partition),
             "-" if p.committed is None else str(p.committed),
             str(p.log_end),
             "-" if p.lag is None else str(p.lag),
-            p.participant or "[red]none live[/]",
+            p.participant or Styled("none live", "red"),
         )
-    console.print(table)
+    out.sheet(table)
     return 0 if status.healthy else 1

@@ -6,9 +6,9 @@ import argparse
 import os
 
 import msgspec
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
 from clients.clickhouse import make_client
 from coordinator.verify import dead_letter_offsets, verify_deep
@@ -25,12 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "With --deep (needs the target's _topic, _partition, _offset columns): "
         "the target holds every committed offset exactly once, less those sent to the dead-letter topic, "
         "and nothing else. Exit code 0 when sound, 1 otherwise.",
-        epilog="Example: chtxn verify --config pipeline.toml --deep --json",
+        epilog="Examples:\n  chtxn verify --config pipeline.toml --deep\n"
+        "  chtxn verify --config pipeline.toml --deep --format tsv\n  chtxn verify --config pipeline.toml --deep --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="pipeline TOML file")
     parser.add_argument("--deep", action="store_true", help="also check every offset in the target table")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_option(parser, rows="one line per partition with --deep, else one per anomaly (the verdict on stderr)")
     parser.set_defaults(func=run)
 
 
@@ -52,27 +53,51 @@ def run(args: argparse.Namespace) -> int:
         )
         anomalies = list(report.anomalies)
     ok = not anomalies
-    if args.json:
+    if args.format == "json":
         print(msgspec.json.encode({"ok": ok, "anomalies": anomalies, "deep": report}).decode())
         return 0 if ok else 1
-    console = Console()
+    out = Output(args.format)
+    noted = anomalies
     if report is not None:
-        table = Table(title=f"exactly-once check of {cfg.clickhouse.database}.{cfg.clickhouse.target_table}")
-        for column in ("partition", "committed", "expected", "rows", "duplicates", "outside", "dead letters", "ok"):
-            table.add_column(column, justify="right" if column not in ("partition", "committed") else "left")
+        table = Sheet(f"exactly-once check of {cfg.clickhouse.database}.{cfg.clickhouse.target_table}", CHECK_COLUMNS)
         for c in report.partitions:
-            table.add_row(
-                f"{c.topic}-{c.partition}",
-                f"[{c.committed_from}, {c.committed_to})",
+            table.add(
+                c.topic,
+                str(c.partition),
+                str(c.committed_from),
+                str(c.committed_to),
                 str(c.expected_rows),
                 str(c.rows),
+                str(c.distinct_offsets),
                 str(c.duplicates),
                 str(c.outside),
                 str(c.dead_letters),
-                "[green]yes[/]" if c.ok else "[red]NO[/]",
+                Styled("yes", "green") if c.ok else Styled("NO", "red"),
             )
-        console.print(table)
-    for anomaly in anomalies:
-        console.print(f"[red]anomaly:[/] {anomaly}")
-    console.print("[green]exactly-once: OK[/]" if ok else f"[red]exactly-once: FAILED ({len(anomalies)} anomalies)[/]")
+        out.sheet(table)
+    elif args.format == "tsv":
+        listed = Sheet("", [Column("anomaly", "anomaly")])
+        for anomaly in anomalies:
+            listed.add(anomaly)
+        out.sheet(listed)
+        noted = []  # listed on stdout
+    for anomaly in noted:
+        out.note(f"[red]anomaly:[/] {escape(anomaly)}")
+    out.note("[green]exactly-once: OK[/]" if ok else f"[red]exactly-once: FAILED ({len(anomalies)} anomalies)[/]")
     return 0 if ok else 1
+
+
+#: The columns of ``verify --deep``'s table: committed offsets are [from, to).
+CHECK_COLUMNS = (
+    Column("topic", "topic"),
+    Column("partition", "partition", right=True),
+    Column("committed from", "committed_from", right=True),
+    Column("committed to", "committed_to", right=True),
+    Column("expected", "expected_rows", right=True),
+    Column("rows", "rows", right=True),
+    Column("distinct offsets", "distinct_offsets", right=True, wide=True),
+    Column("duplicates", "duplicates", right=True),
+    Column("outside", "outside", right=True),
+    Column("dead letters", "dead_letters", right=True),
+    Column("ok", "ok"),
+)

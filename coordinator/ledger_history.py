@@ -7,6 +7,8 @@ needs them. Like every ledger read, they resolve a duplicated slot by its first 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, ledger_checkpoint, ledger_sql
 from protocol.ledger import LedgerEvent, LedgerRow
@@ -21,27 +23,66 @@ _WINDOW_STEPS = (0, 3, 15, 63, 255, 1023)
 _WINDOW_AGES_S = (3600.0, 86400.0, 7 * 86400.0)
 
 
+def has_content(s: TxnSummary) -> bool:
+    """The txn holds rows or dead letters."""
+    return s.total_rows > 0 or s.dead_letters > 0
+
+
+def is_empty_commit(s: TxnSummary) -> bool:
+    """The txn committed neither rows nor dead letters: an idle interval or a seal."""
+    return s.state in ("PUBLISHED", "COMMITTED") and not has_content(s)
+
+
+#: The Python twins of ``history_txns_sql``'s content filters.
+_CONTENT_TESTS: dict[str, Callable[[TxnSummary], bool]] = {
+    ledger_sql.ANY_CONTENT: lambda s: True,
+    ledger_sql.WITH_CONTENT: has_content,
+    ledger_sql.EMPTY_COMMITS: is_empty_commit,
+    ledger_sql.NO_EMPTY_COMMITS: lambda s: not is_empty_commit(s),
+}
+
+
 class LedgerHistory(LedgerStore):
     """The ledger of one pipeline in ``database``, with its history reads. The constructor does no I/O."""
 
     def history(self, limit: int = 20, state: str | None = None) -> list[TxnSummary]:
-        """The latest ``limit`` txns, newest first (by their first row), optionally only those in ``state``.
+        """The latest ``limit`` txns, newest first (by their first row), optionally only those in
+        ``state``: ``latest_txns`` without its other filters."""
+        return self.latest_txns(limit, state)
+
+    def latest_txns(
+        self,
+        limit: int = 20,
+        state: str | None = None,
+        *,
+        since: float = 0.0,
+        content: str = ledger_sql.ANY_CONTENT,
+    ) -> list[TxnSummary]:
+        """The latest ``limit`` txns, newest first (by their first row), optionally only those in
+        ``state``, first stored at or after ``since`` (unix seconds; 0: any time) and of ``content``
+        (``ledger_sql.ANY_CONTENT``, ``WITH_CONTENT``: rows or dead letters, ``EMPTY_COMMITS``:
+        committed with neither, or ``NO_EMPTY_COMMITS``).
 
         Reads a window of recent rows, from the latest checkpoint on, and widens it (the 4th,
-        16th, ... latest checkpoint, an hour, a day, a week, then everything) only while it holds
-        fewer than ``limit`` txns whose rows all lie inside it: those are ranked and judged exactly.
+        16th, ... latest checkpoint, an hour, a day, a week, then everything from ``since``) only
+        while it holds fewer than ``limit`` txns whose rows all lie inside it: those are ranked and
+        judged exactly.
         """
         if state and state.upper() not in ledger.STATE_PRECEDENCE:
             raise ValueError(f"unknown txn state {state!r}: use one of {', '.join(ledger.STATE_PRECEDENCE)}")
+        if content not in _CONTENT_TESTS:
+            raise ValueError(f"unknown txn content filter {content!r}")
         if limit <= 0:
             return []
-        for since_ms in self._windows():
+        floor_ms = max(0, round(since * 1000))
+        for since_ms in [*(w for w in self._windows() if w > floor_ms), floor_ms]:
             picked = self._query(
                 "list txns",
                 ledger_sql.history_txns_sql(self._database),
                 limit=limit + _SLACK,
                 state=(state or "").upper(),
                 since_ms=since_ms,
+                content=content,
             )
             grouped = self._rows_of([r[0] for r in picked])
             inside = [
@@ -49,9 +90,22 @@ class LedgerHistory(LedgerStore):
                 for t, _, _ in picked
                 if t in grouped and min(round(r.event_time * 1000) for r in grouped[t]) >= since_ms
             ]
-            if len(inside) >= limit or since_ms == 0:
-                return [summarize(grouped[t]) for t in inside[:limit]]
+            if len(inside) >= limit or since_ms == floor_ms:
+                summaries = (summarize(grouped[t]) for t in inside)
+                return [s for s in summaries if _CONTENT_TESTS[content](s)][:limit]
         raise AssertionError("the last window takes every row")
+
+    def count_txns(
+        self, state: str | None = None, *, since: float = 0.0, content: str = ledger_sql.ANY_CONTENT
+    ) -> tuple[int, int]:
+        """(txns, seals among them) with a row stored at or after ``since`` (unix seconds), in
+        ``state`` and of ``content`` as ``history`` takes them, each judged by those rows only."""
+        sql = ledger_sql.history_counts_sql(self._database)
+        since_ms = max(0, round(since * 1000))
+        [(txns, seals)] = self._query(
+            "count txns", sql, limit=2**32 - 1, state=(state or "").upper(), since_ms=since_ms, content=content
+        )
+        return int(txns), int(seals)
 
     def last_abort(self) -> LedgerRow | None:
         """The newest ABORTED row (reads only ABORTED rows)."""

@@ -108,10 +108,22 @@ def event_rows_sql(database: str, event: LedgerEvent) -> str:
     )
 
 
+#: ``{content:String}`` of ``history_txns_sql``: every txn, only those with rows or dead letters, only the
+#: empty commits (COMMITTED or PUBLISHED with neither: idle intervals and seals), or all but those.
+ANY_CONTENT = ""
+WITH_CONTENT = "with-content"
+EMPTY_COMMITS = "empty-commits"
+NO_EMPTY_COMMITS = "no-empty-commits"
+
+_HAS_CONTENT = "(max(total_rows) > 0 OR max(dead_letters) > 0)"
+_EMPTY_COMMIT = f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT})"
+
+
 def history_txns_sql(database: str) -> str:
     """The latest ``{limit:UInt32}`` txns with a row stored at or after ``{since_ms:Int64}`` (unix
-    ms; 0: any), newest first by their first such row, in state ``{state:String}`` ('' for any),
-    judged by those rows; with the time of that first row (unix ms).
+    ms; 0: any), newest first by their first such row, in state ``{state:String}`` ('' for any)
+    and of content ``{content:String}`` (``ANY_CONTENT``, ``WITH_CONTENT``, ``EMPTY_COMMITS`` or
+    ``NO_EMPTY_COMMITS``), judged by those rows; with the time of that first row (unix ms).
 
     A txn whose rows all lie in the window is ranked and judged exactly; one with older rows too
     ("straddling") may not be, and ``LedgerHistory.history`` checks it against all its rows.
@@ -120,9 +132,19 @@ def history_txns_sql(database: str) -> str:
         f"SELECT txn, {state_sql()} AS state, toUnixTimestamp64Milli(min(event_time)) AS first_ms "
         f"FROM {qualified(database)} "
         "WHERE pipeline = {pipeline:String} AND txn != '' AND event_time >= fromUnixTimestamp64Milli({since_ms:Int64}) "
-        "GROUP BY txn HAVING {state:String} = '' OR state = {state:String} "
+        "GROUP BY txn HAVING ({state:String} = '' OR state = {state:String}) "
+        f"AND ({{content:String}} = '{ANY_CONTENT}' "
+        f"OR ({{content:String}} = '{WITH_CONTENT}' AND {_HAS_CONTENT}) "
+        f"OR ({{content:String}} = '{EMPTY_COMMITS}' AND {_EMPTY_COMMIT}) "
+        f"OR ({{content:String}} = '{NO_EMPTY_COMMITS}' AND NOT {_EMPTY_COMMIT})) "
         "ORDER BY min(event_time) DESC, txn DESC LIMIT {limit:UInt32}"
     )
+
+
+def history_counts_sql(database: str) -> str:
+    """How many txns ``history_txns_sql`` picks (its parameters; ``{limit:UInt32}`` the largest), and
+    how many of them are seals (``protocol.naming.seal_txn``: ``e<epoch>_t0``)."""
+    return f"SELECT count(), countIf(endsWith(txn, '_t0')) FROM ({history_txns_sql(database)})"
 
 
 def txn_rows_sql(database: str) -> str:
