@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+KEEPER := $(VENV)/keeper/.installed
 
 .PHONY: install test test-pure lint demo soak bench check-prereqs clean
 
 SEED     ?= 1
 DURATION ?= 600
 
-install: $(STAMP)
+install: $(STAMP) $(KEEPER)
 
 check-prereqs:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
@@ -27,6 +28,12 @@ $(STAMP): pyproject.toml constraints.txt | check-prereqs
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[embedded,test,lint]'
 	@touch $(STAMP)
+
+# ZooKeeper for `chtxn embedded up --keeper`: Debian's packages (apt-get download, no root), unpacked
+# under .venv/keeper, nothing installed on the system (embedded/keeper_jars.py says what and why).
+$(KEEPER): embedded/keeper_jars.py | $(STAMP)
+	$(PY) -m embedded.keeper_jars install $(VENV)/keeper
+	@touch $(KEEPER)
 
 test: install
 	$(PY) -m pytest tests

@@ -1,7 +1,9 @@
-"""``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker.
+"""``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker
+(``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables).
 
 Exit codes: ``up`` 0 when the stack runs (also when it already did), 1 when a server could not
-start; ``down`` 0; ``status`` 0 when every server runs and answers, 1 otherwise.
+start; ``down`` 0; ``status`` 0 when every server recorded runs and answers (the broker and the
+endpoint at least), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -39,13 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "port moves to a free one (the output says so). Kafka data lives in memory and is gone "
         "after `down`; ClickHouse data stays in DATA_DIR/clickhouse.",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
-        '  eval "$(chtxn embedded up --env)"   # start it and point this shell\'s chtxn at it',
+        '  eval "$(chtxn embedded up --env)"   # start it and point this shell\'s chtxn at it\n'
+        "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables",
     )
     _data_dir_arg(up)
     up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
     up.add_argument(
         "--clickhouse-port", type=int, default=8123, help="ClickHouse HTTP port (default 8123; 0: any free port)"
     )
+    up.add_argument(
+        "--keeper",
+        action="store_true",
+        help="also start a keeper (ZooKeeper, from `make install`) first and configure the ClickHouse endpoint "
+        "for it, so KeeperMap tables work; a data directory that has one keeps starting it until `down --purge`",
+    )
+    up.add_argument("--keeper-port", type=int, default=2181, help="keeper port (default 2181; 0: any free port)")
     output = up.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the addresses as JSON, for scripts")
     output.add_argument(
@@ -62,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _data_dir_arg(down)
     down.add_argument(
-        "--purge", action="store_true", help="also delete the ClickHouse data and logs the stack wrote in DATA_DIR"
+        "--purge",
+        action="store_true",
+        help="also delete the ClickHouse and keeper data and logs the stack wrote in DATA_DIR",
     )
     down.set_defaults(func=run_down)
 
@@ -94,11 +106,19 @@ def _env(state: daemon.StackState) -> dict[str, str]:
         env["CHTXN_KAFKA_BOOTSTRAP_SERVERS"] = state.components["kafka"].address
     if "clickhouse" in state.components:
         env["CHTXN_CLICKHOUSE_URL"] = state.components["clickhouse"].address
+    if "keeper" in state.components:
+        env["CHTXN_EMBEDDED_KEEPER"] = state.components["keeper"].address
     return env
 
 
 def run_up(args: argparse.Namespace) -> int:
-    result = daemon.up(args.data_dir, kafka_port=args.kafka_port, clickhouse_port=args.clickhouse_port)
+    result = daemon.up(
+        args.data_dir,
+        kafka_port=args.kafka_port,
+        clickhouse_port=args.clickhouse_port,
+        keeper=args.keeper,
+        keeper_port=args.keeper_port,
+    )
     state = result.state
     if args.json:
         print(
@@ -110,6 +130,7 @@ def run_up(args: argparse.Namespace) -> int:
                     "data_dir": state.data_dir,
                     "kafka_bootstrap": state.components["kafka"].address,
                     "clickhouse_url": state.components["clickhouse"].address,
+                    "keeper": state.components["keeper"].address if "keeper" in state.components else None,
                     "env": _env(state),
                     "components": {name: _component_json(c) for name, c in state.components.items()},
                 },
@@ -145,7 +166,12 @@ def run_up(args: argparse.Namespace) -> int:
         "  import clickhouse_connect\n"
         f'  client = clickhouse_connect.get_client(host="{state.host}", port={ch.port})\n'
         '  client.query("SELECT version()").result_rows\n'
-        "\nStop it with: chtxn embedded down"
+        + (
+            "  client.command(\"CREATE TABLE kv (key String, v String) ENGINE = KeeperMap('/kv') PRIMARY KEY key\")\n"
+            if "keeper" in state.components
+            else ""
+        )
+        + "\nStop it with: chtxn embedded down"
         + ("" if args.data_dir == daemon.DEFAULT_DATA_DIR else f" --data-dir {args.data_dir}")
         + "  (Kafka data lives in memory and is gone after `down`)",
         soft_wrap=True,
@@ -160,15 +186,13 @@ def run_down(args: argparse.Namespace) -> int:
     else:
         print(f"nothing was running from {args.data_dir}")
     if args.purge:
-        print(f"deleted the ClickHouse data and logs in {args.data_dir}")
+        print(f"deleted the ClickHouse and keeper data and logs in {args.data_dir}")
     return 0
 
 
 def run_status(args: argparse.Namespace) -> int:
     statuses = daemon.status(args.data_dir)
-    healthy = (
-        bool(statuses) and len(statuses) == len(daemon.COMPONENTS) and all(s.running and s.answering for s in statuses)
-    )
+    healthy = set(daemon.REQUIRED) <= {s.name for s in statuses} and all(s.running and s.answering for s in statuses)
     if args.json:
         print(
             json.dumps(
@@ -214,6 +238,7 @@ def _component_json(component: daemon.ComponentState) -> dict[str, object]:
     return {
         "address": component.address,
         "port": component.port,
+        **({"keeper": component.keeper} if component.keeper else {}),
         "pid": component.pid,
         "log": component.log,
         "started_at": component.started_at,

@@ -8,6 +8,11 @@ Guarantees:
   QUERY_WAS_CANCELLED.
 - Data is ClickHouse's own on-disk format under ``data_dir``: closing and opening the engine on
   the same directory gives back every committed part.
+- With a keeper (``keeper="host:port"``, a ZooKeeper such as :mod:`embedded.keeper`), the engine
+  is configured for it (:func:`keeper_config`): KeeperMap tables work, their znodes under
+  ``KEEPER_MAP_PATH_PREFIX``. ClickHouse connects to the keeper when a statement first needs it and
+  opens a new session by itself when the old one is lost. A data directory holding KeeperMap tables
+  opens only with a keeper.
 - Background merges run at nice ``MERGE_NICE`` (ClickHouse's ``os_threads_nice_value_merge_mutate``):
   the engine shares its machine with the pipeline, and a merge can wait where an insert or a
   commit-path query should not. ClickHouse applies it only with ``CAP_SYS_NICE``; without it
@@ -17,30 +22,42 @@ Guarantees:
 from __future__ import annotations
 
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 from embedded.ch_connection import QUERY_ID_SETTING, EngineConnection, Outcome, latin1
 from embedded.ch_errors import EngineError
 from embedded.ch_sql import quote
 
-__all__ = ["CANNOT_OPEN_DATA_DIR", "Engine", "Outcome"]
+__all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "Engine", "Outcome", "keeper_config"]
 
 CANNOT_OPEN_DATA_DIR = 76  # ClickHouse's CANNOT_OPEN_FILE
+#: The znode under which KeeperMap tables keep their rows (ClickHouse's ``keeper_map_path_prefix``).
+KEEPER_MAP_PATH_PREFIX = "/chtxn_keeper_map"
+#: The engine's configuration file when it has a keeper, in its data directory (rewritten at each open).
+KEEPER_CONFIG_FILE = "chtxn-keeper.xml"
 #: Nice value of the engine's merge and mutation threads (0 = the process's priority, 19 lowest).
 MERGE_NICE = 10
 
 
 class Engine:
-    """chDB on ``data_dir``. Thread-safe; open one per process. Raises EngineError
-    (CANNOT_OPEN_FILE) when the directory cannot be opened, e.g. another process serves it."""
+    """chDB on ``data_dir``, with the ZooKeeper at ``keeper`` ("host:port") when given. Thread-safe;
+    open one per process. Raises EngineError (CANNOT_OPEN_FILE) when the directory cannot be opened,
+    e.g. another process serves it."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, keeper: str | None = None):
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         # chDB passes the parameters of its connection string to the engine as server settings.
         self._path = f"{path}?os_threads_nice_value_merge_mutate={MERGE_NICE}"
+        config = path / KEEPER_CONFIG_FILE
+        if keeper is not None:
+            config.write_text(keeper_config(keeper))
+            self._path += f"&config-file={config}"
+        else:
+            config.unlink(missing_ok=True)
         try:
             # The engine lives while any connection is open: this one is kept until close().
-            self._keeper = EngineConnection(self._path, {})
+            self._anchor = EngineConnection(self._path, {})
         except Exception as ex:
             raise EngineError(
                 CANNOT_OPEN_DATA_DIR,
@@ -48,10 +65,10 @@ class Engine:
                 "data directory; stop the other endpoint or chDB process using it, or choose another directory",
                 "CANNOT_OPEN_FILE",
             ) from None
-        version, tz = self._keeper.raw(b"SELECT version(), timezone()").bytes().decode().rstrip("\n").split("\t")
+        version, tz = self._anchor.raw(b"SELECT version(), timezone()").bytes().decode().rstrip("\n").split("\t")
         self.version: str = version
         self.timezone: str = tz
-        rows = self._keeper.raw(b"SELECT name, value FROM system.settings").bytes().decode().splitlines()
+        rows = self._anchor.raw(b"SELECT name, value FROM system.settings").bytes().decode().splitlines()
         self._baseline = {name: _unescape_tsv(value) for name, _, value in (r.partition("\t") for r in rows)}
 
     def connect(self) -> EngineConnection:
@@ -70,7 +87,23 @@ class Engine:
 
     def close(self) -> None:
         """Release the engine; the data stays on disk. Open connections must be closed first."""
-        self._keeper.close()
+        self._anchor.close()
+
+
+def keeper_config(keeper: str) -> str:
+    """ClickHouse's configuration naming the ZooKeeper at ``keeper`` ("host:port") and the KeeperMap
+    path prefix."""
+    host, _, port = keeper.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"keeper address {keeper!r}: expected host:port")
+    return (
+        "<clickhouse>\n"
+        "    <zookeeper>\n"
+        f"        <node><host>{escape(host)}</host><port>{port}</port></node>\n"
+        "    </zookeeper>\n"
+        f"    <keeper_map_path_prefix>{KEEPER_MAP_PATH_PREFIX}</keeper_map_path_prefix>\n"
+        "</clickhouse>\n"
+    )
 
 
 def _unescape_tsv(value: str) -> str:

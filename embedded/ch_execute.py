@@ -3,8 +3,11 @@ runs it.
 
 - ``SET`` and ``USE`` change the session (or only this request, without a session);
 - the external tables of a multipart body exist for this statement only;
-- ``INSERT ... FORMAT f <data>`` streams the data into the engine; ``INSERT ... VALUES`` with query
-  parameters runs as one statement so that ``{name:Type}`` inside VALUES is bound;
+- ``INSERT ... FORMAT f <data>`` streams the data into the engine; ``INSERT ... VALUES`` runs as one
+  statement, so that ``{name:Type}`` inside VALUES is bound and an error raised while the rows are
+  written reaches the client (the engine's streaming insert reports some of those as a success
+  with nothing written: a violated CONSTRAINT, KeeperMap's "key exists" under
+  ``keeper_map_strict_mode``, an unreachable keeper);
 - the statement runs with its HTTP query id in the ``log_comment`` setting, so that ``KILL QUERY
   WHERE query_id = ...`` and ``system.processes`` see the ids clients chose;
 - Native output for a client that sent ``client_protocol_version`` is re-framed (``ch_native``).
@@ -104,12 +107,12 @@ def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
 
 def _run(conn: EngineConnection, request: Request, settings: dict[str, str], database: str) -> Outcome:
     stmt = request.statement
-    if stmt.insert is not None and not (stmt.insert.input_format == "Values" and request.query_params):
+    if stmt.insert is not None and stmt.insert.input_format != "Values":
         return conn.insert(
             latin1(stmt.insert.statement), stmt.insert.input_format, stmt.data, settings=settings, database=database
         )
     sql = stmt.sql
-    if stmt.insert is not None:  # INSERT ... VALUES with {name:Type} placeholders: one statement
+    if stmt.insert is not None:  # INSERT ... VALUES: one statement (see the module's docstring)
         sql = f"{stmt.insert.statement} VALUES {bytes(stmt.data).decode('latin-1')}"
     fmt = (output_format(sql) or request.default_format) if stmt.kind in RESULT_KINDS else None
     revision = request.protocol_version if fmt == "Native" else 0
@@ -117,7 +120,8 @@ def _run(conn: EngineConnection, request: Request, settings: dict[str, str], dat
     if revision:
         keep_binary_types = settings.get(BINARY_TYPES_SETTING, "'0'").strip("'") not in ("0", "false", "")
         settings[BINARY_TYPES_SETTING] = "1"
-    sql_bytes = latin1(with_http_query_ids(sql))
+    # An INSERT ... VALUES goes as sent: its rows are data, and can be large.
+    sql_bytes = latin1(with_http_query_ids(sql) if stmt.insert is None else sql)
     if stmt.kind in _STREAMED_KINDS and fmt in _STREAMED_FORMATS:
         stream = conn.stream(sql_bytes, fmt, settings=settings, database=database, params=request.query_params)
         if revision:

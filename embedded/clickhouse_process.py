@@ -17,7 +17,8 @@ from embedded.service import LoopbackService, NotReady
 
 
 class EmbeddedClickHouse(LoopbackService):
-    """ClickHouse's engine (chDB) behind ClickHouse's HTTP interface on ``host:port``."""
+    """ClickHouse's engine (chDB) behind ClickHouse's HTTP interface on ``host:port``; with ``keeper``
+    ("host:port" of a ZooKeeper, read at each start) configured for KeeperMap tables."""
 
     name = "clickhouse"
     title = "the embedded ClickHouse endpoint (chDB)"
@@ -31,9 +32,11 @@ class EmbeddedClickHouse(LoopbackService):
         log_path: Path | None = None,
         detached: bool = False,
         ready_timeout_s: float = 90.0,
+        keeper: str | None = None,
     ) -> None:
         super().__init__(port, host, log_path=log_path, detached=detached, ready_timeout_s=ready_timeout_s)
         self.data_dir = Path(data_dir).resolve()
+        self.keeper = keeper
 
     @property
     def url(self) -> str:
@@ -59,6 +62,7 @@ class EmbeddedClickHouse(LoopbackService):
             str(self.port),
             "--host",
             self.host,
+            *(["--keeper", self.keeper] if self.keeper else []),
         ]
 
     def _env(self) -> dict[str, str]:

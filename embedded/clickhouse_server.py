@@ -36,7 +36,8 @@ from embedded.ch_http import HttpServer
 class ClickHouseEndpoint:
     """An embedded ClickHouse HTTP endpoint serving ``data_dir`` on ``host:port`` (0 picks a free
     port). With ``password`` (and optionally ``user``, default ``default``) set, every query must
-    authenticate; ``/ping`` never needs to. One endpoint per process."""
+    authenticate; ``/ping`` never needs to. With ``keeper`` ("host:port" of a ZooKeeper) the
+    engine uses it for KeeperMap tables (see ``ch_engine``). One endpoint per process."""
 
     def __init__(
         self,
@@ -45,8 +46,10 @@ class ClickHouseEndpoint:
         port: int = 0,
         user: str | None = None,
         password: str | None = None,
+        keeper: str | None = None,
     ):
         self.data_dir = Path(data_dir)
+        self.keeper = keeper
         self.host = host
         self._port = port
         self._user = user
@@ -58,7 +61,7 @@ class ClickHouseEndpoint:
         """Open the engine and serve in a background thread; returns once the port is bound."""
         if self._server is not None:
             raise RuntimeError("this ClickHouseEndpoint is already started")
-        engine = Engine(self.data_dir)
+        engine = Engine(self.data_dir, self.keeper)
         try:
             self._server = HttpServer((self.host, self._port), engine, self._user, self._password)
         except OSError:
@@ -137,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         "--user", default=None, help="user name clients must give (default 'default' when --password is set)"
     )
     parser.add_argument("--password", default=None, help="password clients must give (default: no authentication)")
+    parser.add_argument(
+        "--keeper", default=None, metavar="HOST:PORT", help="a ZooKeeper for KeeperMap tables (default: none)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -144,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     try:
-        endpoint = ClickHouseEndpoint(args.data_dir, args.host, args.port, args.user, args.password).start()
+        endpoint = ClickHouseEndpoint(
+            args.data_dir, args.host, args.port, args.user, args.password, args.keeper
+        ).start()
     except OSError as ex:
         print(f"cannot listen on {args.host}:{args.port}: {ex}; choose another --port", file=sys.stderr)
         return 2

@@ -2,13 +2,18 @@
 
 ``up`` starts the servers as background processes that outlive the command and records them in
 ``<data_dir>/state.json`` (pid, process start time, port, address), so ``down`` and ``status``
-work from any shell. Guarantees:
+work from any shell. ``up --keeper`` also starts a keeper (ZooKeeper) before the ClickHouse
+endpoint and configures the endpoint for it. Guarantees:
 
 - ``down`` signals only processes recorded by ``up`` whose pid *and* start time still match: a
   recycled pid is never touched, and nothing that ``up`` did not start is stopped.
 - ``up`` on a running stack starts nothing and says so; on a half-running one (a server died) it
   starts only what is missing.
 - ``up``, ``down`` hold a lock on the data directory, so two of them never interleave.
+- Once a data directory has a keeper (``DATA_DIR/keeper``), every ``up`` starts it, ``--keeper`` or
+  not, as its ClickHouse data may hold KeeperMap tables, which open only with their keeper; ``down
+  --purge`` removes it. A keeper that died while the endpoint runs is started again on the port the
+  endpoint was configured with.
 """
 
 from __future__ import annotations
@@ -25,24 +30,30 @@ import msgspec
 
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
+from embedded.keeper import EmbeddedKeeper, port_is_free as keeper_port_is_free
 from embedded.stack import EmbeddedStack
 from procs import is_running, port_is_free, stop_group
 
 DEFAULT_DATA_DIR = Path(".chtxn") / "embedded"
 STATE_FILE = "state.json"
-COMPONENTS = ("kafka", "clickhouse")
-TITLES = {"kafka": "Kafka broker (Tansu)", "clickhouse": "ClickHouse endpoint (chDB)"}
+KEEPER_DIR = "keeper"
+#: In start order (``down`` stops them in reverse): the keeper, when there is one, before the endpoint.
+COMPONENTS = ("keeper", "kafka", "clickhouse")
+#: What a stack always has; the keeper is optional.
+REQUIRED = ("kafka", "clickhouse")
+TITLES = {"keeper": "Keeper (ZooKeeper)", "kafka": "Kafka broker (Tansu)", "clickhouse": "ClickHouse endpoint (chDB)"}
 
 
-class ComponentState(msgspec.Struct, frozen=True, kw_only=True):
+class ComponentState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One server that ``up`` started."""
 
     pid: int
     token: str | None  # process start time: tells our process from one that reuses its pid
     port: int
-    address: str  # "127.0.0.1:9092" (Kafka bootstrap) or "http://127.0.0.1:8123"
+    address: str  # "127.0.0.1:9092" (Kafka bootstrap, keeper) or "http://127.0.0.1:8123"
     log: str
     started_at: str
+    keeper: str = ""  # the ClickHouse endpoint: the keeper address it was configured with ("": none)
 
 
 class StackState(msgspec.Struct, kw_only=True):
@@ -59,7 +70,7 @@ class ComponentStatus:
     name: str
     state: ComponentState
     running: bool  # the recorded process is alive
-    answering: bool  # its port answers (metadata for Kafka, /ping for ClickHouse)
+    answering: bool  # its port answers (metadata for Kafka, /ping for ClickHouse, srvr for the keeper)
 
 
 @dataclass
@@ -100,35 +111,73 @@ def _alive(component: ComponentState) -> bool:
     return is_running(component.pid, component.token)
 
 
-def up(data_dir: Path, *, kafka_port: int = 9092, clickhouse_port: int = 8123, host: str = "127.0.0.1") -> UpResult:
-    """Start whatever of the stack is not running, detached. Raises SetupError when a server fails
-    to start (after stopping any server this call started)."""
+def up(
+    data_dir: Path,
+    *,
+    kafka_port: int = 9092,
+    clickhouse_port: int = 8123,
+    keeper: bool = False,
+    keeper_port: int = 2181,
+    host: str = "127.0.0.1",
+) -> UpResult:
+    """Start whatever of the stack is not running, detached; with ``keeper`` (or when ``data_dir``
+    has one) the keeper too. Raises SetupError when a server fails to start (after stopping any
+    server this call started)."""
     data_dir = Path(data_dir).resolve()
     with _locked(data_dir):
         state = read_state(data_dir) or StackState(host=host, data_dir=str(data_dir))
+        recorded_keeper = "keeper" in state.components
         state.components = {k: v for k, v in state.components.items() if _alive(v)}
         result = UpResult(state=state)
-        wanted = {"kafka": kafka_port, "clickhouse": clickhouse_port}
+        if not keeper and (data_dir / KEEPER_DIR).exists():
+            keeper = True
+            if not recorded_keeper:
+                result.notes.append(
+                    f"{data_dir / KEEPER_DIR} exists, so the keeper starts too (its ClickHouse data may hold "
+                    "KeeperMap tables); `down --purge` removes it"
+                )
+        wanted = {"keeper": keeper_port if keeper else 0, "kafka": kafka_port, "clickhouse": clickhouse_port}
+        clickhouse = state.components.get("clickhouse")
+        # A running endpoint names its keeper's port: a keeper started again serves that one, taken or not.
+        pinned = int(clickhouse.keeper.rpartition(":")[2]) if clickhouse is not None and clickhouse.keeper else 0
+        if pinned:
+            keeper, wanted["keeper"] = True, pinned
         for name in COMPONENTS:
-            if name not in state.components and wanted[name] and not port_is_free(host, wanted[name]):
+            if name in state.components or not wanted[name] or (name == "keeper" and pinned):
+                continue
+            free = keeper_port_is_free if name == "keeper" else port_is_free
+            if not free(host, wanted[name]):
                 result.notes.append(f"port {wanted[name]} is taken: the {TITLES[name]} uses a free port instead")
                 wanted[name] = 0
+        if keeper and clickhouse is not None and not clickhouse.keeper:
+            result.notes.append(
+                "the ClickHouse endpoint runs without a keeper, so KeeperMap tables do not work there: "
+                "`chtxn embedded down`, then `up --keeper`, restarts it with one"
+            )
         stack = EmbeddedStack(
-            data_dir, kafka_port=wanted["kafka"], clickhouse_port=wanted["clickhouse"], host=state.host, detached=True
+            data_dir,
+            kafka_port=wanted["kafka"],
+            clickhouse_port=wanted["clickhouse"],
+            host=state.host,
+            detached=True,
+            keeper=keeper and "keeper" not in state.components,
+            keeper_port=wanted["keeper"],
         )
+        if "keeper" in state.components:
+            stack.clickhouse.keeper = state.components["keeper"].address
         try:
             for name in COMPONENTS:
-                if name in state.components:
+                if name in state.components or (name == "keeper" and not keeper):
                     continue
-                service = stack.start_kafka() if name == "kafka" else stack.start_clickhouse()
-                address = service.bootstrap if isinstance(service, EmbeddedBroker) else service.url
+                service = _start(stack, name)
                 state.components[name] = ComponentState(
                     pid=service.pid,
                     token=service.token,
                     port=service.port,
-                    address=address,
+                    address=service.bootstrap if isinstance(service, EmbeddedBroker) else _address(service),
                     log=str(service.log_path),
                     started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    keeper=(stack.clickhouse.keeper or "") if name == "clickhouse" else "",
                 )
                 result.started.append(name)
         except BaseException:
@@ -141,10 +190,20 @@ def up(data_dir: Path, *, kafka_port: int = 9092, clickhouse_port: int = 8123, h
         return result
 
 
+def _start(stack: EmbeddedStack, name: str) -> EmbeddedBroker | EmbeddedClickHouse | EmbeddedKeeper:
+    if name == "keeper":
+        return stack.start_keeper()
+    return stack.start_kafka() if name == "kafka" else stack.start_clickhouse()
+
+
+def _address(service: EmbeddedClickHouse | EmbeddedKeeper) -> str:
+    return service.url if isinstance(service, EmbeddedClickHouse) else service.address
+
+
 def down(data_dir: Path, *, purge: bool = False) -> list[str]:
     """Stop every server ``up`` recorded here; returns the names of those that were running.
 
-    ``purge`` also deletes what the stack wrote (ClickHouse data, logs, state); nothing else in
+    ``purge`` also deletes what the stack wrote (ClickHouse and keeper data, logs, state); nothing else in
     ``data_dir`` is touched.
     """
     data_dir = Path(data_dir).resolve()
@@ -160,7 +219,7 @@ def down(data_dir: Path, *, purge: bool = False) -> list[str]:
                     stopped.append(name)
             (data_dir / STATE_FILE).unlink(missing_ok=True)
         if purge:
-            for sub in ("clickhouse", "logs"):
+            for sub in ("clickhouse", KEEPER_DIR, "logs"):
                 shutil.rmtree(data_dir / sub, ignore_errors=True)
     if purge:
         (data_dir / ".lock").unlink(missing_ok=True)
@@ -180,10 +239,12 @@ def status(data_dir: Path) -> list[ComponentStatus]:
         if component is None:
             continue
         running = _alive(component)
-        probe = (
-            EmbeddedBroker(component.port, state.host)
-            if name == "kafka"
-            else EmbeddedClickHouse(Path(data_dir) / "clickhouse", component.port, state.host)
-        )
+        probe: EmbeddedBroker | EmbeddedClickHouse | EmbeddedKeeper
+        if name == "kafka":
+            probe = EmbeddedBroker(component.port, state.host)
+        elif name == "keeper":
+            probe = EmbeddedKeeper(Path(data_dir) / KEEPER_DIR, component.port, state.host)
+        else:
+            probe = EmbeddedClickHouse(Path(data_dir) / "clickhouse", component.port, state.host)
         out.append(ComponentStatus(name, component, running, running and probe.answers()))
     return out

@@ -89,7 +89,7 @@ class LoopbackService:
         attempts = _PORT_ATTEMPTS if self.requested_port == 0 else 1
         for attempt in range(1, attempts + 1):
             self.port = self.requested_port or free_port(self.host)
-            if not port_is_free(self.host, self.port):
+            if not self._port_is_free():
                 raise SetupError(
                     f"cannot start {self.title}: {self.host}:{self.port} is already in use; "
                     "stop what listens there or choose another port (port 0 picks a free one)"
@@ -108,7 +108,7 @@ class LoopbackService:
             except _Exited:
                 process, self._process = self._process, None
                 process.stop()
-                taken = not port_is_free(self.host, self.port)
+                taken = not self._port_is_free()
                 if taken and attempt < attempts:
                     log.info(
                         "port taken before the server could bind, retrying",
@@ -155,6 +155,10 @@ class LoopbackService:
     def _probe(self) -> None:
         """Return when the server answers; raise :class:`NotReady` when it does not yet."""
         raise NotImplementedError
+
+    def _port_is_free(self) -> bool:
+        """Whether the server could bind ``host:port`` now (see :func:`procs.port_is_free`)."""
+        return port_is_free(self.host, self.port)
 
     # -- internals -----------------------------------------------------------------------------
 

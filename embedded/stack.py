@@ -1,12 +1,15 @@
-"""The embedded stack: a Kafka-protocol broker and a ClickHouse endpoint on loopback, no Docker.
+"""The embedded stack: a Kafka-protocol broker and a ClickHouse endpoint on loopback, no Docker;
+optionally a keeper (ZooKeeper) that the ClickHouse endpoint is configured for (KeeperMap tables).
 
 Used in-process by the tests and ``make demo`` (the servers die with the process that started them,
 SIGKILL included) and detached by ``chtxn embedded up`` (the servers outlive the command and are
 stopped by pid, see :mod:`embedded.daemon`). Layout of ``data_dir``::
 
     clickhouse/        ClickHouse's data (kept across restarts)
+    keeper/            ZooKeeper's data and zoo.cfg (with ``keeper=True``; kept across restarts)
     logs/kafka.log     the broker's output
     logs/clickhouse.log
+    logs/keeper.log
     state.json         what ``chtxn embedded up`` started (detached mode only)
 
 Kafka data lives in the broker's memory: it is gone when the broker stops.
@@ -19,16 +22,20 @@ from urllib.parse import urlsplit
 
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
+from embedded.keeper import EmbeddedKeeper
+from embedded.service import LoopbackService
 
 
 class EmbeddedStack:
-    """Both servers, each started on demand. Example::
+    """The servers, each started on demand. Example::
 
         with EmbeddedStack(".chtxn/embedded") as stack:
             Producer({"bootstrap.servers": stack.kafka_bootstrap})
             clickhouse_connect.get_client(host=stack.clickhouse_host, port=stack.clickhouse_port)
 
     Ports 0 pick free ports. Constructing starts nothing; :meth:`start` starts what is not running.
+    With ``keeper=True`` the ClickHouse endpoint is started after the keeper and configured for it;
+    without, no keeper is started, as before.
     """
 
     def __init__(
@@ -39,6 +46,8 @@ class EmbeddedStack:
         clickhouse_port: int = 0,
         host: str = "127.0.0.1",
         detached: bool = False,
+        keeper: bool = False,
+        keeper_port: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
@@ -50,12 +59,23 @@ class EmbeddedStack:
             log_path=self.data_dir / "logs" / "clickhouse.log",
             detached=detached,
         )
+        self.keeper: EmbeddedKeeper | None = None
+        if keeper:
+            self.keeper = EmbeddedKeeper(
+                self.data_dir / "keeper",
+                keeper_port,
+                host,
+                log_path=self.data_dir / "logs" / "keeper.log",
+                detached=detached,
+            )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> EmbeddedStack:
-        """Start both servers (those not running yet); stops both again if one fails."""
+        """Start the servers (those not running yet); stops them all again if one fails."""
         try:
+            if self.keeper is not None:
+                self.start_keeper()
             self.start_kafka()
             self.start_clickhouse()
         except BaseException:
@@ -70,19 +90,34 @@ class EmbeddedStack:
             self.broker.start()
         return self.broker
 
+    def start_keeper(self) -> EmbeddedKeeper:
+        """Start the keeper unless it runs (on its earlier port, if it ran before); returns it."""
+        if self.keeper is None:
+            raise RuntimeError("this stack has no keeper: construct it with keeper=True")
+        if not self.keeper.running():
+            self.keeper.stop()
+            self.keeper.start()
+        return self.keeper
+
     def start_clickhouse(self) -> EmbeddedClickHouse:
-        """Start the ClickHouse endpoint unless it runs; returns it."""
+        """Start the ClickHouse endpoint unless it runs (with a keeper: the keeper first); returns it."""
         if not self.clickhouse.running():
+            if self.keeper is not None:
+                self.clickhouse.keeper = self.start_keeper().address
             self.clickhouse.stop()
             self.clickhouse.start()
         return self.clickhouse
 
     def stop(self) -> None:
-        """Stop both servers; returns once no process of the stack is left. Idempotent."""
+        """Stop the servers; returns once no process of the stack is left. Idempotent."""
         try:
             self.clickhouse.stop()
         finally:
-            self.broker.stop()
+            try:
+                self.broker.stop()
+            finally:
+                if self.keeper is not None:
+                    self.keeper.stop()
 
     def __enter__(self) -> EmbeddedStack:
         return self.start()
@@ -113,14 +148,26 @@ class EmbeddedStack:
         self._require(self.clickhouse)
         return self.clickhouse.port
 
+    @property
+    def keeper_address(self) -> str:
+        """``127.0.0.1:PORT`` of the keeper, for ``CHTXN_EMBEDDED_KEEPER``."""
+        if self.keeper is None:
+            raise RuntimeError("this stack has no keeper: construct it with keeper=True")
+        self._require(self.keeper)
+        return self.keeper.address
+
     def env(self) -> dict[str, str]:
-        """The ``CHTXN_*`` variables that point a pipeline config at this stack."""
-        return {
+        """The ``CHTXN_*`` variables that point a pipeline config at this stack (with a keeper, also
+        ``CHTXN_EMBEDDED_KEEPER``: its address, for tools that talk to it)."""
+        env = {
             "CHTXN_KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
             "CHTXN_CLICKHOUSE_URL": self.clickhouse_url,
         }
+        if self.keeper is not None:
+            env["CHTXN_EMBEDDED_KEEPER"] = self.keeper_address
+        return env
 
     @staticmethod
-    def _require(service: EmbeddedBroker | EmbeddedClickHouse) -> None:
+    def _require(service: LoopbackService) -> None:
         if not service.running():
             raise RuntimeError(f"{service.title} is not running: call start() first")
