@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import msgspec
 from rich.markup import escape
 
+from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from coordinator.dead_letter_view import DeadLetterReader
 from protocol.config import load_config
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  chtxn dlq list --config pipeline.toml --from-end --limit 50 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    lister.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(lister)
     lister.add_argument("--limit", type=int, default=50, help="how many letters (default 50)")
     lister.add_argument("--from-end", action="store_true", help="the latest letters instead of the oldest")
     add_format_option(lister, rows="one line per letter")
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     shower.add_argument("where", nargs="+", metavar="WHERE", help="TOPIC PARTITION OFFSET, or # as listed")
-    shower.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(shower)
     add_format_option(shower, rows="one line per letter")
     shower.set_defaults(func=run_show)
 

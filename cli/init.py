@@ -1,8 +1,9 @@
 """``chtxn init``: create what a pipeline needs, idempotently, and check what it cannot create.
 
 Creates, when missing: the control topic (exactly 1 partition), the dead-letter topic (as many
-partitions as the largest source topic) and the ledger table. Checks, without touching them:
-the source topics, the ClickHouse database and the target table. Running it again changes
+partitions as the largest source topic) and the ledger table. Checks first, without touching
+them: the broker, the source topics, an existing control topic (one partition), the ClickHouse
+database and the target table; when any check fails it creates nothing. Running it again changes
 nothing. Exit code 0 when everything is in place, 1 when something needs the operator.
 """
 
@@ -13,13 +14,16 @@ import os
 from typing import Literal
 
 import msgspec
+from clickhouse_connect.driver.client import Client
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
+from cli.config_option import add_config_option
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger
+from protocol import ledger, secrets
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
 
@@ -53,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="Example: chtxn init --config pipeline.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(parser)
     parser.add_argument(
         "--timeout",
         type=float,
@@ -68,8 +72,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     items: list[Item] = []
     problems: list[str] = []
-    _kafka(cfg, args.timeout, items, problems)
-    _clickhouse(cfg, items, problems)
+    admin = kafka_clients.admin(cfg)
+    widest = _check_kafka(cfg, admin, args.timeout, items, problems)
+    client = _check_clickhouse(cfg, items, problems)
+    try:
+        if problems or widest is None or client is None:
+            problems.append("created nothing: fix the problems above, then run chtxn init again")
+        else:
+            _create_topics(cfg, admin, widest, args.timeout, items, problems)
+            _create_ledger(cfg, client, items, problems)
+    finally:
+        if client is not None:
+            client.close()
     report = Report(pipeline=cfg.name, ok=not problems, items=tuple(items), problems=tuple(problems))
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(report)).decode())
@@ -78,16 +92,18 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: list[str]) -> None:
+def _check_kafka(
+    cfg: PipelineConfig, admin: AdminClient, timeout_s: float, items: list[Item], problems: list[str]
+) -> int | None:
+    """Check the broker, the source topics and an existing control topic; the partition count of
+    the widest source topic (the dead-letter topic's), or None when the broker did not answer."""
     bootstrap = cfg.kafka.bootstrap_servers
-    admin = kafka_clients.admin(cfg)
     try:
         topics = kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics
     except kafka_clients.BrokerUnreachable as exc:
         items.append(Item(kind="kafka topic", name=bootstrap, status="unreachable", detail=str(exc)))
         problems.append(str(exc))
-        return
-
+        return None
     widest = 1
     for topic in cfg.pipeline.topics:
         found = topics.get(topic)
@@ -108,27 +124,36 @@ def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: l
                 detail=f"source topic, {len(found.partitions)} partitions",
             )
         )
+    if cfg.control_topic in topics:
+        try:
+            kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
+        except SetupError as exc:
+            items.append(Item(kind="kafka topic", name=cfg.control_topic, status="wrong", detail="control topic"))
+            problems.append(str(exc))
+    return widest
 
+
+def _create_topics(
+    cfg: PipelineConfig, admin: AdminClient, widest: int, timeout_s: float, items: list[Item], problems: list[str]
+) -> None:
+    bootstrap = cfg.kafka.bootstrap_servers
     wanted = {cfg.control_topic: 1, cfg.dead_letter_topic: widest}
     try:
         created = kafka_clients.create_topics(admin, wanted, timeout_s, bootstrap)
+        kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
+        dlq_partitions = len(
+            kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics[cfg.dead_letter_topic].partitions
+        )
     except SetupError as exc:
         problems.append(str(exc))
         return
-    try:
-        kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
-        control = Item(
+    items.append(
+        Item(
             kind="kafka topic",
             name=cfg.control_topic,
             status="created" if created[cfg.control_topic] else "found",
             detail="control topic, 1 partition",
         )
-    except SetupError as exc:
-        control = Item(kind="kafka topic", name=cfg.control_topic, status="wrong", detail="control topic")
-        problems.append(str(exc))
-    items.append(control)
-    dlq_partitions = len(
-        kafka_clients.cluster_metadata(admin, timeout_s, bootstrap).topics[cfg.dead_letter_topic].partitions
     )
     items.append(
         Item(
@@ -140,7 +165,8 @@ def _kafka(cfg: PipelineConfig, timeout_s: float, items: list[Item], problems: l
     )
 
 
-def _clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> None:
+def _check_clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> Client | None:
+    """Check the database and the target table; the client when the server answered, else None."""
     ch = cfg.clickhouse
     try:
         client = make_client(ch)
@@ -148,55 +174,48 @@ def _clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str]) -> 
         if exc.code == _UNKNOWN_DATABASE:
             items.append(Item(kind="clickhouse database", name=ch.database, status="missing"))
             problems.append(
-                f"ClickHouse database {ch.database} does not exist at {ch.url}: create it "
+                f"ClickHouse database {ch.database} does not exist at {secrets.mask_url(ch.url)}: create it "
                 f"(CREATE DATABASE {ch.database}) and the target table {ch.target_table} in it"
             )
         else:
             items.append(Item(kind="clickhouse database", name=ch.url, status="unreachable", detail=str(exc)))
             problems.append(str(exc))
-        return
+        return None
     items.append(Item(kind="clickhouse database", name=ch.database, status="found"))
+    name = f"{ch.database}.{ch.target_table}"
     try:
         exists = retrying(3, "check the target table")(
             client.command, f"EXISTS TABLE `{ch.database}`.`{ch.target_table}`"
         )
-        target_exists = int(exists) == 1
-        if target_exists:
-            items.append(
-                Item(
-                    kind="clickhouse table",
-                    name=f"{ch.database}.{ch.target_table}",
-                    status="found",
-                    detail="target table",
-                )
-            )
-        else:
-            items.append(
-                Item(
-                    kind="clickhouse table",
-                    name=f"{ch.database}.{ch.target_table}",
-                    status="missing",
-                    detail="target table",
-                )
-            )
-            problems.append(
-                f"target table {ch.database}.{ch.target_table} does not exist: create it (CREATE TABLE "
-                f"{ch.database}.{ch.target_table} (...) ENGINE = MergeTree ORDER BY ...) or fix "
-                "clickhouse.target_table; chtxn stages into clones of it"
-            )
-        created = LedgerStore(client, ch.database, cfg.name, retries=3).ensure_tables()
-        items.append(
-            Item(
-                kind="clickhouse table",
-                name=f"{ch.database}.{ledger.TABLE}",
-                status="created" if created else "found",
-                detail="ledger",
-            )
-        )
     except ClickHouseError as exc:
         problems.append(str(exc))
-    finally:
-        client.close()
+        return client
+    if int(exists) == 1:
+        items.append(Item(kind="clickhouse table", name=name, status="found", detail="target table"))
+    else:
+        items.append(Item(kind="clickhouse table", name=name, status="missing", detail="target table"))
+        problems.append(
+            f"target table {name} does not exist: create it (CREATE TABLE {name} (...) ENGINE = MergeTree "
+            "ORDER BY ...) or fix clickhouse.target_table; chtxn stages into clones of it"
+        )
+    return client
+
+
+def _create_ledger(cfg: PipelineConfig, client: Client, items: list[Item], problems: list[str]) -> None:
+    ch = cfg.clickhouse
+    try:
+        created = LedgerStore(client, ch.database, cfg.name, retries=3).ensure_tables()
+    except ClickHouseError as exc:
+        problems.append(str(exc))
+        return
+    items.append(
+        Item(
+            kind="clickhouse table",
+            name=f"{ch.database}.{ledger.TABLE}",
+            status="created" if created else "found",
+            detail="ledger",
+        )
+    )
 
 
 def _print(console: Console, report: Report) -> None:

@@ -29,6 +29,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from cli.config_option import add_config_option
 from cli.packaging import ARCHIVE_ALIAS, EXECUTOR_PYTHON, default_cache_dir, ensure_archive, project_sources
 from procs import signal_group, start_watchdog
 from protocol.config import PipelineConfig, load_config
@@ -45,6 +47,8 @@ from protocol.errors import SetupError
 LOCAL_TASK_ATTEMPTS = 4
 #: After the launcher died: how long spark-submit's group has between SIGTERM and SIGKILL.
 OWNER_GONE_GRACE_S = 5.0
+#: How long ``check_spark_master`` waits for a ``spark://`` master to accept a connection.
+MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="Example: chtxn participant --config pipeline.toml --master spark://host:7077 --dry-run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(parser)
     parser.add_argument("--master", default=None, help="Spark master URL (default: local[<tasks>,4])")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark property (repeatable)"
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     master = args.master or default_master(cfg)
     archive, built = None, False
+    if master.startswith("spark://") and not (args.dry_run or args.json):  # a dry run may name any master
+        check_spark_master(master)
     if not is_local(master):
         cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
         archive, built = ensure_archive(cache_dir, python=args.executor_python, progress=_progress)
@@ -148,6 +154,23 @@ def run(args: argparse.Namespace) -> int:
 def is_local(master: str) -> bool:
     """``local`` and ``local[...]`` run executors in the driver's JVM; ``local-cluster[...]`` does not."""
     return master == "local" or master.startswith("local[")
+
+
+def check_spark_master(master: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """Raise ``SetupError`` unless some ``host:port`` of the ``spark://`` URL accepts a connection,
+    so that a wrong ``--master`` is one line here rather than the Spark driver's traceback."""
+    reasons = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host or address, int(port or 7077)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            reasons.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    raise SetupError(
+        f"cannot reach the Spark master at {master} within {timeout_s:g} s ({'; '.join(reasons)}): "
+        "check --master and that the master is running"
+    )
 
 
 def _progress(line: str) -> None:

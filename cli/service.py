@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 
+from cli.config_option import add_config_option
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.service import CoordinatorService
 from protocol.config import load_config
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="Example: chtxn coordinator --config pipeline.toml --metrics-port 9464",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(parser)
     parser.add_argument(
         "--metrics-port",
         type=int,

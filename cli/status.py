@@ -10,6 +10,7 @@ import msgspec
 from confluent_kafka import TopicPartition as KafkaTP
 from rich.markup import escape
 
+from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  chtxn status --config pipeline.toml --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(parser)
     add_format_option(parser, rows="one line per source partition (the rest on stderr)")
     parser.set_defaults(func=run)
 
@@ -113,6 +114,7 @@ def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict[TopicPartition, str]]:
         **{"group.id": naming.status_group(cfg.name), "enable.partition.eof": True}
     )
     try:
+        kafka_clients.cluster_metadata(consumer, kafka_clients.DEFAULT_TIMEOUT_S, cfg.kafka.bootstrap_servers)
         control = KafkaTP(cfg.control_topic, 0)
         low, high = consumer.get_watermark_offsets(control, timeout=10)
         leader = ""

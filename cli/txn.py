@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 import msgspec
 from rich.markup import escape
 
+from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
@@ -70,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  chtxn txn list --config pipeline.toml --non-empty --since 2026-11-25T10:00:00Z --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    lister.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(lister)
     lister.add_argument(
         "--limit", type=int, default=20, help="how many transactions (default 20; folded ones do not count)"
     )
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     shower.add_argument("txn", metavar="TXN", help="transaction id, e.g. e3_t17")
-    shower.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(shower)
     add_format_option(shower, rows="one line for the transaction")
     shower.set_defaults(func=run_show)
 

@@ -6,13 +6,16 @@ import argparse
 import os
 
 import msgspec
+from clickhouse_connect.driver.client import Client
 from rich.markup import escape
 
+from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
-from clients.clickhouse import make_client
+from clients.clickhouse import make_client, retrying
 from coordinator.verify import dead_letter_offsets, verify_deep
 from protocol.config import load_config
+from protocol.errors import SetupError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  chtxn verify --config pipeline.toml --deep --format tsv\n  chtxn verify --config pipeline.toml --deep --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="pipeline TOML file")
+    add_config_option(parser)
     parser.add_argument("--deep", action="store_true", help="also check every offset in the target table")
     add_format_option(parser, rows="one line per partition with --deep, else one per anomaly (the verdict on stderr)")
     parser.set_defaults(func=run)
@@ -42,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
     report = None
     if args.deep:
         start, commits, _ = ledger.retained_chain()
+        client = make_client(cfg.clickhouse)
+        _check_metadata_columns(client, cfg.clickhouse.database, cfg.clickhouse.target_table)
         report = verify_deep(
-            make_client(cfg.clickhouse),
+            client,
             cfg.clickhouse.database,
             cfg.clickhouse.target_table,
             commits,
@@ -85,6 +90,28 @@ def run(args: argparse.Namespace) -> int:
         out.note(f"[red]anomaly:[/] {escape(anomaly)}")
     out.note("[green]exactly-once: OK[/]" if ok else f"[red]exactly-once: FAILED ({len(anomalies)} anomalies)[/]")
     return 0 if ok else 1
+
+
+#: The columns ``--deep`` reads in the target.
+METADATA_COLUMNS = ("_topic", "_partition", "_offset")
+
+
+def _check_metadata_columns(client: Client, database: str, table: str) -> None:
+    """Raise ``SetupError`` unless the target exists with the metadata columns ``--deep`` reads."""
+    rows = retrying(3, "read the target table's columns")(
+        client.query,
+        "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String}",
+        parameters={"d": database, "t": table},
+    ).result_rows
+    names = {row[0] for row in rows}
+    if not names:
+        raise SetupError(f"target table {database}.{table} does not exist: check clickhouse.target_table")
+    if missing := [c for c in METADATA_COLUMNS if c not in names]:
+        raise SetupError(
+            f"verify --deep needs the columns _topic, _partition and _offset in {database}.{table}, which has no "
+            f"{', '.join(missing)}: add them (_topic LowCardinality(String), _partition Int32, _offset Int64; "
+            "rows ingested before have none) or run chtxn verify without --deep"
+        )
 
 
 #: The columns of ``verify --deep``'s table: committed offsets are [from, to).

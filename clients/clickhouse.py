@@ -8,6 +8,7 @@ naming the operation, with ``code`` (0 when the server gave none) and ``retryabl
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable, Generator
@@ -33,6 +34,8 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     socket.timeout,
     urllib3.exceptions.HTTPError,
 )
+#: urllib3's reason for a connection that could not be opened, inside its longer message.
+_NO_CONNECTION = re.compile(r"Failed to establish a new connection: ([^\"')]+)")
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DriverError, *_TRANSPORT_ERRORS)
 
 
@@ -113,6 +116,8 @@ def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     if code:
         return f"ClickHouse error {code} ({chcodes.name_of(code)}): {text}"
+    if refused := _NO_CONNECTION.search(text):  # the reason, without urllib3's retry and pool wording
+        return refused.group(1)
     return f"{type(exc).__name__}: {text}"
 
 

@@ -100,8 +100,8 @@ def cluster_metadata(
     except KafkaException as exc:
         where = f"at {bootstrap}" if bootstrap else "at kafka.bootstrap_servers"
         raise BrokerUnreachable(
-            f"cannot reach a Kafka broker {where} within {timeout_s:g} s ({_reason(exc)}): check "
-            "kafka.bootstrap_servers (or CHTXN_KAFKA_BOOTSTRAP_SERVERS) and that the broker is "
+            f"cannot reach a Kafka broker {where} within {timeout_s:g} s: {_reason(exc)}; check "
+            "kafka.bootstrap_servers or CHTXN_KAFKA_BOOTSTRAP_SERVERS, and that the broker is "
             "running (embedded: chtxn embedded up)"
         ) from None
 

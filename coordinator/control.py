@@ -41,7 +41,9 @@ class ControlChannel:
         self._producer: Producer | None = None
 
     def open(self) -> None:
-        kafka_clients.check_control_topic(self.kafka.admin(), self.topic)
+        kafka_clients.check_control_topic(
+            self.kafka.admin(), self.topic, bootstrap=self.kafka.cfg.kafka.bootstrap_servers
+        )
         self._reader = ControlReader(
             self.kafka.consumer(
                 **{

@@ -34,7 +34,9 @@ class SourceOffsets:
 
     def partitions(self) -> list[TopicPartition]:
         """Every partition of the source topics, sorted."""
-        return kafka_clients.partitions_of(self._admin, self.cfg.pipeline.topics)
+        return kafka_clients.partitions_of(
+            self._admin, self.cfg.pipeline.topics, bootstrap=self.cfg.kafka.bootstrap_servers
+        )
 
     def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded

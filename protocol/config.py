@@ -6,11 +6,13 @@ refused with their path. librdkafka properties pass through untouched under
 ``[kafka.properties]``. The sections, each field with its description, are in
 ``protocol.config_sections`` (re-exported here). ``parse_config`` takes text and a mapping;
 ``load_config`` reads the file; neither reads the environment itself: the caller (the CLI, the
-Spark job's driver) passes ``os.environ``.
+Spark job's driver) passes ``os.environ``. A refused value from a variable is named by the
+variable; ``unknown_variables`` lists the ``CHTXN_*`` variables that override nothing (misspellings).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 from collections.abc import Mapping
@@ -67,7 +69,36 @@ _SECTIONS: dict[str, type[msgspec.Struct]] = {
 }
 
 
+#: ``CHTXN_*`` variables chtxn or its tools read that are not config overrides (``unknown_variables``).
+OTHER_VARIABLES = ("CHTXN_CONFIG", "CHTXN_FAILPOINTS", "CHTXN_CACHE_DIR")
+#: Prefixes of variables the embedded stack and the test harness set for themselves.
+OTHER_PREFIXES = ("CHTXN_EMBEDDED_", "CHTXN_TEST_")
+
+
+def override_variables() -> dict[str, str]:
+    """Every ``CHTXN_<SECTION>_<FIELD>`` variable, mapped to the key it overrides (``section.field``)."""
+    return {
+        f"CHTXN_{section}_{field.name}".upper(): f"{section}.{field.name}"
+        for section, cls in _SECTIONS.items()
+        for field in msgspec.structs.fields(cls)
+    }
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``CHTXN_*`` variables of ``environ`` that chtxn does not read, sorted, each with the closest
+    known name (None when none is close): a misspelled override would otherwise be ignored silently."""
+    known = [*override_variables(), *OTHER_VARIABLES]
+    found = []
+    for var in sorted(environ):
+        if not var.startswith("CHTXN_") or var in known or var.startswith(OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(var, known, n=1, cutoff=0.75)
+        found.append((var, close[0] if close else None))
+    return found
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    """The overrides in ``environ``: section -> field -> value."""
     overrides: dict[str, dict[str, object]] = {}
     for section, cls in _SECTIONS.items():
         for field in msgspec.structs.fields(cls):
@@ -89,6 +120,30 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
     return overrides
 
 
+class _FieldError(ConfigError):
+    """A value refused by validation: ``why`` without the key and value, so that the message can
+    name where the value came from (the file or an environment variable)."""
+
+    def __init__(self, key: str, value: object, why: str) -> None:
+        super().__init__(f"{key} = {value!r}: {why}", key=key, value=value)
+        self.why = why
+
+
+def _located(source: str, origins: Mapping[str, str], environ: Mapping[str, str], error: _FieldError) -> ConfigError:
+    """``error`` naming the environment variable its value came from, else the file ``source``."""
+    key, value = error.key, error.value
+    base = next((k for k in origins if key == k or key.startswith((f"{k}.", f"{k}["))), None)
+    if base is None:
+        return ConfigError(f"{source}: {error}", key=key, value=value)
+    var = origins[base]
+    raw = secrets.masked(base, environ[var])
+    same = key == base and not (isinstance(value, str) and value != raw)  # else name the part refused
+    named = f"{var}={raw!r}" if same else f"{var}={raw!r} ({key} = {value!r})"
+    return ConfigError(
+        f"{named}: {error.why} (from the environment, overriding {base} of {source})", key=key, value=value
+    )
+
+
 def _merge(base: dict, overrides: dict[str, dict[str, object]]) -> dict:
     merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, fields in overrides.items():
@@ -100,8 +155,7 @@ def _validate(config: PipelineConfig) -> None:
     import re
 
     def bad(key: str, value: object, why: str) -> ConfigError:
-        shown = secrets.masked(key, value)
-        return ConfigError(f"{key} = {shown!r}: {why}", key=key, value=shown)
+        return _FieldError(key, secrets.masked(key, value), why)
 
     p, ch, tx, pa = config.pipeline, config.clickhouse, config.transaction, config.participant
     if not p.name or not re.match(_IDENT, p.name):
@@ -178,7 +232,9 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
         raw = msgspec.toml.decode(text.encode())
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    merged = _merge(raw, _env_overrides(environ or {}))
+    overrides = _env_overrides(environ or {})
+    origins = {f"{s}.{f}": f"CHTXN_{s}_{f}".upper() for s, fields in overrides.items() for f in fields}
+    merged = _merge(raw, overrides)
     try:
         config = msgspec.convert(merged, PipelineConfig, strict=False)
     except msgspec.ValidationError as exc:
@@ -190,14 +246,12 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
             key = f"{key}.{field}" if key else field
             raise ConfigError(f"{source}: unknown key {key!r}: check its spelling against the docs", key=key) from None
         value = secrets.masked(key, _lookup(merged, key))
-        raise ConfigError(
-            f"{source}: {key} = {value!r}: {message.split(' - at ', 1)[0]}", key=key, value=value
-        ) from None
+        raise _located(source, origins, environ or {}, _FieldError(key, value, message.split(" - at ", 1)[0])) from None
     try:
         _validate(config)
         config = _credentials_from_url(config)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}", key=exc.key, value=exc.value) from None
+    except _FieldError as exc:
+        raise _located(source, origins, environ or {}, exc) from None
     secrets.remember(
         [config.clickhouse.password, *(v for k, v in config.kafka.properties.items() if secrets.is_secret_key(k))]
     )
@@ -215,16 +269,12 @@ def _credentials_from_url(config: PipelineConfig) -> PipelineConfig:
     user, password = unquote(parts.username or ""), unquote(parts.password or "")
     shown = secrets.mask_url(ch.url)
     if password and ch.password and password != ch.password:
-        raise ConfigError(
-            f"clickhouse.url = {shown!r}: holds a password other than clickhouse.password; set it in one place",
-            key="clickhouse.url",
-            value=shown,
+        raise _FieldError(
+            "clickhouse.url", shown, "holds a password other than clickhouse.password; set it in one place"
         )
     if user and ch.user not in ("default", user):
-        raise ConfigError(
-            f"clickhouse.url = {shown!r}: holds user {user!r}, but clickhouse.user is {ch.user!r}; set it in one place",
-            key="clickhouse.url",
-            value=shown,
+        raise _FieldError(
+            "clickhouse.url", shown, f"holds user {user!r}, but clickhouse.user is {ch.user!r}; set it in one place"
         )
     url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
     section = msgspec.structs.replace(ch, url=url, user=user or ch.user, password=password or ch.password)
