@@ -1,9 +1,10 @@
 """``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker
-(``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables).
+(``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables); ``topic create`` and
+``sql`` (:mod:`cli.embedded_tools`) set up a pipeline's topic and table on it by hand.
 
-Exit codes: ``up`` 0 when the stack runs (also when it already did), 1 when a server could not
-start; ``down`` 0; ``status`` 0 when every server recorded runs and answers (the broker and the
-endpoint at least), 1 otherwise.
+One stack per user, found from any directory (:mod:`cli.embedded_dir`). Exit codes: ``up`` 0 when
+the stack runs (also when it already did), 1 when a server could not start; ``down`` 0; ``status``
+0 when every server recorded runs and answers (the broker and the endpoint at least), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from cli import embedded_dir, embedded_tools
 from embedded import daemon
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a local Kafka broker and ClickHouse endpoint (no Docker)",
         description="A Kafka-protocol broker (Tansu, memory storage) and a ClickHouse endpoint "
         "(ClickHouse's engine through chDB, over ClickHouse's HTTP interface), on loopback, as "
-        "background processes that outlive the command.",
+        "background processes that outlive the command. One stack per user: its data, logs and state "
+        "live in one directory (--data-dir of each subcommand), so every shell and directory finds it.",
         epilog="Example: chtxn embedded up && chtxn embedded status && chtxn embedded down",
         formatter_class=_FORMATTER,
     )
@@ -37,14 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="start the stack in the background",
         formatter_class=_FORMATTER,
-        description="Start the broker and the ClickHouse endpoint unless they already run. A taken "
-        "port moves to a free one (the output says so). Kafka data lives in memory and is gone "
-        "after `down`; ClickHouse data stays in DATA_DIR/clickhouse.",
+        description="Start the broker and the ClickHouse endpoint unless they already run (then it says "
+        "where they run, and exits 0). A taken port moves to a free one (the output says so). Kafka data "
+        "lives in memory and is gone after `down`; ClickHouse data stays in DATA_DIR/clickhouse. With --env, "
+        "a `#` comment line on stdout says whether it started the stack or uses the running one.",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
-        '  eval "$(chtxn embedded up --env)"   # start it and point this shell\'s chtxn at it\n'
+        '  eval "$(chtxn embedded up --env)"   # start it (or use the running one), point this shell at it\n'
         "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables",
     )
-    _data_dir_arg(up)
+    embedded_dir.add_argument(up)
     up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
     up.add_argument(
         "--clickhouse-port", type=int, default=8123, help="ClickHouse HTTP port (default 8123; 0: any free port)"
@@ -67,10 +70,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "down",
         help="stop the stack started by `up`",
         formatter_class=_FORMATTER,
-        description="Stop the servers `up` started from this data directory, and nothing else.",
+        description="Stop the servers `up` started in the data directory, and nothing else.",
         epilog="Example: chtxn embedded down --purge",
     )
-    _data_dir_arg(down)
+    embedded_dir.add_argument(down)
     down.add_argument(
         "--purge",
         action="store_true",
@@ -82,22 +85,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status",
         help="show what runs",
         formatter_class=_FORMATTER,
-        description="Show the servers `up` started from this data directory: running or not, "
+        description="Show the servers `up` started in the data directory: running or not, "
         "answering or not, addresses, pids, logs. Exits 1 unless everything runs and answers.",
         epilog="Example: chtxn embedded status --json",
     )
-    _data_dir_arg(status)
+    embedded_dir.add_argument(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.set_defaults(func=run_status)
-
-
-def _data_dir_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=daemon.DEFAULT_DATA_DIR,
-        help=f"where the stack keeps its data, logs and state (default {daemon.DEFAULT_DATA_DIR})",
-    )
+    embedded_tools.register(commands)
 
 
 def _env(state: daemon.StackState) -> dict[str, str]:
@@ -112,8 +107,9 @@ def _env(state: daemon.StackState) -> dict[str, str]:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    where = embedded_dir.resolve(args)
     result = daemon.up(
-        args.data_dir,
+        where.data_dir,
         kafka_port=args.kafka_port,
         clickhouse_port=args.clickhouse_port,
         keeper=args.keeper,
@@ -126,7 +122,7 @@ def run_up(args: argparse.Namespace) -> int:
                 {
                     "already_up": result.already_up,
                     "started": result.started,
-                    "notes": result.notes,
+                    "notes": [*([where.note] if where.note else []), *result.notes],
                     "data_dir": state.data_dir,
                     "kafka_bootstrap": state.components["kafka"].address,
                     "clickhouse_url": state.components["clickhouse"].address,
@@ -139,14 +135,25 @@ def run_up(args: argparse.Namespace) -> int:
         )
         return 0
     if args.env:
+        # Comment lines: `eval` skips them, a reader sees which stack the variables point at.
+        if where.note:
+            print(f"# {where.note}")
+        if result.already_up:
+            print(f"# using the running embedded stack in {state.data_dir}")
+        else:
+            kept = [daemon.TITLES[name] for name in state.components if name not in result.started]
+            print(
+                f"# started the embedded stack in {state.data_dir}"
+                + (f" (kept the running {', '.join(kept)})" if kept else "")
+            )
         print("".join(f"export {key}={value}\n" for key, value in _env(state).items()), end="")
         for note in result.notes:
             print(f"chtxn: note: {note}", file=sys.stderr)
         return 0
     console = _console()
-    headline = "already up" if result.already_up else "up"
-    console.print(f"[bold]chtxn embedded stack is {headline}[/bold] (data in {state.data_dir})")
-    for note in result.notes:
+    headline = "already running" if result.already_up else "up"
+    console.print(f"[bold]chtxn embedded stack is {headline}[/bold] in {state.data_dir}")
+    for note in [*([where.note] if where.note else []), *result.notes]:
         console.print(f"[yellow]note:[/yellow] {note}")
     table = Table(box=None, pad_edge=False)
     for column in ("server", "address", "pid", "log"):
@@ -171,8 +178,7 @@ def run_up(args: argparse.Namespace) -> int:
             if "keeper" in state.components
             else ""
         )
-        + "\nStop it with: chtxn embedded down"
-        + ("" if args.data_dir == daemon.DEFAULT_DATA_DIR else f" --data-dir {args.data_dir}")
+        + f"\nStop it with: chtxn embedded down{where.option()}"
         + "  (Kafka data lives in memory and is gone after `down`)",
         soft_wrap=True,
     )
@@ -180,24 +186,29 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    stopped = daemon.down(args.data_dir, purge=args.purge)
+    where = embedded_dir.resolve(args)
+    if where.note:
+        print(f"note: {where.note}")
+    stopped = daemon.down(where.data_dir, purge=args.purge)
     if stopped:
-        print("stopped: " + ", ".join(daemon.TITLES[name] for name in stopped))
+        print(f"stopped in {where.data_dir}: " + ", ".join(daemon.TITLES[name] for name in stopped))
     else:
-        print(f"nothing was running from {args.data_dir}")
+        print(f"nothing was running from {where.data_dir}")
     if args.purge:
-        print(f"deleted the ClickHouse and keeper data and logs in {args.data_dir}")
+        print(f"deleted the ClickHouse and keeper data and logs in {where.data_dir}")
     return 0
 
 
 def run_status(args: argparse.Namespace) -> int:
-    statuses = daemon.status(args.data_dir)
+    where = embedded_dir.resolve(args)
+    statuses = daemon.status(where.data_dir)
     healthy = set(daemon.REQUIRED) <= {s.name for s in statuses} and all(s.running and s.answering for s in statuses)
     if args.json:
         print(
             json.dumps(
                 {
-                    "data_dir": str(Path(args.data_dir).resolve()),
+                    "data_dir": str(where.data_dir),
+                    **({"note": where.note} if where.note else {}),
                     "up": healthy,
                     "components": {
                         s.name: {**_component_json(s.state), "running": s.running, "answering": s.answering}
@@ -209,7 +220,10 @@ def run_status(args: argparse.Namespace) -> int:
         )
         return 0 if healthy else 1
     if not statuses:
-        print(f"not running: no embedded stack recorded in {args.data_dir} (start it with `chtxn embedded up`)")
+        print(
+            f"not running: no embedded stack recorded in {where.data_dir} "
+            f"(start it with `chtxn embedded up{where.option()}`)"
+        )
         return 1
     table = Table(box=None, pad_edge=False)
     for column in ("server", "state", "address", "pid", "started", "log"):
@@ -223,7 +237,11 @@ def run_status(args: argparse.Namespace) -> int:
             else "[red]stopped[/red]"
         )
         table.add_row(daemon.TITLES[s.name], state, s.state.address, str(s.state.pid), s.state.started_at, s.state.log)
-    _console().print(table)
+    console = _console()
+    console.print(f"embedded stack in {where.data_dir}")
+    if where.note:
+        console.print(f"[yellow]note:[/yellow] {where.note}")
+    console.print(table)
     if not healthy:
         print("some servers are not running: `chtxn embedded up` starts what is missing", file=sys.stderr)
     return 0 if healthy else 1

@@ -2,7 +2,8 @@
 
 ``up`` starts the servers as background processes that outlive the command and records them in
 ``<data_dir>/state.json`` (pid, process start time, port, address), so ``down`` and ``status``
-work from any shell. ``up --keeper`` also starts a keeper (ZooKeeper) before the ClickHouse
+work from any shell. The data directory is one per user by default (:func:`default_data_dir`), so
+every command finds the same stack from any working directory. ``up --keeper`` also starts a keeper (ZooKeeper) before the ClickHouse
 endpoint and configures the endpoint for it. Guarantees:
 
 - ``down`` signals only processes recorded by ``up`` whose pid *and* start time still match: a
@@ -19,9 +20,10 @@ endpoint and configures the endpoint for it. Guarantees:
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,10 @@ from embedded.keeper import EmbeddedKeeper, port_is_free as keeper_port_is_free
 from embedded.stack import EmbeddedStack
 from procs import is_running, port_is_free, stop_group
 
-DEFAULT_DATA_DIR = Path(".chtxn") / "embedded"
+#: Names the data directory, overriding the per-user default.
+DIR_ENV = "CHTXN_EMBEDDED_DIR"
+#: Where chtxn kept the stack before the per-user default: relative to the directory ``up`` ran in.
+LEGACY_DATA_DIR = Path(".chtxn") / "embedded"
 STATE_FILE = "state.json"
 KEEPER_DIR = "keeper"
 #: In start order (``down`` stops them in reverse): the keeper, when there is one, before the endpoint.
@@ -82,6 +87,31 @@ class UpResult:
     @property
     def already_up(self) -> bool:
         return not self.started
+
+
+def default_data_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$CHTXN_EMBEDDED_DIR`` when set, else ``$XDG_STATE_HOME/chtxn/embedded``, else
+    ``~/.local/state/chtxn/embedded``: the same directory whatever the working directory."""
+    if environ.get(DIR_ENV):
+        return Path(environ[DIR_ENV]).expanduser()
+    xdg = environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "chtxn" / "embedded"
+
+
+def runs(data_dir: Path) -> bool:
+    """Some server that ``up`` recorded in ``data_dir`` still runs."""
+    state = read_state(Path(data_dir).resolve())
+    return state is not None and any(_alive(c) for c in state.components.values())
+
+
+def legacy_stack(data_dir: Path) -> Path | None:
+    """``./.chtxn/embedded`` (resolved) when a stack that an older chtxn started there still runs and it is
+    not ``data_dir``; else None."""
+    legacy = LEGACY_DATA_DIR.resolve()
+    if legacy == Path(data_dir).resolve() or not runs(legacy):
+        return None
+    return legacy
 
 
 def read_state(data_dir: Path) -> StackState | None:

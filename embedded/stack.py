@@ -29,7 +29,7 @@ from embedded.service import LoopbackService
 class EmbeddedStack:
     """The servers, each started on demand. Example::
 
-        with EmbeddedStack(".chtxn/embedded") as stack:
+        with EmbeddedStack(".chtxn/demo") as stack:
             Producer({"bootstrap.servers": stack.kafka_bootstrap})
             clickhouse_connect.get_client(host=stack.clickhouse_host, port=stack.clickhouse_port)
 

@@ -89,6 +89,21 @@ class TestStack:
                 self._embedded.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _embedded_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``chtxn embedded`` run by a test without ``--data-dir`` uses a directory of the session, never
+    the user's own stack (``XDG_STATE_HOME`` too, for commands run without the ``CHTXN_*`` variables)."""
+    saved = {name: os.environ.get(name) for name in ("CHTXN_EMBEDDED_DIR", "XDG_STATE_HOME")}
+    state = tmp_path_factory.mktemp("state")
+    os.environ.update(CHTXN_EMBEDDED_DIR=str(state / "chtxn" / "embedded"), XDG_STATE_HOME=str(state))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestStack]:
     """The session's Kafka and ClickHouse: ``.kafka_bootstrap``, ``.clickhouse_url``,

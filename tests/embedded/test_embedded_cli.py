@@ -137,6 +137,6 @@ def test_down_never_signals_a_process_it_did_not_start(data_dir):
 
 
 def test_every_subcommand_has_help_with_an_example():
-    for sub in ("up", "down", "status"):
-        text = chtxn("embedded", sub, "--help").stdout
+    for sub in ("up", "down", "status", "topic", "topic create", "sql"):
+        text = chtxn("embedded", *sub.split(), "--help").stdout
         assert "Example" in text and f"chtxn embedded {sub}" in text
