@@ -15,15 +15,12 @@ import pytest
 
 from cli.output import Output, Sheet
 from cli.txn import TXN_COLUMNS, parse_since, txn_cells
-from coordinator.dead_letter_publisher import DeadLetterPublisher, ensure_table
 from participant.bad_records import Letter
-from participant.dead_letters import DeadLetterSink
 from protocol import ledger
-from protocol.chunking import ChunkBuilder
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.ledger_view import TxnSummary
 from tests.helpers import REPO, run_chtxn, unique_name, wait_until
-from tests.integration.ledger_writes import commit
+from tests.integration.ledger_writes import publish_letters
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import Pipeline, make_pipeline
@@ -56,29 +53,11 @@ def live(stack, tmp_path_factory) -> Pipeline:
 def letters(stack, tmp_path_factory) -> Pipeline:
     """A pipeline whose dead-letter topic holds three letters of txn e1_t1, one with a long error."""
     pipeline = make_pipeline(stack, tmp_path_factory.mktemp("dlq"), unique_name("cliout_dlq"), partitions=1)
-    cfg = pipeline.cfg
-    ensure_table(pipeline.client(), cfg.clickhouse.database)
     records = [Rec(pipeline.topic, 0, o, b"{bad" + bytes([48 + o]), b"k%d" % o) for o in (3, 5, 8)]
-    builder = ChunkBuilder(
-        pipeline=cfg.name,
-        txn="e1_t1",
-        topic=pipeline.topic,
-        partition=0,
-        start_offset=0,
-        chunk_rows=100,
-        chunk_bytes=1 << 20,
-    )
-    builder.add(records)
-    DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name).write(
-        builder.flush(),
+    publish_letters(
+        pipeline,
         [Letter(records[0], "not a JSON object"), Letter(records[1], LONG_ERROR, 27), Letter(records[2], "bad", 1)],
     )
-    commit(pipeline, "e1_t1", 1, 0, 10)
-    publisher = DeadLetterPublisher(cfg, pipeline.client(), pipeline.ledger(), epoch=1)
-    try:
-        assert publisher.publish("e1_t1", 1) == 3
-    finally:
-        publisher.close()
     return pipeline
 
 

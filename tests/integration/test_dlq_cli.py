@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from coordinator.dead_letter_publisher import DeadLetterPublisher, ensure_table
 from participant.bad_records import TOMBSTONE, Letter
-from participant.dead_letters import DeadLetterSink
-from protocol.chunking import ChunkBuilder
 from tests.helpers import REPO, run_chtxn, unique_name
-from tests.integration.ledger_writes import commit
+from tests.integration.ledger_writes import publish_letters
 from tests.pipelines import make_pipeline
 from tests.records import Rec
 
@@ -23,33 +20,16 @@ chtxn = partial(run_chtxn, timeout_s=120, inherit_chtxn_vars=False, env={"PYTHON
 
 def test_list_and_show_what_the_dead_letter_topic_holds(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("dlqcli"), partitions=1)
-    cfg, config = pipeline.cfg, str(pipeline.config_path)
-    ensure_table(pipeline.client(), cfg.clickhouse.database)
+    config = str(pipeline.config_path)
     records = [
         Rec(pipeline.topic, 0, 4, None, b"deleted"),
         Rec(pipeline.topic, 0, 7, b"\xff\xfe{", b"k7"),
         Rec(pipeline.topic, 0, 9, b'{"id": "x"}', b"k9"),
     ]
-    builder = ChunkBuilder(
-        pipeline=cfg.name,
-        txn="e1_t1",
-        topic=pipeline.topic,
-        partition=0,
-        start_offset=0,
-        chunk_rows=100,
-        chunk_bytes=1 << 20,
-    )
-    builder.add(records)
-    DeadLetterSink(pipeline.client(), database=cfg.clickhouse.database, pipeline=cfg.name).write(
-        builder.flush(),
+    publish_letters(
+        pipeline,
         [Letter(records[0], TOMBSTONE), Letter(records[1], "not a JSON object"), Letter(records[2], LONG_ERROR, 27)],
     )
-    commit(pipeline, "e1_t1", 1, 0, 10)
-    publisher = DeadLetterPublisher(cfg, pipeline.client(), pipeline.ledger(), epoch=1)
-    try:
-        assert publisher.publish("e1_t1", 1) == 3
-    finally:
-        publisher.close()
 
     listed = chtxn("dlq", "list", "--config", config, "--json")
     assert listed.returncode == 0, listed.stderr
