@@ -25,6 +25,7 @@ from protocol.config_sections import (
     ClickHouseSection,
     CoordinatorSection,
     KafkaSection,
+    LedgerSection,
     ParticipantSection,
     PipelineSection,
     TransactionSection,
@@ -39,6 +40,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     pipeline: PipelineSection = PipelineSection()
     kafka: KafkaSection = KafkaSection()
     clickhouse: ClickHouseSection = ClickHouseSection()
+    ledger: LedgerSection = LedgerSection()
     transaction: TransactionSection = TransactionSection()
     participant: ParticipantSection = ParticipantSection()
     coordinator: CoordinatorSection = CoordinatorSection()
@@ -54,6 +56,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     @property
     def dead_letter_topic(self) -> str:
         return self.pipeline.dead_letter_topic or f"{self.pipeline.name}.chtxn-dlq"
+
+    @property
+    def keeper_path(self) -> str:
+        return self.ledger.keeper_path or f"/chtxn/{self.clickhouse.database}"
 
     @property
     def coordinator_id(self) -> str:
@@ -173,6 +179,10 @@ def _validate(config: PipelineConfig) -> None:
         raise bad("clickhouse.target_table", ch.target_table, "required; a plain table name in clickhouse.database")
     if not re.match(_IDENT, ch.database):
         raise bad("clickhouse.database", ch.database, "letters, digits and '_' only")
+    if ch.cluster and not re.match(_IDENT, ch.cluster):
+        raise bad("clickhouse.cluster", ch.cluster, "a cluster name of system.clusters: letters, digits and '_' only")
+    if config.ledger.keeper_path and not re.match(r"^(/[A-Za-z0-9_.-]+)+$", config.ledger.keeper_path):
+        raise bad("ledger.keeper_path", config.ledger.keeper_path, "an absolute Keeper path such as /chtxn/default")
     if not ch.url.startswith(("http://", "https://")):
         raise bad("clickhouse.url", ch.url, "must start with http:// or https://")
     if not re.match(r"^[A-Za-z0-9]+$", ch.input_format):

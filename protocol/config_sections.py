@@ -77,6 +77,11 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         "Extra ClickHouse settings for every request. Settings that would skip, invent or merge rows, or turn off "
         "synchronous deduplicated inserts, are refused (`input_format_allow_errors_*`, header detection and skipped "
         "first lines of CSV/TSV, `async_insert = 1`, `insert_deduplicate = 0`, `insert_deduplication_token`)."))] = {}
+    cluster: Annotated[str, Meta(description=(
+        "A replicated ClickHouse: the cluster (`system.clusters`) whose replicas hold the target. chtxn's own tables "
+        "(the ledger, the dead letters) are then `ReplicatedMergeTree`, created `ON CLUSTER`, their inserts wait for "
+        "a quorum and their reads see every quorum insert. See [clusters](clusters.md)."),
+        extra={"brief": '"": a single server, or ClickHouse Cloud'})] = ""
     connect_timeout_s: Annotated[float, Meta(description="Seconds to connect to ClickHouse.")] = 10.0
     send_receive_timeout_s: Annotated[float, Meta(description="Seconds a ClickHouse request may take.")] = 300.0
 
@@ -86,6 +91,21 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             for name in self.__struct_fields__
         )
         return f"ClickHouseSection({fields})"
+
+
+class LedgerSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    commit_point: Annotated[Literal["token", "keeper"], Meta(description=(
+        "How a leader claims a commit slot. `token`: an insert into the ledger whose deduplication token names the "
+        "slot, so ClickHouse keeps one row per slot while it remembers the token (a single server). `keeper`: a "
+        "strict-mode insert into a KeeperMap table, which fails when the slot's key exists: no deduplication "
+        "window, so a leader stalled for any time still cannot claim a slot twice (replicated ClickHouse and "
+        "ClickHouse Cloud; the server needs Keeper or ZooKeeper). See [clusters](clusters.md)."),
+        extra={"brief": '"token" or "keeper"'})] = "token"
+    keeper_path: Annotated[str, Meta(description=(
+        "The Keeper path of the KeeperMap table of commit and epoch claims with `commit_point = \"keeper\"`, "
+        "under the server's `keeper_map_path_prefix`; every pipeline of the database shares it (keys start with "
+        "the pipeline name)."),
+        extra={"brief": 'default "/chtxn/<clickhouse.database>"'})] = ""
 
 
 class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
