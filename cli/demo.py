@@ -180,7 +180,7 @@ def _prepare(cfg: PipelineConfig, partitions: int, console: Console) -> None:
     client = make_client(msgspec.structs.replace(cfg.clickhouse, database="default"))
     client.command("CREATE DATABASE IF NOT EXISTS demo")
     client.command(TARGET_DDL)
-    LedgerStore(client, cfg.clickhouse.database, cfg.name).ensure_tables()
+    LedgerStore.of(cfg, client).ensure_tables()
     console.print(
         f"[bold]created[/]: topic {cfg.pipeline.topics[0]} ({partitions} partitions), "
         f"table demo.events with _topic/_partition/_offset, ledger demo.chtxn_ledger"

@@ -204,7 +204,7 @@ def _check_clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str
 def _create_ledger(cfg: PipelineConfig, client: Client, items: list[Item], problems: list[str]) -> None:
     ch = cfg.clickhouse
     try:
-        created = LedgerStore(client, ch.database, cfg.name, retries=3).ensure_tables()
+        created = LedgerStore.of(cfg, client, retries=3).ensure_tables()
     except ClickHouseError as exc:
         problems.append(str(exc))
         return

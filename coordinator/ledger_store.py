@@ -5,8 +5,10 @@ Guarantees:
 - Every insert is synchronous (``async_insert = 0``) and carries a deduplication token, so a
   retried insert stores its row once.
 - ``claim_commit`` / ``claim_epoch`` are compare-and-set: of any number of racing claimers
-  of one slot, at most one gets True (ClickHouse keeps one row per token; each claimer reads
-  the slot back and wins only if the surviving row carries its own random ``claim_id``).
+  of one slot, at most one gets True, by the store's ``commit_point`` (``coordinator.commit_point``):
+  ``token`` (ClickHouse keeps one row per token; each claimer reads the slot back and wins only
+  if the surviving row carries its own random ``claim_id``) or ``keeper`` (a strict-mode
+  KeeperMap key per slot, ``protocol.ledger_claims``; only winners' rows reach the ledger).
 - Reads resolve a duplicated slot by the first claim (``protocol.ledger``), so every reader
   sees the same single chain of commits, and a late claim never rewrites it.
 - ``seal`` lets a new leader fence every older one out of the next commit slot.
@@ -26,17 +28,21 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from clients.clickhouse import ClickHouseRetrying, retrying
+from coordinator.commit_point import commit_point as make_commit_point
 from coordinator.ledger_upkeep import LedgerUpkeep
 from protocol import dead_letters, ledger, ledger_checkpoint, ledger_sql, naming
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize
 from protocol.messages import TopicPartition
+
+if TYPE_CHECKING:
+    from protocol.config import PipelineConfig
 
 #: Default ``retention_s``: 30 days.
 DEFAULT_RETENTION_S = 30 * 86400.0
@@ -52,6 +58,9 @@ class LedgerStore:
         pipeline: str,
         *,
         replicated: bool = False,
+        commit_point: str = "token",
+        keeper_path: str = "",
+        cluster: str = "",
         retries: int = 8,
         sleep: Callable[[float], None] = time.sleep,
         checkpoint_every: int = ledger_checkpoint.DEFAULT_EVERY,
@@ -67,6 +76,23 @@ class LedgerStore:
         self._read_settings: dict[str, Any] = {"select_sequential_consistency": 1} if replicated else {}
         self._wall_clock = wall_clock
         self._upkeep = LedgerUpkeep(self, every=checkpoint_every, retention_s=retention_s, wall_clock=wall_clock)
+        keeper = {"keeper_path": keeper_path or f"/chtxn/{database}", "cluster": cluster}
+        self.commit_point = make_commit_point(self, commit_point, **(keeper if commit_point == "keeper" else {}))
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig, client: Any, **kwargs: Any) -> LedgerStore:
+        """The ledger of pipeline ``cfg`` on ``client``, claiming by its ``ledger.commit_point``."""
+        ch = cfg.clickhouse
+        return cls(
+            client,
+            ch.database,
+            cfg.name,
+            replicated=bool(ch.cluster),
+            commit_point=cfg.ledger.commit_point,
+            keeper_path=cfg.keeper_path,
+            cluster=ch.cluster,
+            **kwargs,
+        )
 
     @property
     def table(self) -> str:
@@ -81,10 +107,12 @@ class LedgerStore:
     def ensure_tables(self) -> bool:
         """Create the ledger table and the dead-letter table if missing; True if this call created the ledger.
 
-        A ledger made by an earlier version gets the skip indexes it lacks (idempotent)."""
+        A ledger made by an earlier version gets the skip indexes it lacks (idempotent). With
+        ``commit_point = "keeper"`` the KeeperMap table of claims is created too."""
         self._retry("create the dead-letter table")(
             self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated)
         )
+        self.commit_point.ensure_table()
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
         if int(exists) == 1:
             found = {
@@ -173,13 +201,8 @@ class LedgerStore:
                 f"claim_commit needs a COMMITTED row with commit_seq >= 1, got {row.event.value}/{row.commit_seq}"
             )
         mine = msgspec.structs.replace(row, pipeline=self._pipeline, claim_id=row.claim_id or uuid.uuid4().hex)
-        self._insert(mine, naming.commit_token(self._pipeline, row.commit_seq), f"claim commit slot {row.commit_seq}")
-        winner = self.commit_at(row.commit_seq)
-        return (
-            winner is not None
-            and winner.claim_id == mine.claim_id
-            and (winner.txn, winner.epoch, winner.coordinator) == (row.txn, row.epoch, row.coordinator)
-        )
+        token = naming.commit_token(self._pipeline, row.commit_seq)
+        return self.commit_point.claim(mine, token, f"claim commit slot {row.commit_seq}")
 
     def claim_epoch(self, epoch: int, coordinator: str, claim_id: str = "") -> bool:
         """Claim leadership generation ``epoch`` for ``coordinator``; True if it is ours.
@@ -196,9 +219,7 @@ class LedgerStore:
             coordinator=coordinator,
             claim_id=claim_id or uuid.uuid4().hex,
         )
-        self._insert(mine, naming.epoch_token(self._pipeline, epoch), f"claim epoch {epoch}")
-        winner = self._slot_winner(LedgerEvent.EPOCH, epoch)
-        return winner is not None and winner.claim_id == mine.claim_id
+        return self.commit_point.claim(mine, naming.epoch_token(self._pipeline, epoch), f"claim epoch {epoch}")
 
     # -- upkeep (coordinator.ledger_upkeep) ---------------------------------------------------
 
@@ -229,7 +250,7 @@ class LedgerStore:
     def commit_at(self, commit_seq: int) -> LedgerRow | None:
         """The COMMITTED row owning slot ``commit_seq``; None if the slot is free, or if its owner's
         row has expired (a claim stored after a checkpoint covered the slot owns nothing)."""
-        return self._slot_winner(LedgerEvent.COMMITTED, commit_seq)
+        return self.commit_point.owner(LedgerEvent.COMMITTED, commit_seq)
 
     def latest_checkpoint(self) -> LedgerRow | None:
         """The CHECKPOINT row of the highest slot, or None (a ledger without one reads from slot 1)."""
@@ -240,7 +261,7 @@ class LedgerStore:
 
     def epoch_owner(self, epoch: int) -> str | None:
         """The coordinator that claimed ``epoch``, or None if nobody did."""
-        winner = self._slot_winner(LedgerEvent.EPOCH, epoch)
+        winner = self.commit_point.owner(LedgerEvent.EPOCH, epoch)
         return winner.coordinator if winner else None
 
     def max_epoch(self) -> int:

@@ -73,6 +73,7 @@ class LedgerUpkeep:
         seq, offsets = ledger_checkpoint.overlay(latest, rows)
         row = ledger_checkpoint.checkpoint_row(store.pipeline, seq, offsets, epoch=epoch, coordinator=coordinator)
         store._insert(row, naming.checkpoint_token(store.pipeline, seq), f"checkpoint the ledger at slot {seq}")
+        store.commit_point.forget_through(seq)  # claims of covered slots are needed no more
         return seq
 
     def expire(self) -> int:

@@ -133,10 +133,9 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
     ch, co = cfg.clickhouse, cfg.coordinator
     renice = {"os_thread_priority": co.clickhouse_nice} if co.clickhouse_nice else {}
     client = make_client(ch, **renice)
-    ledger = LedgerStore(
+    ledger = LedgerStore.of(
+        cfg,
         client,
-        ch.database,
-        cfg.name,
         checkpoint_every=co.ledger_checkpoint_every,
         retention_s=co.ledger_retention_days * 86400,
     )

@@ -32,9 +32,11 @@ class TestStack:
 
     __test__ = False  # not a test class, despite its name
 
-    def __init__(self, data_dir: Path) -> None:
-        self.external_kafka = os.environ.get("CHTXN_TEST_KAFKA") or None
-        self.external_clickhouse = (os.environ.get("CHTXN_TEST_CLICKHOUSE_URL") or "").rstrip("/") or None
+    def __init__(self, data_dir: Path, *, keeper: bool = False, kafka: str | None = None) -> None:
+        self.external_kafka = kafka or os.environ.get("CHTXN_TEST_KAFKA") or None
+        external = None if keeper else os.environ.get("CHTXN_TEST_CLICKHOUSE_URL")
+        self.external_clickhouse = (external or "").rstrip("/") or None
+        self._keeper = keeper
         self._data_dir = data_dir
         self._embedded = None
         self._lock = threading.Lock()
@@ -43,8 +45,20 @@ class TestStack:
         if self._embedded is None:
             from embedded.stack import EmbeddedStack
 
-            self._embedded = EmbeddedStack(self._data_dir)
+            self._embedded = EmbeddedStack(self._data_dir, keeper=self._keeper)
         return self._embedded
+
+    @property
+    def keeper(self):  # EmbeddedKeeper
+        """The ZooKeeper process of a stack made with ``keeper=True`` (start it with ``restart_keeper``)."""
+        assert self._keeper, "this stack has no keeper"
+        with self._lock:
+            return self._stack().keeper
+
+    def restart_keeper(self) -> None:
+        """Start the keeper again (same port, same data) after a test stopped it."""
+        with self._lock:
+            self._stack().start_keeper()
 
     @property
     def embedded(self):  # EmbeddedStack
@@ -109,6 +123,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestStack]:
     """The session's Kafka and ClickHouse: ``.kafka_bootstrap``, ``.clickhouse_url``,
     ``.clickhouse_host``, ``.clickhouse_port``, ``.clickhouse_client(database)``."""
     test_stack = TestStack(tmp_path_factory.mktemp("embedded"))
+    yield test_stack
+    test_stack.stop()
+
+
+@pytest.fixture(scope="session")
+def keeper_stack(tmp_path_factory: pytest.TempPathFactory, stack: TestStack) -> Iterator[TestStack]:
+    """A ClickHouse endpoint configured for a real ZooKeeper (``.keeper``), sharing ``stack``'s broker:
+    for ``ledger.commit_point = "keeper"``. Always embedded: a keeper test stops and starts ZooKeeper."""
+    test_stack = TestStack(tmp_path_factory.mktemp("embedded-keeper"), keeper=True, kafka=stack.kafka_bootstrap)
     yield test_stack
     test_stack.stop()
 

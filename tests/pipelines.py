@@ -50,7 +50,7 @@ class Pipeline:
         return make_client(self.cfg.clickhouse)
 
     def ledger(self) -> LedgerHistory:
-        return LedgerHistory(self.client(), self.cfg.clickhouse.database, self.cfg.name)
+        return LedgerHistory.of(self.cfg, self.client())
 
     def produce(self, count: int, *, start_id: int = 0, bad_every: int = 0) -> int:
         """``count`` JSON events spread over the partitions by key; every ``bad_every``-th is malformed."""
@@ -161,7 +161,7 @@ def make_pipeline(
     client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
     if not int(client.command(f"EXISTS TABLE `{db}`.`events`")):
         client.command(target_ddl.format(db=f"`{db}`", table="`events`"))
-    LedgerStore(client, db, name).ensure_tables()
+    LedgerStore.of(cfg, client).ensure_tables()
     tps = [TopicPartition(topic=cfg.pipeline.topics[0], partition=p) for p in range(partitions)]
     return Pipeline(cfg, path, tps)
 

@@ -1,0 +1,159 @@
+"""The Keeper-backed commit point (``ledger.commit_point = "keeper"``, ``coordinator.commit_point``)
+against chDB configured for a real ZooKeeper: what it adds to the ledger tests both commit points
+pass (test_ledger_store.py, test_ledger_checkpoints.py).
+
+Each test names the broken claim it was run against and failed with, in its docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from clients import failpoints
+from clients.clickhouse import make_client
+from coordinator.ledger_history import LedgerHistory
+from coordinator.ledger_store import LedgerStore
+from protocol import ledger, ledger_claims
+from protocol.config import ClickHouseSection
+from protocol.errors import ClickHouseError, SetupError
+from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.messages import TopicPartition
+from tests.helpers import unique_name, wait_until
+from tests.integration.ledger_writes import commit_row, rng
+
+
+@pytest.fixture
+def new_store(keeper_ledger_section: ClickHouseSection) -> Callable[..., LedgerHistory]:
+    """Keeper-mode stores of one fresh pipeline, each with its own client."""
+    pipeline = unique_name("p")
+    section = keeper_ledger_section
+    return lambda **kw: LedgerHistory(make_client(section), section.database, pipeline, commit_point="keeper", **kw)
+
+
+@pytest.fixture(autouse=True)
+def _disarm() -> None:
+    yield
+    failpoints.disarm()
+
+
+def slot_rows(store: LedgerStore, seq: int) -> list[LedgerRow]:
+    rows = store._query(
+        "read a slot's rows",
+        f"SELECT {ledger.SELECT_COLUMNS} FROM {store.table} WHERE pipeline = {{pipeline:String}} "
+        "AND event = 'COMMITTED' AND commit_seq = {seq:UInt64}",
+        seq=seq,
+    )
+    return [ledger.from_result_row(r) for r in rows]
+
+
+def claim_keys(store: LedgerStore) -> list[tuple[str, str]]:
+    """(kind, slot) of every key of the pipeline in the KeeperMap table, sorted."""
+    rows = store._client.query(
+        f"SELECT kind, slot FROM {ledger_claims.qualified(store._database)} WHERE pipeline = {{p:String}}",
+        parameters={"p": store.pipeline},
+    ).result_rows
+    return sorted((kind, int(slot)) for kind, slot in rows)
+
+
+def test_a_late_claim_past_any_deduplication_window_leaves_no_second_row(new_store) -> None:
+    """With the ledger's deduplication window at one block, a second claim of slot 1 made after
+    another insert is not deduplicated by ClickHouse: the token commit point stores its row too
+    (readers then fall back on "first claim wins"). The keeper commit point never writes it.
+    Broken claim run against: ``TokenCommitPoint`` in place of ``KeeperCommitPoint`` (2 rows)."""
+    store = new_store()
+    store._client.command(f"ALTER TABLE {store.table} MODIFY SETTING non_replicated_deduplication_window = 1")
+    try:
+        assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10), epoch=1))
+        store.append(LedgerRow(pipeline=store.pipeline, txn="e1_t1", event=LedgerEvent.PUBLISHED, epoch=1))
+        assert not store.claim_commit(commit_row(store, 1, "e2_t1", rng(0, 0, 12), epoch=2, who="c2"))
+    finally:
+        store._client.command(f"ALTER TABLE {store.table} MODIFY SETTING non_replicated_deduplication_window = 100000")
+    assert [(r.txn, r.epoch) for r in slot_rows(store, 1)] == [("e1_t1", 1)]
+    assert store.head() == (1, {TopicPartition(topic="src", partition=0): 10})
+
+
+def test_a_claimer_dead_between_its_key_and_its_row_is_copied_into_the_ledger_by_the_next(new_store) -> None:
+    """Leader c1 wins slot 1's key and dies before its row. The head cannot show slot 1 yet; c2's
+    seal of slot 1 loses and copies c1's row from Keeper, so the head moves on and c2 rolls c1's
+    txn forward. c1's own retry of the same claim then wins, storing its row once.
+    Broken claim run against: a loser that does not copy the winner (the head stayed at 0, so a
+    take-over would seal the same slot for ever)."""
+    c1, c2 = new_store(), new_store()
+    row = msgspec.structs.replace(commit_row(c1, 1, "e1_t1", rng(0, 0, 10), epoch=1), claim_id="c1-claim")
+    failpoints.arm("leader.after-keeper-claim", "raise*1", who="c1")
+    with pytest.raises(failpoints.FailpointError):
+        c1.claim_commit(row)
+    assert claim_keys(c1) == [("commit", 1)]
+    assert c2.head() == (0, {}), "a key without its row is not in the chain yet"
+
+    assert not c2.seal(2, "c2", head_seq=0)
+    winner = c2.commit_at(1)
+    assert winner is not None and (winner.txn, winner.claim_id) == ("e1_t1", "c1-claim")
+    assert c2.head() == (1, {TopicPartition(topic="src", partition=0): 10})
+    assert [c.txn for c in c2.committed_unpublished()] == ["e1_t1"]
+
+    assert c1.claim_commit(row), "the winner's retry (same claim_id) answers its unknown outcome: won"
+    assert [r.claim_id for r in slot_rows(c1, 1)] == ["c1-claim"]
+    assert c2.seal(2, "c2", head_seq=1)
+
+
+def test_commit_keys_of_checkpointed_slots_are_forgotten_and_a_late_claim_of_one_owns_nothing(new_store) -> None:
+    """A checkpoint deletes the commit keys it covers (Keeper holds about one checkpoint interval of
+    keys per pipeline). A stale leader claiming such a slot then gets its key again, and must still lose.
+    Broken claim run against: ``KeeperCommitPoint._covered`` always False (the late claim won)."""
+    store = new_store(checkpoint_every=3)
+    for seq in (1, 2, 3):
+        row = commit_row(store, seq, f"e1_t{seq}", rng(0, (seq - 1) * 10, seq * 10), epoch=1)
+        assert store.claim_commit(row)
+        store.append(msgspec.structs.replace(row, event=LedgerEvent.PUBLISHED, claim_id=""))
+    assert store.checkpoint(epoch=1, coordinator="c1") == 3
+    assert claim_keys(store) == [], "the covered commit keys are gone"
+
+    late = commit_row(store, 2, "e1_t9", rng(0, 10, 99), epoch=1, who="stale")
+    assert not store.claim_commit(late)
+    owner = store.commit_at(2)
+    assert owner is not None and owner.txn == "e1_t2"
+    assert [r.txn for r in slot_rows(store, 2)] == ["e1_t2"], "the late claim wrote no row"
+    assert store.head() == (3, {TopicPartition(topic="src", partition=0): 30})
+
+
+def test_epoch_keys_stay_and_a_lost_epoch_claim_copies_the_winner(new_store) -> None:
+    c1, c2 = new_store(), new_store()
+    failpoints.arm("leader.after-keeper-claim", "raise*1", who="c1")
+    with pytest.raises(failpoints.FailpointError):
+        c1.claim_epoch(1, "c1", claim_id="c1-epoch")
+    assert c2.max_epoch() == 0
+    assert not c2.claim_epoch(1, "c2")
+    assert c2.max_epoch() == 1 and c2.epoch_owner(1) == "c1"
+    assert c2.claim_epoch(2, "c2")
+    assert claim_keys(c2) == [("epoch", 1), ("epoch", 2)]
+
+
+def test_zookeeper_down_fails_the_claim_and_the_same_claim_wins_once_it_is_back(keeper_stack, new_store) -> None:
+    """ZooKeeper stopped (its process, by PID): a claim fails with a ClickHouseError (outcome
+    unknown), never a False that would be read as "another leader won". Started again (same port,
+    same data), the same claim wins, once."""
+    store = new_store(retries=2)
+    assert store.claim_commit(commit_row(store, 1, "e1_t1", rng(0, 0, 10)))
+    row = msgspec.structs.replace(commit_row(store, 2, "e1_t2", rng(0, 10, 20)), claim_id="during-outage")
+    keeper = keeper_stack.keeper
+    pid = keeper.pid
+    keeper.stop()
+    try:
+        with pytest.raises(ClickHouseError, match=r"KEEPER_EXCEPTION|Keeper|ZooKeeper"):
+            store.claim_commit(row)
+    finally:
+        keeper_stack.restart_keeper()
+    assert keeper_stack.keeper.pid != pid
+    assert wait_until(lambda: store.claim_commit(row), 60, "the claim to win", ignore=(ClickHouseError,))
+    assert [r.claim_id for r in slot_rows(store, 2)] == ["during-outage"]
+    assert store.head()[0] == 2
+
+
+def test_a_server_without_keeper_is_refused_with_what_to_do(ledger_section: ClickHouseSection) -> None:
+    store = LedgerStore(make_client(ledger_section), ledger_section.database, "p", commit_point="keeper")
+    with pytest.raises(SetupError, match=r'needs a ClickHouse server with Keeper.*ledger.commit_point = "token"'):
+        store.ensure_tables()
