@@ -1,0 +1,92 @@
+"""Take-over with the Keeper commit point (``ledger.commit_point = "keeper"``), scripted with failpoints.
+
+Two real ``Leader``s (epochs 1 and 2) run in threads against chDB configured for a real ZooKeeper,
+with test code playing the participants; failpoints hold each leader at a chosen step, so the
+interleaving is the same on every run. Every test ends with the exactly-once oracle.
+"""
+
+from __future__ import annotations
+
+from clients import failpoints
+from protocol import naming
+from protocol.messages import AckCommit
+from tests.helpers import unique_name, wait_until
+from tests.integration.scripted_participants import ScriptedParticipants
+from tests.leaders import LeaderThread, leaders
+from tests.pipelines import assert_exactly_once, make_pipeline
+
+KEEPER = {"ledger.commit_point": "keeper"}
+
+
+def test_two_leaders_racing_for_one_slot_the_older_holds_its_key_and_the_newer_rolls_it_forward(keeper_stack, tmp_path):
+    """E1 wins txn k's key and stalls before k's row reaches the ledger; E2 takes over meanwhile.
+    E2's head ends before k, so E2 seals k's slot: the seal loses to E1's key, E2 copies k's row
+    from Keeper, publishes k and seals the next slot. E1 then writes k's row (stored once) and
+    publishes k again (idempotent). Every record once.
+    Broken claim run against: a loser that does not copy the winner (E2 never finished its
+    take-over: it sealed k's slot again and again)."""
+    pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("kraceslot"), settings=KEEPER)
+    produced = pipeline.produce(1_000)
+    e1 = LeaderThread(pipeline, 1, "E1")
+    e2 = LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, leaders(e1, e2):
+        sealed = failpoints.arm("leader.after-take-over", "pause*1", who="E1")
+        e1.start()
+        assert sealed.reached.wait(60), "E1 never took over"
+        claimed = failpoints.arm("leader.after-keeper-claim", "pause*1", who="E1")  # its next claim: a txn's
+        failpoints.release("leader.after-take-over")
+        assert claimed.reached.wait(60), "E1 never won a commit key"
+        k = next(s.txn for s in reversed(participants.statuses) if s.rows)
+        assert pipeline.ledger().txn(k).state == "STARTED", "k's key is won, its row not yet written"
+
+        e2.start()
+        wait_until(lambda: (s := pipeline.ledger().txn(k)) and s.state == "PUBLISHED", 60, f"E2 rolls {k} forward")
+        seal2 = naming.seal_txn(2)
+        wait_until(lambda: any(c.txn == seal2 for c in pipeline.ledger().commits()), 60, "E2 seals the next slot")
+
+        failpoints.release("leader.after-keeper-claim")  # E1 writes k's row: already there, stored once
+        wait_until(lambda: pipeline.target_count() == produced, 60, "every record committed")
+        e1.stop.set()
+        e1.ended(60)
+    assert isinstance(e2.outcome, str), e2.outcome
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
+    commits = pipeline.ledger().commits()
+    assert [c.txn for c in commits if c.txn in (k, seal2)] == [k, seal2]
+    k_rows = pipeline.ledger()._rows_of([k])[k]
+    assert [r.event for r in k_rows].count("COMMITTED") == 1, k_rows
+
+
+def test_a_stalled_leaders_claim_loses_to_the_new_leaders_seal_key(keeper_stack, tmp_path):
+    """E1 counted txn k and stalls before claiming; E2 takes over, seals k's slot and drops k's
+    stage table as an orphan. The seal is followed by a checkpoint, which forgets the seal's key,
+    so E1's late claim gets the key again: it must still lose (a checkpoint covers the slot) and
+    step down without acknowledging k. Every record once, committed by E2.
+    Broken claim run against: ``KeeperCommitPoint._covered`` always False (E1's claim won; E1
+    stepped down only on seeing epoch 2)."""
+    pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("kstall"), settings=KEEPER)
+    produced = pipeline.produce(1_000)
+    e1 = LeaderThread(pipeline, 1, "E1")
+    e2 = LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions) as participants, leaders(e1, e2):
+        stalled = failpoints.arm("leader.before-commit", "pause", who="E1")
+        e1.start()
+        assert stalled.reached.wait(60), "E1 never reached its commit point"
+        k = participants.statuses[-1].txn
+        k_slot = pipeline.ledger().head()[0] + 1
+
+        held = failpoints.arm("leader.after-take-over", "pause", who="E2")
+        e2.start()
+        assert held.reached.wait(60), "E2 never finished its take-over"
+
+        failpoints.release("leader.before-commit")  # E1's late claim of k's slot
+        outcome = e1.ended(60)
+        assert isinstance(outcome, str) and f"lost commit slot {k_slot} of {k}" in outcome, outcome
+        states = {t.txn: t.state for t in pipeline.ledger().history(limit=100)}
+        assert states.get(k) not in ("COMMITTED", "PUBLISHED"), f"E1 committed {k} after E2's take-over"
+
+        failpoints.release("leader.after-take-over")
+        wait_until(lambda: pipeline.target_count() == produced, 60, "E2 commits every record")
+    assert isinstance(e2.outcome, str), e2.outcome
+    acked = {m.txn for _, m in pipeline.control_records() if isinstance(m, AckCommit)}
+    assert k not in acked, f"E1 acknowledged {k} after losing its slot"
+    assert_exactly_once(pipeline, produced, nothing_lost=True)
