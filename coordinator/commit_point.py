@@ -85,7 +85,8 @@ class KeeperCommitPoint:
         if self._covered(row):  # a late claim of a forgotten slot got the key again: it owns nothing
             log.warning("a claim of a slot a checkpoint covers got its key; it owns nothing", extra={"slot": slot})
             return False
-        hit("leader.after-keeper-claim", row.coordinator)
+        if row.stage_table:  # a txn's commit (not a seal's or an epoch's)
+            hit("leader.after-keeper-claim", row.coordinator)
         # Commit step 6b (keeper): the winner's row in the ledger (a retry finds the key its own).
         self._store._insert(row, token, what)
         return True

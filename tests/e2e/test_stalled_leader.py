@@ -67,13 +67,25 @@ def spawn(config: Path, name: str, log: Path, failpoints: str = "") -> subproces
     )
 
 
-def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged(stack, tmp_path):
+@pytest.mark.parametrize(
+    ("commit_point", "point"),
+    [
+        ("token", "leader.before-commit"),
+        ("keeper", "leader.before-commit"),
+        ("keeper", "leader.after-keeper-claim"),  # frozen holding the slot's key, before its row
+    ],
+)
+def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged(
+    request, tmp_path, commit_point: str, point: str
+):
+    stack = request.getfixturevalue("keeper_stack" if commit_point == "keeper" else "stack")
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port) as proxy:
         slow = make_pipeline(
             Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
             tmp_path,
             unique_name("e2estall"),
             partitions=2,
+            settings={"ledger.commit_point": commit_point},
         )
         pipeline = direct(slow, stack.clickhouse_url)
         fast_config = tmp_path / "direct.toml"
@@ -85,16 +97,14 @@ def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged
         procs: dict[str, subprocess.Popen] = {}
         try:
             with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
-                procs["c1"] = spawn(
-                    slow.config_path, "c1", tmp_path / "c1.log", failpoints="leader.before-commit@c1=stall(12)*1"
-                )
+                procs["c1"] = spawn(slow.config_path, "c1", tmp_path / "c1.log", failpoints=f"{point}@c1=stall(12)*1")
                 wait_until(lambda: pipeline.ledger().epoch_owner(1) == "c1", 60, "c1 leads")
                 procs["c2"] = spawn(fast_config, "c2", tmp_path / "c2.log")
                 proxy.delay(0.3)  # c1's ClickHouse is slow from now on
                 wait_until(
-                    lambda: "failpoint leader.before-commit fires" in (tmp_path / "c1.log").read_text(),
+                    lambda: f"failpoint {point} fires" in (tmp_path / "c1.log").read_text(),
                     60,
-                    "c1 counted a txn and reached its commit point",
+                    f"c1 counted a txn and reached {point}",
                 )
                 os.killpg(procs["c1"].pid, signal.SIGSTOP)  # frozen: no heartbeat either
                 ledger = pipeline.ledger()
