@@ -4,13 +4,15 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 KEEPER := $(VENV)/keeper/.installed
+DEBTOOLS := $(VENV)/debian-tools/.installed
 
 .PHONY: install test test-pure lint demo soak bench check-prereqs clean
 
 SEED     ?= 1
 DURATION ?= 600
+COMMIT_POINT ?= token
 
-install: $(STAMP) $(KEEPER)
+install: $(STAMP) $(KEEPER) $(DEBTOOLS)
 
 check-prereqs:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
@@ -35,6 +37,12 @@ $(KEEPER): embedded/keeper_jars.py | $(STAMP)
 	$(PY) -m embedded.keeper_jars install $(VENV)/keeper
 	@touch $(KEEPER)
 
+# promtool and docker-compose, which check deploy/ and docker-compose.yml in tests/pure: Debian's packages, the
+# same way (apt-get download, no root), unpacked under .venv/debian-tools (tools/debian_tools.py says what).
+$(DEBTOOLS): tools/debian_tools.py | $(STAMP)
+	$(PY) -m tools.debian_tools install $(VENV)/debian-tools
+	@touch $(DEBTOOLS)
+
 test: install
 	$(PY) -m pytest tests
 
@@ -49,7 +57,7 @@ demo: install
 
 # A randomized soak: faults drawn from SEED for DURATION seconds, then the exactly-once checks.
 soak: install
-	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION)
+	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION) --commit-point $(COMMIT_POINT)
 
 # Not part of `make test`: it measures, and takes minutes (benchmarks/README.md).
 # make bench [REPS=3] [ARGS="--events 100000 --paced-seconds 15 ..."]

@@ -270,7 +270,7 @@ class Leader:
         self._gap_check_due = True
 
     def _gauges(self, now: float) -> None:
-        self.metrics.participants.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
+        self.metrics.live_partitions.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
         for tp, lag in self.state.lag().items():
             self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
 
@@ -302,7 +302,7 @@ class Leader:
             self.ledger.after_won_slot(row.commit_seq, epoch=row.epoch, coordinator=row.coordinator)
             failpoints.hit("leader.after-commit", self.coordinator)
             txn = action.txn
-            self.metrics.transactions.labels(self.cfg.name, "committed").inc()
+            self.metrics.committed()
             self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
             self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
             self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))

@@ -1,10 +1,29 @@
-"""Prometheus metrics of the coordinator (``coordinator.metrics_port``; 0 serves none)."""
+"""Prometheus metrics of the coordinator (``coordinator.metrics_port``; 0 serves none).
+
+Every replica exports every series of its pipeline from its start, a standby included: ``chtxn_leader``
+is 0 there, so ``sum by (pipeline) (chtxn_leader)`` counts the leaders of a pipeline (0 or 1). The
+leader-only gauges (lag, live partitions) are reset when a replica stops leading, so a former leader
+never exports stale figures beside the new one's. The registry also holds prometheus_client's
+process, platform and garbage-collector collectors (``process_*``, ``python_*``), which a registry
+of our own does not get by default. ``docs/operations.md`` lists every series.
+"""
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
 from typing import TypedDict
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from protocol.coordinator_events import (
     ABORT_KINDS,
@@ -31,6 +50,14 @@ LEADER_STEPS: dict[type, str] = {
 }
 
 
+def package_version() -> str:
+    """chtxn's installed version (what ``chtxn --version`` prints), or "unknown" outside an install."""
+    try:
+        return metadata.version("chtxn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class _PipelineLabel(TypedDict):
     """The keyword arguments of a metric labelled by pipeline alone."""
 
@@ -43,12 +70,21 @@ class CoordinatorMetrics:
 
     def __init__(self, pipeline: str) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         labels: _PipelineLabel = {"labelnames": ["pipeline"], "registry": self.registry}
+        self.build = Info("chtxn_build", "The chtxn version this replica runs (value 1)", **labels)
         self.transactions = Counter(
             "chtxn_transactions", "Transactions by outcome", ["pipeline", "outcome"], registry=self.registry
         )
         self.aborts = Counter(
             "chtxn_aborts", "Aborted transactions by reason", ["pipeline", "reason"], registry=self.registry
+        )
+        self.last_commit = Gauge(
+            "chtxn_last_commit_timestamp_seconds",
+            "Unix time at which this replica, leading, last won a commit slot (0: never since it started)",
+            **labels,
         )
         self.commit_latency = Histogram(
             "chtxn_commit_latency_seconds", "END-COMMIT to ACK-COMMIT", buckets=_LATENCY_BUCKETS, **labels
@@ -75,25 +111,54 @@ class CoordinatorMetrics:
             "after a later one: the embedded broker)",
             **labels,
         )
-        self.participants = Gauge("chtxn_participants_alive", "Partitions held by a live participant", **labels)
-        self.leader = Gauge("chtxn_leader", "1 while this replica leads", **labels)
+        self.live_partitions = Gauge(
+            "chtxn_partitions_live",
+            "Source partitions some participant heartbeated within the heartbeat timeout (leader only; 0 as standby)",
+            **labels,
+        )
+        self.leader = Gauge("chtxn_leader", "1 while this replica leads, 0 as standby", **labels)
         self.epoch = Gauge("chtxn_epoch", "Epoch this replica leads (0 as standby)", **labels)
         self.lag = Gauge(
             "chtxn_partition_lag",
-            "Log end minus last committed offset",
+            "Log end minus last committed offset (leader only)",
             ["pipeline", "topic", "partition"],
             registry=self.registry,
         )
         self.pipeline = pipeline
-        for kind in ABORT_KINDS:  # every series present from the start
+        # Every series present from the start, a standby's included.
+        self.build.labels(pipeline).info({"version": package_version(), "python": platform.python_version()})
+        for kind in ABORT_KINDS:
             self.aborts.labels(pipeline, kind)
         for outcome in ("committed", "aborted"):
             self.transactions.labels(pipeline, outcome)
         for step in LEADER_STEPS.values():
             self.step_seconds.labels(pipeline, step)
-        self.lost.labels(pipeline)
-        self.control_holes.labels(pipeline)
+        for metric in (
+            self.last_commit,
+            self.commit_latency,
+            self.publish_latency,
+            self.rows,
+            self.bytes,
+            self.lost,
+            self.dead_letters,
+            self.control_holes,
+        ):
+            metric.labels(pipeline)
+        self.not_leading()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        if port:
-            start_http_server(port, addr=addr, registry=self.registry)
+    def leading(self, epoch: int) -> None:
+        """This replica has won ``epoch``."""
+        self.leader.labels(self.pipeline).set(1)
+        self.epoch.labels(self.pipeline).set(epoch)
+
+    def not_leading(self) -> None:
+        """This replica is a standby: the leader-only figures go (the new leader exports its own)."""
+        self.leader.labels(self.pipeline).set(0)
+        self.epoch.labels(self.pipeline).set(0)
+        self.live_partitions.labels(self.pipeline).set(0)
+        self.lag.clear()
+
+    def committed(self) -> None:
+        """This replica, leading, has just won a commit slot (commit step 6)."""
+        self.transactions.labels(self.pipeline, "committed").inc()
+        self.last_commit.labels(self.pipeline).set_to_current_time()

@@ -4,7 +4,7 @@ Run N replicas; exactly one leads at a time. A standby that hears nothing from a
 ``coordinator.leader_lease_s`` claims epoch ``max + 1`` in the ledger by compare-and-set
 (``protocol.leadership``). A leader that loses a commit slot or sees a newer epoch steps down
 and becomes a standby again. ClickHouse or Kafka failures never end the service: it backs off
-and tries again.
+and tries again. What it is doing is told to ``readiness`` (``/ready`` on the metrics port).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.readiness import Readiness
 from coordinator.stage import StageTables
+from protocol import secrets
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError, SetupError
 from protocol.leadership import LeaseWatch
@@ -28,6 +30,8 @@ from protocol.leadership import LeaseWatch
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+#: How often a standby pings ClickHouse for ``/ready`` (the leader's own work tells it otherwise).
+STANDBY_PING_S, PING_TIMEOUT_S = 5.0, 2.0
 
 
 class CoordinatorService:
@@ -45,6 +49,7 @@ class CoordinatorService:
         self.id = cfg.coordinator_id
         self.clock = clock
         self.metrics = metrics or CoordinatorMetrics(cfg.name)
+        self.readiness = Readiness()
         self.epoch = 0  # the epoch this replica leads, 0 as standby
         self.leaderships = 0
         self.leader_class = leader_class  # tests inject faults with a subclass
@@ -64,10 +69,12 @@ class CoordinatorService:
             except (ChtxnError, OSError) as exc:
                 self._back_off(stop, failures, exc)
                 failures += 1
+        self.readiness.stopping()
 
     def _back_off(self, stop: threading.Event, failures: int, exc: Exception) -> None:
         delay = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
         log.error("coordinator failed; restarting", extra={"error": str(exc), "retry_in_s": delay})
+        self.readiness.failed(str(exc))
         stop.wait(delay)
 
     def _run_once(self, stop: threading.Event) -> None:
@@ -81,11 +88,16 @@ class CoordinatorService:
             kafka=self.kafka,
         )
         control.open()
+        self.readiness.standby()
         try:
             watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+            ping_at = self.clock() + STANDBY_PING_S
             while not stop.is_set():
                 for message in control.poll(timeout=0.05):
                     watch.observe(message, self.clock())
+                if self.clock() >= ping_at:
+                    ping_at = self.clock() + STANDBY_PING_S
+                    self._ping_clickhouse(stages)
                 if not watch.expired(self.clock()):
                     continue
                 epoch = max(watch.epoch, ledger.max_epoch()) + 1
@@ -94,8 +106,17 @@ class CoordinatorService:
                     continue
                 self._lead(epoch, control, ledger, stages, stop)
                 watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+                self.readiness.standby()
         finally:
             control.close()
+
+    def _ping_clickhouse(self, stages: StageTables) -> None:
+        """A standby's check that it could still take over (``/ready``); a failed ping changes nothing else."""
+        if stages.client.ping(timeout=PING_TIMEOUT_S):
+            self.readiness.clickhouse("")
+        else:
+            url = secrets.mask_url(self.cfg.clickhouse.url)
+            self.readiness.clickhouse(f"no answer from {url} within {PING_TIMEOUT_S:g} s")
 
     def _lead(
         self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables, stop: threading.Event
@@ -103,8 +124,7 @@ class CoordinatorService:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
         self.epoch = epoch
         self.leaderships += 1
-        self.metrics.leader.labels(self.cfg.name).set(1)
-        self.metrics.epoch.labels(self.cfg.name).set(epoch)
+        self.metrics.leading(epoch)
         try:
             leader = self.leader_class(
                 self.cfg,
@@ -117,12 +137,12 @@ class CoordinatorService:
                 clock=self.clock,
                 kafka=self.kafka,
             )
+            self.readiness.leading(epoch, leader.state)
             outcome = leader.run(stop)
             log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
         finally:
             self.epoch = 0
-            self.metrics.leader.labels(self.cfg.name).set(0)
-            self.metrics.epoch.labels(self.cfg.name).set(0)
+            self.metrics.not_leading()
 
 
 def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:

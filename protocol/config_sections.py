@@ -159,6 +159,10 @@ class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     metrics_port: Annotated[int, Meta(
         description="Port of the Prometheus endpoint (`--metrics-port` overrides it).",
         extra={"brief": "0: no Prometheus endpoint"})] = 0
+    metrics_address: Annotated[str, Meta(description=(
+        "Address the metrics port (`/metrics`, `/ready`) binds (`--metrics-address` overrides it). The endpoint has "
+        "no authentication, so by default only this host reaches it."),
+        extra={"brief": '"0.0.0.0" or "::" for a Prometheus on another host or container'})] = "127.0.0.1"
     clickhouse_retries: Annotated[int, Meta(
         description="Tries of one coordinator ClickHouse operation on retryable errors.")] = 8
     clickhouse_nice: Annotated[int, Meta(description=(

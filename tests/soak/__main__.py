@@ -42,12 +42,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="logs, config and the embedded stack's data (default: a new directory under the system temp directory)",
     )
+    parser.add_argument(
+        "--commit-point",
+        choices=("token", "keeper"),
+        default="token",
+        help="ledger.commit_point of the pipeline; keeper adds a ZooKeeper and its restarts as a fault",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"where the JSON report goes (default {RESULTS})")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chtxn-soak-seed{args.seed}-"))
     console = Console(width=200)
     console.print(f"soak seed {args.seed}, {args.duration:g}s; logs in {workdir}/logs", soft_wrap=True)
-    stack = TestStack(workdir / "embedded")
+    stack = TestStack(workdir / "embedded", keeper=args.commit_point == "keeper")
     started = time.monotonic()
     try:
         result = run_soak(
@@ -58,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             partitions=args.partitions,
             rate=args.rate,
             stuck_after_s=args.stuck_after,
+            commit_point=args.commit_point,
         )
     finally:
         stack.stop()

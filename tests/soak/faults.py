@@ -62,8 +62,15 @@ class FaultRecord:
 
 class Injector:
     def __init__(
-        self, cluster: Cluster, traffic: Traffic, proxy: TcpProxy, check: Pipeline, ledger: LedgerStore
+        self,
+        cluster: Cluster,
+        traffic: Traffic,
+        proxy: TcpProxy,
+        check: Pipeline,
+        ledger: LedgerStore,
+        stack: Any = None,  # the TestStack, for its keeper
     ) -> None:
+        self.stack = stack
         self.cluster = cluster
         self.traffic = traffic
         self.proxy = proxy
@@ -225,6 +232,16 @@ class Injector:
             self.hold(plan.hold_s)
             self.cluster.held.discard(armed)
             record.detail += f"{armed} stalled at {point}"
+
+    def _keeper_restart(self, plan: FaultPlan, record: FaultRecord) -> None:
+        keeper = self.stack.keeper
+        record.target = f"zookeeper pid {keeper.pid}"
+        keeper.stop()
+        try:
+            self.hold(plan.hold_s)
+        finally:
+            self.stack.restart_keeper()
+        record.detail = f"restarted as pid {self.stack.keeper.pid}"
 
     def _bad_records(self, plan: FaultPlan, record: FaultRecord) -> None:
         p = plan.params

@@ -72,6 +72,7 @@ class SoakResult:
     git_commit: str
     pipeline: str
     logs: str
+    commit_point: str = "token"  # ledger.commit_point of the soaked pipeline
     started_at: float = 0.0  # unix time the fault phase began (after warm-up)
     schedule: list[FaultPlan] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
@@ -134,6 +135,7 @@ class SoakResult:
             "duration_s": self.duration_s,
             "git_commit": self.git_commit,
             "pipeline": self.pipeline,
+            "commit_point": self.commit_point,
             "logs": self.logs,
             "started_at": self.started_at,
             "duplicates": self.duplicates,
@@ -156,7 +158,8 @@ class SoakResult:
 
         stamp = datetime.fromtimestamp(self.started_at or 0, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{stamp}-seed{self.seed}.json"
+        mode = "" if self.commit_point == "token" else f"-{self.commit_point}"
+        path = directory / f"{stamp}-seed{self.seed}{mode}.json"
         path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
         return path
 

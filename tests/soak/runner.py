@@ -66,18 +66,19 @@ def run_soak(
     stuck_after_s: float = 60.0,
     recovery_timeout_s: float = 90.0,
     drain_timeout_s: float = 240.0,
+    commit_point: str = "token",
 ) -> SoakResult:
     """Run one soak on ``stack`` (anything with ``kafka_bootstrap``, ``clickhouse_url``,
     ``clickhouse_host``, ``clickhouse_port``); logs and the config go under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    schedule = draw_schedule(seed, duration_s)
+    schedule = draw_schedule(seed, duration_s, keeper=commit_point == "keeper")
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port, lifetime_s=duration_s + 7200) as proxy:
         pipeline = make_pipeline(
             Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
             workdir,
             unique_name(f"soak{seed}"),
             partitions=partitions,
-            settings=SETTINGS,
+            settings={**SETTINGS, "ledger.commit_point": commit_point},
         )
         check = direct(pipeline, stack.clickhouse_url)
         ledger = check.ledger()
@@ -88,10 +89,11 @@ def run_soak(
             pipeline=pipeline.cfg.name,
             logs=str(workdir / "logs"),
             schedule=schedule,
+            commit_point=commit_point,
         )
         cluster = Cluster(pipeline.config_path, workdir / "logs", slots=partitions)
         traffic = Traffic(stack.kafka_bootstrap, pipeline.topic, partitions, rate)
-        injector = Injector(cluster, traffic, proxy, check, ledger)
+        injector = Injector(cluster, traffic, proxy, check, ledger, stack)
         try:
             for name in COORDINATORS:
                 cluster.start_coordinator(name)

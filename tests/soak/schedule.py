@@ -38,9 +38,14 @@ KINDS: tuple[str, ...] = (
     "alter-add-column",  # ALTER TABLE target ADD COLUMN ... DEFAULT ...
     "alter-twice",  # two ALTERs of the target in a row (ADD, then ADD or DROP), gap_s apart
 )
+#: Faults only a soak with ``ledger.commit_point = "keeper"`` injects, after ``KINDS`` in each round.
+KEEPER_KINDS: tuple[str, ...] = (
+    "keeper-restart",  # stop the ZooKeeper process for hold_s (every session is lost), then start it again
+)
 
 #: The failpoints a soak arms: the leader's commit path.
-LEADER_POINTS: tuple[str, ...] = tuple(sorted(p for p in POINTS if p.startswith("leader.")))
+KEEPER_POINTS: tuple[str, ...] = ("leader.after-keeper-claim",)
+LEADER_POINTS: tuple[str, ...] = tuple(sorted(p for p in POINTS if p.startswith("leader.") and p not in KEEPER_POINTS))
 
 #: Records that are not exactly one row; each must go to the dead-letter topic.
 NOT_ONE_ROW_SHAPES: tuple[str, ...] = ("two-objects", "two-lines", "empty", "blank")
@@ -83,22 +88,25 @@ class FaultPlan:
         }
 
 
-def draw_schedule(seed: int, duration_s: float) -> list[FaultPlan]:
-    """Enough faults to fill ``duration_s`` however fast the pipeline recovers."""
+def draw_schedule(seed: int, duration_s: float, *, keeper: bool = False) -> list[FaultPlan]:
+    """Enough faults to fill ``duration_s`` however fast the pipeline recovers; with ``keeper``, the
+    faults of the Keeper commit point too (``KEEPER_KINDS``, ``KEEPER_POINTS``)."""
     rng = random.Random(seed)
+    kinds = KINDS + KEEPER_KINDS if keeper else KINDS
+    points = LEADER_POINTS + KEEPER_POINTS if keeper else LEADER_POINTS
     count = max(1, math.ceil(duration_s / MIN_CYCLE_S))
     plans: list[FaultPlan] = []
     while len(plans) < count:
-        round_kinds = list(KINDS)
+        round_kinds = list(kinds)
         rng.shuffle(round_kinds)
         for kind in round_kinds:
             if len(plans) == count:
                 break
-            plans.append(_draw(rng, len(plans), kind))
+            plans.append(_draw(rng, len(plans), kind, points))
     return plans
 
 
-def _draw(rng: random.Random, index: int, kind: str) -> FaultPlan:
+def _draw(rng: random.Random, index: int, kind: str, points: tuple[str, ...]) -> FaultPlan:
     quiet = round(rng.uniform(1.0, 4.0), 2)
     hold = 0.0
     params: dict[str, Any] = {}
@@ -114,12 +122,14 @@ def _draw(rng: random.Random, index: int, kind: str) -> FaultPlan:
         hold = rng.uniform(5.0, 12.0)
         params["delay_s"] = round(rng.uniform(0.3, 1.5), 2)
     elif kind == "failpoint":
-        params["point"] = rng.choice(LEADER_POINTS)
+        params["point"] = rng.choice(points)
         if rng.random() < 0.7:
             params["action"] = "crash*1"
         else:
             hold = round(rng.uniform(1.0, 6.0), 1)
             params["action"] = f"stall({hold})*1"
+    elif kind == "keeper-restart":
+        hold = rng.uniform(2.0, 10.0)
     elif kind == "bad-records":
         params["records"] = rng.randint(50, 300)
         params["bad_every"] = rng.randint(3, 20)

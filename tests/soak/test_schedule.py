@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clients.failpoints import POINTS
-from tests.soak.schedule import KINDS, draw_schedule
+from tests.soak.schedule import KEEPER_KINDS, KEEPER_POINTS, KINDS, draw_schedule
 
 
 def test_the_same_seed_draws_the_same_schedule():
@@ -32,3 +32,13 @@ def test_parameters_stay_in_their_ranges():
         if plan.kind == "failpoint":
             assert plan.params["point"] in POINTS and plan.params["point"].startswith("leader.")
             assert plan.params["action"] == "crash*1" or plan.params["action"].startswith("stall(")
+
+
+def test_the_keeper_faults_come_only_with_the_keeper_commit_point() -> None:
+    token = draw_schedule(6, 600)
+    keeper = draw_schedule(6, 600, keeper=True)
+    assert not {p.kind for p in token} & set(KEEPER_KINDS)
+    assert not {p.params.get("point") for p in token} & set(KEEPER_POINTS)
+    assert set(KEEPER_KINDS) <= {p.kind for p in keeper[: len(KINDS) + len(KEEPER_KINDS)]}, "one round has each kind"
+    assert set(KEEPER_POINTS) <= {p.params.get("point") for p in keeper}
+    assert all(2.0 <= p.hold_s <= 10.0 for p in keeper if p.kind == "keeper-restart")
