@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="events/s of the paced phase (default: half the plain loop's rows/s of the repetition)",
     )
+    parser.add_argument(
+        "--commit-points",
+        default="token",
+        help='ledger.commit_point of the chtxn runs, comma-separated: "token,keeper" measures both in one run, '
+        "repetitions alternating, each on a fresh stack with a ZooKeeper (default token)",
+    )
     parser.add_argument("--paced-seconds", type=float, default=60.0, help="length of the paced phase (default 60)")
     parser.add_argument("--no-paced", action="store_true", help="skip the paced phase")
     parser.add_argument(
@@ -70,32 +76,45 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     load_before, probe_before = os.getloadavg(), cpu_probe()
     git = git_state()
-    repetitions = []
+    points = [p.strip() for p in args.commit_points.split(",") if p.strip()]
+    if not points or set(points) - {"token", "keeper"}:
+        parser.error('--commit-points takes "token", "keeper" or both, comma-separated')
+    keeper = "keeper" in points  # every stack gets a ZooKeeper then, so the runs differ only in the claim
+    repetitions: dict[str, list[dict[str, object]]] = {p: [] for p in points}
     for i in range(1, args.reps + 1):
-        console.rule(f"repetition {i} of {args.reps}")
-        repetitions.append(repetition(args, Path(args.dir).resolve() / f"rep{i}", console))
-    document = summary.assemble(
-        repetitions,
-        settings=settings(args),
-        git=git,
-        machine=machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
-        started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        wall_s=round(time.monotonic() - t0, 1),
-    )
-    out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    console.print(report.summary_table(document))
-    console.print(f"wall time {document['wall_s']:.0f} s; results in {out}")
+        for point in points:
+            console.rule(f"repetition {i} of {args.reps}, commit point {point}")
+            args.commit_point = point
+            work = Path(args.dir).resolve() / f"rep{i}-{point}"
+            repetitions[point].append(repetition(args, work, console, keeper=keeper))
+    wall_s = round(time.monotonic() - t0, 1)
+    the_machine = machine(load_before, os.getloadavg(), probe_before, cpu_probe())
+    for point in points:
+        document = summary.assemble(
+            repetitions[point],
+            settings={**settings(args), "commit_point": point, "keeper_running": keeper},
+            git=git,
+            machine=the_machine,
+            started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            wall_s=wall_s,
+        )
+        suffix = "" if point == "token" else f"-{point}"
+        out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}{suffix}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=2) + "\n")
+        console.rule(f"commit point {point}")
+        console.print(report.summary_table(document))
+        console.print(f"wall time {wall_s:.0f} s; results in {out}")
     return 0
 
 
-def repetition(args: argparse.Namespace, work: Path, console: Console) -> dict[str, object]:
-    """One repetition on a fresh stack in ``work``: its flat figures (``repetition_figures``)."""
+def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper: bool = False) -> dict[str, object]:
+    """One repetition on a fresh stack in ``work`` (with a ZooKeeper if ``keeper``): its flat
+    figures (``repetition_figures``)."""
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
     logs = work / "logs"
-    with EmbeddedStack(work / "stack") as stack:
+    with EmbeddedStack(work / "stack", keeper=keeper) as stack:
         setup = pipeline.prepare(args, work, stack, console)
         outcomes = pipeline.reference_runs(args, setup, console)
         loop = next(o for o in outcomes if o.mode == "loop")

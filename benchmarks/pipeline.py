@@ -138,6 +138,7 @@ def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console:
         size_trigger_rows=args.size_trigger,
         chunk_rows=args.chunk_rows,
         properties=dict(item.split("=", 1) for item in args.kafka_property),
+        commit_point=getattr(args, "commit_point", "token"),
     )
     workload.prepare(cfg, args.partitions)
     with console.status(f"producing {args.events:,} events"):

@@ -53,6 +53,9 @@ size_trigger_rows = {size_trigger_rows}
 [participant]
 chunk_rows = {chunk_rows}
 
+[ledger]
+commit_point = "{commit_point}"
+
 [kafka.properties]
 {properties}
 """
@@ -67,6 +70,7 @@ def write_config(
     size_trigger_rows: int,
     chunk_rows: int,
     properties: dict[str, str] | None = None,
+    commit_point: str = "token",
 ) -> PipelineConfig:
     """Write the benchmark pipeline's TOML to ``path`` and load it (the coordinator and job read it too).
 
@@ -82,6 +86,7 @@ def write_config(
             interval_s=interval_s,
             size_trigger_rows=size_trigger_rows,
             chunk_rows=chunk_rows,
+            commit_point=commit_point,
             properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),
         )
     )
@@ -97,7 +102,7 @@ def prepare(cfg: PipelineConfig, partitions: int) -> None:
         client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         for table in (TARGET, PLAIN, CEILING):
             client.command(table_ddl(table))
-        LedgerStore(client, DATABASE, cfg.name).ensure_tables()
+        LedgerStore.of(cfg, client).ensure_tables()
     finally:
         client.close()
 
