@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "cli.txn",
     "cli.verify",
     "cli.status",
+    "cli.doctor",
     "cli.dlq",
     "cli.participant",
     "cli.demo",

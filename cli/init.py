@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
+from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
@@ -58,12 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_option(parser)
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=kafka_clients.DEFAULT_TIMEOUT_S,
-        help="seconds to wait for the Kafka broker (default %(default)g)",
-    )
+    add_broker_timeout_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 

@@ -1,0 +1,76 @@
+"""``chtxn doctor``: a preflight against the live ClickHouse server and Kafka broker that says, check by
+check, whether exactly-once holds there and what to change.
+
+The facts come from ``coordinator.doctor``, the verdicts from ``protocol.doctor_rules``. Exit code 0
+when no check failed (warnings do not fail), 1 when one did, 2 for a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import msgspec
+from rich.markup import escape
+
+from cli.broker_timeout import add_broker_timeout_option
+from cli.config_option import add_config_option
+from cli.output import Column, Output, Sheet, Styled, add_format_option
+from coordinator.doctor import clickhouse_facts, kafka_facts
+from protocol.config import load_config
+from protocol.doctor_facts import Report
+from protocol.doctor_rules import evaluate, failed
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check the live ClickHouse server and Kafka broker: does exactly-once hold there, and what to change",
+        description="A preflight, read-only but for two probes that leave nothing behind (a KeeperMap table "
+        "on a path of its own, and an aborted Kafka transaction). Checks: the server version; the target "
+        "table's engine family and replication (system.replicas); the macros of a replicated target; the "
+        "deduplication windows of the ledger, the stage tables and the target; the commit point; Keeper (a "
+        'KeeperMap probe with ledger.commit_point = "keeper" or a replicated target); insert_quorum and '
+        "select_sequential_consistency; async_insert; materialized views against transaction.publish_mode; "
+        "the metadata columns chtxn verify --deep needs; the control and source topics; the broker's "
+        "transactions, which dead letters are published in. Each row says ok, warn or fail, what was found "
+        "and what to do. Exit code 0 when no check failed (warnings do not fail), 1 when one did.",
+        epilog="Examples:\n  chtxn doctor --config pipeline.toml\n  chtxn doctor --config pipeline.toml --format tsv\n"
+        "  chtxn doctor --config pipeline.toml --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_option(parser)
+    add_broker_timeout_option(parser)
+    add_format_option(parser, rows="one line per check (the verdict on stderr)")
+    parser.set_defaults(func=run)
+
+
+#: The columns of ``doctor``'s table.
+COLUMNS = (
+    Column("check", "check"),
+    Column("result", "result"),
+    Column("found", "found", fold=30),
+    Column("what to do", "fix", fold=30),
+)
+_STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, os.environ)
+    checks = evaluate(cfg, clickhouse_facts(cfg), kafka_facts(cfg, args.timeout))
+    report = Report(pipeline=cfg.name, ok=not failed(checks), checks=tuple(checks))
+    if args.format == "json":
+        print(msgspec.json.format(msgspec.json.encode(report)).decode())
+        return 0 if report.ok else 1
+    out = Output(args.format)
+    table = Sheet(f"chtxn doctor: pipeline {cfg.name}", COLUMNS)
+    for c in checks:
+        table.add(c.name, Styled(c.status, _STYLES[c.status]), c.found, c.fix or "-")
+    out.sheet(table)
+    warnings = sum(c.status == "warn" for c in checks)
+    if report.ok:
+        out.note(f"[green]exactly-once: no check failed[/] ({warnings} warning{'s' if warnings != 1 else ''})")
+    else:
+        names = ", ".join(escape(c.name) for c in failed(checks))
+        out.note(f"[red]exactly-once: {len(failed(checks))} check(s) failed: {names}[/]")
+    return 0 if report.ok else 1

@@ -1,0 +1,185 @@
+"""Gathers what ``chtxn doctor`` judges (``protocol.doctor_facts``) from the live ClickHouse server and
+Kafka broker of one pipeline.
+
+It reads only, but for two probes that leave nothing behind: the KeeperMap probe
+(``coordinator.keeper_probe``), run when ``ledger.commit_point = "keeper"`` and also when the target
+is replicated (so that the advice to switch to it is known to work), and one Kafka transaction that
+is aborted. The probes use names of their own (``<pipeline>.chtxn-doctor``), so a running pipeline is
+never fenced or disturbed.
+
+The profile's settings are the ones the server reported when the client connected
+(``Client.server_settings``), before chtxn's own per-request settings (``async_insert = 0``, ...),
+which would otherwise show in ``system.settings``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaTP
+
+from clients import kafka as kafka_clients
+from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
+from coordinator import keeper_probe
+from coordinator.stage import STAGE_DEDUP_WINDOW
+from coordinator.target_checks import check_target, dependent_views
+from protocol import ledger
+from protocol.config import PipelineConfig
+from protocol.doctor_facts import (
+    MERGE_TREE_READ,
+    SETTINGS_READ,
+    ClickHouseFacts,
+    KafkaFacts,
+    Replica,
+    Setting,
+    Table,
+    replicated,
+)
+from protocol.errors import ClickHouseError, SetupError
+from protocol.table_shape import TABLE_ENGINE_SQL, columns_sql
+
+#: Seconds one ClickHouse request of the doctor may take. A KeeperMap table created while Keeper is
+#: down fails after about 30 s on ClickHouse 26.9 (its Keeper client's connection tries).
+REQUEST_TIMEOUT_S = 90.0
+
+
+def doctor_id(cfg: PipelineConfig) -> str:
+    """The ``transactional.id`` and group id of the doctor's Kafka probe."""
+    return f"{cfg.name}.chtxn-doctor"
+
+
+def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
+    """What the server says; ``error`` set (and nothing else) when it cannot be read."""
+    section = msgspec.structs.replace(
+        cfg.clickhouse, send_receive_timeout_s=min(cfg.clickhouse.send_receive_timeout_s, REQUEST_TIMEOUT_S)
+    )
+    try:
+        client = make_client(section)
+    except ClickHouseError as exc:
+        return ClickHouseFacts(error=str(exc))
+    try:
+        return _read(cfg, client)
+    except Exception as exc:
+        if not is_clickhouse_failure(exc):
+            raise
+        return ClickHouseFacts(error=str(as_clickhouse_error(exc, "read the server's tables and settings")))
+    finally:
+        client.close()
+
+
+def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
+    db, name = cfg.clickhouse.database, cfg.clickhouse.target_table
+
+    def rows(sql: str, **parameters: Any) -> list[tuple]:
+        return [tuple(r) for r in client.query(sql, parameters=parameters).result_rows]
+
+    profile = getattr(client, "server_settings", {})
+    settings = {
+        s: Setting(value=str(profile[s].value), readonly=bool(int(profile[s].readonly or 0)))
+        for s in SETTINGS_READ
+        if s in profile
+    }
+    target = _table(rows, db, name, with_columns=True)
+    replicas: tuple[Replica, ...] = ()
+    views: tuple[str, ...] = ()
+    refusal = ""
+    if target is not None:
+        views = tuple(dependent_views(client, database=db, target=name))
+        if replicated(target.engine):
+            replicas = tuple(
+                Replica(
+                    is_readonly=bool(r[0]),
+                    is_session_expired=bool(r[1]),
+                    queue_size=int(r[2]),
+                    absolute_delay=int(r[3]),
+                )
+                for r in rows(
+                    "SELECT is_readonly, is_session_expired, queue_size, absolute_delay FROM system.replicas "
+                    "WHERE database = {db:String} AND table = {t:String}",
+                    db=db,
+                    t=name,
+                )
+            )
+    try:
+        check_target(client, database=db, target=name, publish_mode=cfg.transaction.publish_mode)
+    except SetupError as exc:
+        refusal = str(exc)
+    probe = cfg.ledger.commit_point == "keeper" or bool(cfg.clickhouse.cluster)
+    probe = probe or (target is not None and replicated(target.engine))
+    return ClickHouseFacts(
+        version=str(rows("SELECT version()")[0][0]),
+        settings=settings,
+        merge_tree=dict(
+            rows(
+                "SELECT name, value FROM system.merge_tree_settings WHERE name IN {names:Array(String)}",
+                names=list(MERGE_TREE_READ),
+            )
+        ),
+        macros=dict(rows("SELECT macro, substitution FROM system.macros")),
+        target=target,
+        replicas=replicas,
+        views=views,
+        target_refusal=refusal,
+        ledger=_table(rows, db, ledger.TABLE),
+        stage_window=STAGE_DEDUP_WINDOW,
+        keeper=keeper_probe.probe(client, cfg) if probe else None,
+    )
+
+
+def _table(rows: Any, db: str, name: str, *, with_columns: bool = False) -> Table | None:
+    found = rows(TABLE_ENGINE_SQL, db=db, t=name)
+    if not found:
+        return None
+    columns = tuple(r[0] for r in rows(columns_sql(), db=db, t=name)) if with_columns else ()
+    return Table(engine=found[0][0], engine_full=found[0][1], columns=columns)
+
+
+def kafka_facts(cfg: PipelineConfig, timeout_s: float = kafka_clients.DEFAULT_TIMEOUT_S) -> KafkaFacts:
+    """What the broker says; ``error`` set (and nothing else) when no broker answered within ``timeout_s``."""
+    factory = kafka_clients.KafkaClientFactory(cfg)
+    admin = factory.admin()
+    bootstrap = cfg.kafka.bootstrap_servers
+    try:
+        metadata = kafka_clients.cluster_metadata(admin, timeout_s, bootstrap)
+    except kafka_clients.BrokerUnreachable as exc:
+        return KafkaFacts(error=str(exc))
+    topics = {t: len(m.partitions) for t, m in metadata.topics.items() if m.error is None and m.partitions}
+    problem = ""
+    if cfg.control_topic in topics:
+        try:
+            kafka_clients.check_control_topic(admin, cfg.control_topic, timeout_s, bootstrap)
+        except SetupError as exc:
+            problem = str(exc)
+    started = time.monotonic()
+    failure = _transaction(factory, cfg, timeout_s, offsets=cfg.dead_letter_topic in topics)
+    return KafkaFacts(
+        topics=topics,
+        control_problem=problem,
+        transactions=failure,
+        transactions_s=round(time.monotonic() - started, 2),
+    )
+
+
+def _transaction(
+    factory: kafka_clients.KafkaClientFactory, cfg: PipelineConfig, timeout_s: float, *, offsets: bool
+) -> str:
+    """What the dead-letter publisher does, aborted: ``init_transactions``, and with ``offsets`` a
+    transactional offset commit on the dead-letter topic. "" when the broker allowed it, else why not."""
+    producer = factory.producer(**{"transactional.id": doctor_id(cfg), "client.id": "chtxn-doctor"})
+    consumer = factory.consumer(**{"group.id": doctor_id(cfg)}) if offsets else None
+    try:
+        producer.init_transactions(timeout_s)
+        if consumer is not None:
+            producer.begin_transaction()
+            marker = [KafkaTP(cfg.dead_letter_topic, 0, 0)]
+            producer.send_offsets_to_transaction(marker, consumer.consumer_group_metadata(), timeout_s)
+            producer.abort_transaction(timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        return f"{error.name()}: {error.str()}" if isinstance(error, KafkaError) else str(exc)
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return ""
