@@ -30,7 +30,7 @@ from rich.table import Table
 
 from protocol.ledger import LedgerRow
 from tests.soak.faults import FaultRecord
-from tests.soak.schedule import KINDS, FaultPlan
+from tests.soak.schedule import KEEPER_KINDS, KINDS, FaultPlan
 
 
 def recovery_times(records: list[FaultRecord], commits: list[LedgerRow], topic: str) -> None:
@@ -114,7 +114,7 @@ class SoakResult:
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
-        for kind in KINDS:
+        for kind in KINDS + (KEEPER_KINDS if self.commit_point == "keeper" else ()):
             done = [f for f in self.faults if f.plan.kind == kind]
             injected = [f for f in done if f.injected]
             times = [f.recovery_s for f in injected if f.recovery_s is not None]
