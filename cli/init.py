@@ -1,17 +1,20 @@
 """``chtxn init``: create what a pipeline needs, idempotently, and check what it cannot create.
 
 Creates, when missing: the control topic (exactly 1 partition), the dead-letter topic (as many
-partitions as the largest source topic) and the ledger table. Checks first, without touching
-them: the broker, the source topics, an existing control topic (one partition), the ClickHouse
-database and the target table; when any check fails it creates nothing. Running it again changes
-nothing. Exit code 0 when everything is in place, 1 when something needs the operator.
+partitions as the largest source topic), the ledger table, the dead-letter table and, with
+``ledger.commit_point = "keeper"``, the KeeperMap table of claims (replicated and ``ON CLUSTER``
+when ``clickhouse.cluster`` is set). Checks first, without touching them: the broker, the source
+topics, an existing control topic (one partition), the ClickHouse database and the target table;
+when any check fails it creates nothing. Prints the DDL it ran, for an operator to read or to run
+elsewhere. Running it again changes nothing. Exit code 0 when everything is in place, 1 when
+something needs the operator.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from clickhouse_connect.driver.client import Client
@@ -24,7 +27,7 @@ from cli.config_option import add_config_option
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger, secrets
+from protocol import dead_letters, ledger, ledger_claims, secrets
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
 
@@ -38,6 +41,7 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     status: Literal["created", "found", "missing", "wrong", "unreachable"]
     detail: str = ""
+    ddl: tuple[str, ...] = ()  # the statements init ran for this table
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +49,25 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     items: tuple[Item, ...]
     problems: tuple[str, ...]
+    ddl: tuple[str, ...] = ()  # every DDL statement init ran, in order
+
+
+class RecordingClient:
+    """A clickhouse-connect client that keeps the DDL statements it ran (``CREATE``, ``ALTER``)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.ddl: list[str] = []
+
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
+        result = self.client.command(cmd, *args, **kwargs)
+        statement = cmd.strip()
+        if statement.upper().startswith(("CREATE ", "ALTER ")) and statement not in self.ddl:
+            self.ddl.append(statement)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,16 +94,18 @@ def run(args: argparse.Namespace) -> int:
     admin = kafka_clients.admin(cfg)
     widest = _check_kafka(cfg, admin, args.timeout, items, problems)
     client = _check_clickhouse(cfg, items, problems)
+    recording = RecordingClient(client) if client is not None else None
     try:
-        if problems or widest is None or client is None:
+        if problems or widest is None or recording is None:
             problems.append("created nothing: fix the problems above, then run chtxn init again")
         else:
             _create_topics(cfg, admin, widest, args.timeout, items, problems)
-            _create_ledger(cfg, client, items, problems)
+            _create_tables(cfg, recording, items, problems)
     finally:
         if client is not None:
             client.close()
-    report = Report(pipeline=cfg.name, ok=not problems, items=tuple(items), problems=tuple(problems))
+    ddl = tuple(recording.ddl) if recording is not None else ()
+    report = Report(pipeline=cfg.name, ok=not problems, items=tuple(items), problems=tuple(problems), ddl=ddl)
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(report)).decode())
     else:
@@ -197,21 +222,29 @@ def _check_clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str
     return client
 
 
-def _create_ledger(cfg: PipelineConfig, client: Client, items: list[Item], problems: list[str]) -> None:
+def _create_tables(cfg: PipelineConfig, client: RecordingClient, items: list[Item], problems: list[str]) -> None:
+    """The ledger, the dead-letter table and (keeper commit point) the claims table, through the
+    coordinator's own ``LedgerStore.ensure_tables``; an item per table with the DDL run for it."""
     ch = cfg.clickhouse
+    tables = {ledger.TABLE: "ledger", dead_letters.TABLE: "dead letters"}
+    if cfg.ledger.commit_point == "keeper":
+        tables[ledger_claims.TABLE] = f"KeeperMap claims at {cfg.keeper_path}"
     try:
-        created = LedgerStore.of(cfg, client, retries=3).ensure_tables()
-    except ClickHouseError as exc:
+        existed = {
+            table: int(
+                retrying(3, f"check {ch.database}.{table}")(client.command, f"EXISTS TABLE `{ch.database}`.`{table}`")
+            )
+            for table in tables
+        }
+        LedgerStore.of(cfg, client, retries=3).ensure_tables()
+    except (ClickHouseError, SetupError) as exc:
         problems.append(str(exc))
         return
-    items.append(
-        Item(
-            kind="clickhouse table",
-            name=f"{ch.database}.{ledger.TABLE}",
-            status="created" if created else "found",
-            detail="ledger",
-        )
-    )
+    for table, detail in tables.items():
+        name = f"{ch.database}.{table}"
+        ran = tuple(d for d in client.ddl if f"`{ch.database}`.`{table}`" in d)
+        status: Literal["created", "found"] = "found" if existed[table] else "created"
+        items.append(Item(kind="clickhouse table", name=name, status=status, detail=detail, ddl=ran))
 
 
 def _print(console: Console, report: Report) -> None:
@@ -223,6 +256,10 @@ def _print(console: Console, report: Report) -> None:
         detail = item.detail if item.status not in ("unreachable",) else ""
         table.add_row(item.kind, item.name, f"[{colours.get(item.status, 'red')}]{item.status}[/]", detail)
     console.print(table)
+    if report.ddl:
+        console.print("DDL run:")
+        for statement in report.ddl:
+            console.print(f"{statement};", soft_wrap=True, markup=False, highlight=False)
     for problem in report.problems:
         console.print(f"[red]problem:[/] {problem}", soft_wrap=True)
     if report.ok:

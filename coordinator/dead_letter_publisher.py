@@ -65,10 +65,11 @@ class NewerLeader(PublisherFenced):
     """The ledger names a newer epoch than this publisher's leader: it must not publish again."""
 
 
-def ensure_table(client: Any, database: str, *, replicated: bool = False, attempts: int = 8) -> None:
-    """Create ``<database>.chtxn_dead_letters`` if it is missing (idempotent)."""
+def ensure_table(client: Any, database: str, *, replicated: bool = False, cluster: str = "", attempts: int = 8) -> None:
+    """Create ``<database>.chtxn_dead_letters`` if it is missing (idempotent), on every server of
+    ``cluster`` when given (``clickhouse.cluster``)."""
     retrying(attempts, f"create {dead_letters.qualified(database)}")(
-        client.command, dead_letters.create_table_sql(database, replicated=replicated)
+        client.command, dead_letters.create_table_sql(database, replicated=replicated, cluster=cluster)
     )
 
 

@@ -71,6 +71,7 @@ class LedgerStore:
         self._database = database
         self._pipeline = pipeline
         self._replicated = replicated
+        self._cluster = cluster
         self._retries = retries
         self._sleep = sleep
         self._read_settings: dict[str, Any] = {"select_sequential_consistency": 1} if replicated else {}
@@ -110,7 +111,8 @@ class LedgerStore:
         A ledger made by an earlier version gets the skip indexes it lacks (idempotent). With
         ``commit_point = "keeper"`` the KeeperMap table of claims is created too."""
         self._retry("create the dead-letter table")(
-            self._client.command, dead_letters.create_table_sql(self._database, replicated=self._replicated)
+            self._client.command,
+            dead_letters.create_table_sql(self._database, replicated=self._replicated, cluster=self._cluster),
         )
         self.commit_point.ensure_table()
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
@@ -126,10 +128,10 @@ class LedgerStore:
             }
             for name, _ in ledger.SKIP_INDEXES:
                 if name not in found:
-                    for statement in ledger.add_index_sql(self._database, name):
+                    for statement in ledger.add_index_sql(self._database, name, cluster=self._cluster):
                         self._retry(f"add index {name} to the ledger")(self._client.command, statement)
             return False
-        ddl = ledger.create_table_sql(self._database, replicated=self._replicated)
+        ddl = ledger.create_table_sql(self._database, replicated=self._replicated, cluster=self._cluster)
         self._retry("create the ledger table")(self._client.command, ddl)
         return True
 

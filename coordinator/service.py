@@ -166,5 +166,6 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
         pipeline=cfg.name,
         publish_mode=cfg.transaction.publish_mode,
         copy_settings={"os_thread_priority": 0} if renice else {},
+        cluster=ch.cluster,
     )
     return ledger, stages

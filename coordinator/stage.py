@@ -17,9 +17,18 @@ Guarantees:
 - A target ALTERed after a stage table was made (``check``'s ``altered``) is published by first
   aligning the stage table's columns (and sorting key) with the target's, then moving its
   partitions. Every row is in exactly one of the two tables at any moment (a partition move is
-  atomic), so a publish repeated at any point, by any leader, after any number of ALTERs, moves
-  each row once: there is no second copy whose deduplication memory could be lost.
+  atomic on one server), so a publish repeated at any point, by any leader, after any number of
+  ALTERs, moves each row once: there is no second copy whose deduplication memory could be lost.
+  Between replicated tables a move is two Keeper writes, and a ClickHouse crash between them
+  leaves the rows in both (docs/clusters.md).
 - Every name and every clean-up is scoped by the pipeline (``protocol.naming``).
+- A stage table of a ``Replicated*`` or ``Shared*`` target is a table of that family with a Keeper
+  path of its own (``protocol.replicated_ddl``), made and dropped ``ON CLUSTER`` when ``cluster`` is
+  set, so it exists on every replica of the target. Before step 5 counts it and before publish
+  moves it, this replica fetches every part the others have (``SYSTEM SYNC REPLICA ...
+  LIGHTWEIGHT``): a count on a lagging replica would miss rows, and a move from one would drop the
+  rows it lacks (the move's DROP_RANGE covers the whole partition). Drops are ``SYNC``, so a
+  stage table made again after a crash finds its Keeper path free.
 """
 
 from __future__ import annotations
@@ -30,17 +39,16 @@ from typing import Any, Literal
 
 from clients import failpoints
 from clients.clickhouse import error_code
-from protocol import naming
+from protocol import naming, replicated_ddl
 from protocol.chcodes import INCOMPATIBLE_COLUMNS, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
 from protocol.table_shape import (
     COLUMN_DEFS_SQL,
-    MERGING_ENGINES,
     PARTITION_IDS_SQL,
     SHAPES_SQL,
-    TABLE_ENGINE_SQL,
+    TABLE_DEFINITION_SQL,
     TABLE_EXISTS_SQL,
     TABLES_STARTING_WITH_SQL,
     Shape,
@@ -50,6 +58,7 @@ from protocol.table_shape import (
     engine_clause_as,
     has_metadata,
     ident,
+    merges_rows,
     partition_rows_sql,
     partition_stats,
     publish_reads_sql,
@@ -63,6 +72,8 @@ log = logging.getLogger(__name__)
 ALIGN_ATTEMPTS = 3
 #: Blocks a stage table remembers for deduplication: more than the chunks of any one txn.
 STAGE_DEDUP_WINDOW = 100_000
+#: Seconds a replicated stage table remembers a block (the server's default is an hour since 25.10).
+STAGE_DEDUP_WINDOW_S = 7 * 86400
 
 
 class StageTableMissing(ChtxnError):
@@ -83,7 +94,7 @@ class StageTables:
 
     ``copy_settings`` go with every ``insert-select`` copy, on top of the client's own: the
     coordinator's client runs ahead of other queries (``coordinator.clickhouse_nice``), a bulk copy
-    does not.
+    does not. ``cluster`` (``clickhouse.cluster``) makes stage tables and drops them ``ON CLUSTER``.
     """
 
     def __init__(
@@ -95,6 +106,7 @@ class StageTables:
         pipeline: str,
         publish_mode: Literal["move", "insert-select"] = "move",
         copy_settings: dict[str, Any] | None = None,
+        cluster: str = "",
     ) -> None:
         self.client = client
         self.copy_settings = copy_settings or {}
@@ -102,7 +114,9 @@ class StageTables:
         self.target = target
         self.pipeline = pipeline
         self.publish_mode = publish_mode
+        self.cluster = cluster
         self._metadata: bool | None = None  # whether the last stage table checked had the metadata columns
+        self._replicated: bool | None = None  # whether the target keeps its parts in Keeper, once read
 
     def _q(self, table: str) -> str:
         return f"{ident(self.database)}.{ident(table)}"
@@ -111,22 +125,72 @@ class StageTables:
 
     def create(self, stage: str) -> None:
         """A clone of the target (columns, keys, storage policy, indices, projections), with dedup
-        on; a plain MergeTree when the target's engine merges rows away."""
+        on; the plain MergeTree of the target's family when the target's engine merges rows away;
+        a Keeper path of its own when the target is replicated (module docstring)."""
         self._create_like_target(stage)
 
-    def _create_like_target(self, table: str) -> None:
-        engine, engine_full = self._engine(self.target)
-        clause = f" ENGINE = {engine_clause_as(engine_full, engine)}" if engine in MERGING_ENGINES else ""
-        self.client.command(f"CREATE TABLE IF NOT EXISTS {self._q(table)} AS {self._q(self.target)}{clause}")
-        self.client.command(
-            f"ALTER TABLE {self._q(table)} MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+    def _create_like_target(self, stage: str) -> None:
+        self.client.command(self.create_sql(stage))
+        if not self._replicated:
+            self.client.command(
+                f"ALTER TABLE {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
+                f"MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+            )
+
+    def create_sql(self, stage: str) -> str:
+        """The ``CREATE TABLE`` of stage table ``stage`` (idempotent); reads the target's definition."""
+        found = self._definition()
+        if found is None:
+            raise SetupError(f"table {self.database}.{self.target} does not exist")
+        engine, engine_full, uuid, database_engine = found
+        clause = ""
+        if self._replicated:
+            text = replicated_ddl.stage_engine(
+                engine_full,
+                database=self.database,
+                table=self.target,
+                uuid=uuid,
+                stage=stage,
+                replicated_database=database_engine == "Replicated",
+                settings={
+                    "replicated_deduplication_window": STAGE_DEDUP_WINDOW,
+                    "replicated_deduplication_window_seconds": STAGE_DEDUP_WINDOW_S,
+                },
+            )
+            clause = f" ENGINE = {text}"
+        elif merges_rows(engine):
+            clause = f" ENGINE = {engine_clause_as(engine_full, engine)}"
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
+            f"AS {self._q(self.target)}{clause}"
         )
 
-    def _engine(self, table: str) -> tuple[str, str]:
-        rows = self.client.query(TABLE_ENGINE_SQL, parameters={"db": self.database, "t": table}).result_rows
+    def _definition(self) -> tuple[str, str, str, str] | None:
+        """(engine, engine_full, UUID, database engine) of the target, None when it is gone."""
+        rows = self.client.query(TABLE_DEFINITION_SQL, parameters={"db": self.database, "t": self.target}).result_rows
         if not rows:
-            raise SetupError(f"table {self.database}.{table} does not exist")
-        return rows[0][0], rows[0][1]
+            return None
+        engine, engine_full, uuid, database_engine = rows[0]
+        self._replicated = bool(replicated_ddl.family(engine))
+        return engine, engine_full, uuid, database_engine
+
+    def _is_replicated(self) -> bool:
+        """Whether the target keeps its parts in Keeper (read once, unless ``create`` read it; a
+        missing target reads as not: the caller's reads then say what is missing)."""
+        if self._replicated is None:
+            self._definition()
+        return bool(self._replicated)
+
+    def _sync(self, stage: str) -> None:
+        """On a replicated target, fetch every part of ``stage`` other replicas have (a no-op on a
+        single server). A missing stage table is left for the caller's reads to report."""
+        if not self._is_replicated():
+            return
+        try:
+            self.client.command(f"SYSTEM SYNC REPLICA {self._q(stage)} LIGHTWEIGHT")
+        except Exception as exc:
+            if error_code(exc) != UNKNOWN_TABLE:
+                raise
 
     # ---- commit step 5 ----------------------------------------------------------------------
 
@@ -135,6 +199,7 @@ class StageTables:
         and the rows staged (per source partition when the stage table has the metadata columns).
         A stage table that is gone, or whose metadata columns are not what the last one had, is
         read again by ``_check_slowly``, which says what is missing."""
+        self._sync(stage)
         per_partition = self._metadata is not False
         staged = staged_sql(self._q(stage), per_partition=per_partition)
         try:
@@ -196,6 +261,7 @@ class StageTables:
         ``ALIGN_ATTEMPTS`` times in one call; a target that keeps changing fails the call, which
         the caller retries.
         """
+        self._sync(stage)
         shapes, rows, partition_ids = self._publish_reads(stage, txn)
         if self.publish_mode == "insert-select":
             self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
@@ -272,8 +338,11 @@ class StageTables:
         for i, partition_id in enumerate(ids):
             if i and on_move is not None:
                 on_move()
+            # alter_sync 1: a replicated move waits for this replica only before it drops the moved
+            # parts from the stage table; waiting for every replica could fail in between.
             self.client.command(
-                f"ALTER TABLE {self._q(source)} MOVE PARTITION ID '{partition_id}' TO TABLE {self._q(self.target)}"
+                f"ALTER TABLE {self._q(source)} MOVE PARTITION ID '{partition_id}' TO TABLE {self._q(self.target)}",
+                settings={"alter_sync": 1},
             )
         left = self.count(source)
         if left:
@@ -314,7 +383,9 @@ class StageTables:
     # ---- clean-up ---------------------------------------------------------------------------
 
     def drop(self, stage: str) -> None:
-        self.client.command(f"DROP TABLE IF EXISTS {self._q(stage)}")
+        """Drop ``stage`` (on every replica with ``cluster``) and wait until it is gone, its Keeper
+        path with it."""
+        self.client.command(replicated_ddl.drop_table_sql(self._q(stage), cluster=self.cluster))
 
     def exists(self, stage: str) -> bool:
         return bool(int(self.client.command(TABLE_EXISTS_SQL, parameters={"db": self.database, "t": stage})))

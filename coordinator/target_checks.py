@@ -1,6 +1,7 @@
 """The checks a target table must pass before a pipeline may publish into it (take-over step 1).
 
-Refused, with what to do: a missing target or one outside the MergeTree family; ``move`` into a
+Refused, with what to do: a missing target or one outside the MergeTree family (a ``Distributed``
+target is refused naming the local table to use instead, docs/clusters.md); ``move`` into a
 target with materialized views (they fire on INSERT only, never on a partition move); and
 ``insert-select`` into a target, or a view's table, that would store a repeated publish twice
 (no deduplication window).
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from protocol.errors import SetupError
+from protocol.replicated_ddl import distributed_local_table
 from protocol.table_shape import TABLE_ENGINE_SQL, deduplicates
 
 
@@ -25,6 +27,8 @@ def check_target(client: Any, *, database: str, target: str, publish_mode: Liter
             "_topic String, _partition Int32, _offset Int64 columns for exactly-once checks), then restart"
         )
     engine, engine_full = rows[0]
+    if engine == "Distributed":
+        raise SetupError(distributed_refusal(database, target, engine_full))
     if "MergeTree" not in engine:
         raise SetupError(f"target table {database}.{target} has engine {engine}; chtxn needs a MergeTree-family table")
     views = dependent_views(client, database=database, target=target)
@@ -47,6 +51,18 @@ def check_target(client: Any, *, database: str, target: str, publish_mode: Liter
             "deduplicate, so a repeated publish would count its rows twice there: ALTER TABLE "
             f"{table} MODIFY SETTING non_replicated_deduplication_window = 1000"
         )
+
+
+def distributed_refusal(database: str, target: str, engine_full: str) -> str:
+    """Why a ``Distributed`` target is refused, and the local table to name instead."""
+    cluster, local_db, local = distributed_local_table(engine_full, database)
+    database_fix = f' and clickhouse.database = "{local_db}"' if local_db != database else ""
+    return (
+        f"target table {database}.{target} is a Distributed table over {local_db}.{local} on cluster {cluster}; "
+        "chtxn publishes by moving partitions between tables of one server, which a Distributed table has not: "
+        f'set clickhouse.target_table = "{local}"{database_fix} to load the local table of the shard '
+        "clickhouse.url reaches (loading every shard is not supported yet: docs/clusters.md, A Distributed target)"
+    )
 
 
 def dependent_views(client: Any, *, database: str, target: str) -> list[str]:

@@ -12,7 +12,9 @@ Guarantees:
   is configured for it (:func:`keeper_config`): KeeperMap tables work, their znodes under
   ``KEEPER_MAP_PATH_PREFIX``. ClickHouse connects to the keeper when a statement first needs it and
   opens a new session by itself when the old one is lost. A data directory holding KeeperMap tables
-  opens only with a keeper.
+  opens only with a keeper. The macros ``{shard}`` and ``{replica}`` are defined (``MACROS``), as
+  on a replicated server, so ReplicatedMergeTree tables can be created with the usual paths; they
+  stay read-only (chDB starts no interserver endpoint, which a replica needs to become active).
 - Background merges run at nice ``MERGE_NICE`` (ClickHouse's ``os_threads_nice_value_merge_mutate``):
   the engine shares its machine with the pipeline, and a merge can wait where an insert or a
   commit-path query should not. ClickHouse applies it only with ``CAP_SYS_NICE``; without it
@@ -28,13 +30,15 @@ from embedded.ch_connection import QUERY_ID_SETTING, EngineConnection, Outcome, 
 from embedded.ch_errors import EngineError
 from embedded.ch_sql import quote
 
-__all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "Engine", "Outcome", "keeper_config"]
+__all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "MACROS", "Engine", "Outcome", "keeper_config"]
 
 CANNOT_OPEN_DATA_DIR = 76  # ClickHouse's CANNOT_OPEN_FILE
 #: The znode under which KeeperMap tables keep their rows (ClickHouse's ``keeper_map_path_prefix``).
 KEEPER_MAP_PATH_PREFIX = "/chtxn_keeper_map"
 #: The engine's configuration file when it has a keeper, in its data directory (rewritten at each open).
 KEEPER_CONFIG_FILE = "chtxn-keeper.xml"
+#: The server macros with a keeper, as a replicated server defines them (``system.macros``).
+MACROS = {"shard": "01", "replica": "chdb"}
 #: Nice value of the engine's merge and mutation threads (0 = the process's priority, 19 lowest).
 MERGE_NICE = 10
 
@@ -91,17 +95,19 @@ class Engine:
 
 
 def keeper_config(keeper: str) -> str:
-    """ClickHouse's configuration naming the ZooKeeper at ``keeper`` ("host:port") and the KeeperMap
-    path prefix."""
+    """ClickHouse's configuration naming the ZooKeeper at ``keeper`` ("host:port"), the KeeperMap
+    path prefix and the macros."""
     host, _, port = keeper.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"keeper address {keeper!r}: expected host:port")
+    macros = "".join(f"<{name}>{escape(value)}</{name}>" for name, value in MACROS.items())
     return (
         "<clickhouse>\n"
         "    <zookeeper>\n"
         f"        <node><host>{escape(host)}</host><port>{port}</port></node>\n"
         "    </zookeeper>\n"
         f"    <keeper_map_path_prefix>{KEEPER_MAP_PATH_PREFIX}</keeper_map_path_prefix>\n"
+        f"    <macros>{macros}</macros>\n"
         "</clickhouse>\n"
     )
 

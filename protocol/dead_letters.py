@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from protocol import ledger
+from protocol import ledger, replicated_ddl
 
 TABLE = "chtxn_dead_letters"
 #: Blocks remembered for deduplication: one block per chunk holding letters.
@@ -81,12 +81,13 @@ def qualified(database: str) -> str:
     return f"`{database}`.`{TABLE}`"
 
 
-def create_table_sql(database: str, *, replicated: bool = False) -> str:
-    """The DDL of the letters table (idempotent)."""
-    engine, window = ledger.dedup_engine(replicated, DEDUP_WINDOW)
+def create_table_sql(database: str, *, replicated: bool = False, cluster: str = "") -> str:
+    """The DDL of the letters table (idempotent): ``ReplicatedMergeTree`` when ``replicated``
+    (``ledger.dedup_engine``), made on every server of ``cluster`` when given."""
+    engine, window = ledger.dedup_engine(replicated, DEDUP_WINDOW, database=database, table=TABLE)
     columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
     return (
-        f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"
+        f"CREATE TABLE IF NOT EXISTS {qualified(database)}{replicated_ddl.on_cluster(cluster)}\n(\n{columns},\n"
         f"    {'inserted_at':<14}DateTime DEFAULT now()\n)\n"
         f"ENGINE = {engine}\nORDER BY (pipeline, txn, topic, partition, offset)\n"
         f"TTL inserted_at + INTERVAL {TTL_DAYS} DAY\nSETTINGS {window}"

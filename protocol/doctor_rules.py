@@ -18,6 +18,7 @@ from protocol.doctor_tables import (
     macros_check,
     metadata_check,
     on_cluster,
+    publish_check,
     replication_check,
     stage_window_check,
     target_check,
@@ -49,7 +50,7 @@ def clickhouse_checks(cfg: PipelineConfig, ch: ClickHouseFacts) -> list[Check]:
         checks += [replication_check(cfg, ch), macros_check(cfg, ch)]
     checks.append(ledger_window_check(ch))
     if usable:
-        checks += [stage_window_check(cfg, ch), target_window_check(cfg, ch)]
+        checks += [stage_window_check(cfg, ch), target_window_check(cfg, ch), publish_check(cfg, ch)]
     checks += [commit_point_check(cfg, ch), keeper_check(cfg, ch.keeper), quorum_check(cfg, ch), async_insert_check(ch)]
     if usable:
         checks += [views_check(cfg, ch), metadata_check(cfg, ch)]

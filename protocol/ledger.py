@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from protocol import replicated_ddl
 from protocol.messages import TopicPartition
 
 TABLE = "chtxn_ledger"
@@ -140,10 +141,14 @@ def qualified(database: str) -> str:
     return f"`{database}`.`{TABLE}`"
 
 
-def dedup_engine(replicated: bool, window: int) -> tuple[str, str]:
-    """(engine, settings) of a chtxn table that remembers ``window`` inserted blocks for deduplication."""
+def dedup_engine(replicated: bool, window: int, *, database: str, table: str = TABLE) -> tuple[str, str]:
+    """(engine, settings) of chtxn table ``database.table`` that remembers ``window`` inserted blocks
+    for deduplication. Replicated, its Keeper path is ``/clickhouse/tables/{shard}/<database>/<table>``
+    (``protocol.replicated_ddl.keeper_path``): written out rather than the server's default
+    ``{uuid}`` path, so that the table made on each replica by hand (without ``ON CLUSTER``) is still
+    one replicated table, and its path can be found in Keeper by name."""
     if replicated:
-        return "ReplicatedMergeTree", (
+        return replicated_ddl.replicated_engine(database, table), (
             f"replicated_deduplication_window = {window}, replicated_deduplication_window_seconds = 604800"
         )
     return "MergeTree", f"non_replicated_deduplication_window = {window}"
@@ -157,13 +162,14 @@ SKIP_INDEXES: tuple[tuple[str, str], ...] = (
 )
 
 
-def create_table_sql(database: str, *, replicated: bool = False) -> str:
-    """The ledger DDL (idempotent). No partition key: deduplication tokens are per partition."""
-    engine, window = dedup_engine(replicated, DEDUP_WINDOW)
+def create_table_sql(database: str, *, replicated: bool = False, cluster: str = "") -> str:
+    """The ledger DDL (idempotent): ``ReplicatedMergeTree`` when ``replicated`` (``dedup_engine``),
+    made on every server of ``cluster`` when given. No partition key: deduplication tokens are per partition."""
+    engine, window = dedup_engine(replicated, DEDUP_WINDOW, database=database, table=TABLE)
     columns = ",\n".join(f"    {name:<14}{kind}" for name, kind in INSERT_SCHEMA)
     indexes = "".join(f",\n    INDEX {name} {definition}" for name, definition in SKIP_INDEXES)
     return (
-        f"CREATE TABLE IF NOT EXISTS {qualified(database)}\n(\n{columns},\n"
+        f"CREATE TABLE IF NOT EXISTS {qualified(database)}{replicated_ddl.on_cluster(cluster)}\n(\n{columns},\n"
         f"    {'event_time':<14}DateTime64(3, 'UTC') DEFAULT now64(3){indexes}\n)\n"
         f"ENGINE = {engine}\nORDER BY (pipeline, event, commit_seq, txn)\nSETTINGS {window}"
     )
@@ -174,12 +180,14 @@ def existing_indexes_sql() -> str:
     return "SELECT name FROM system.data_skipping_indices WHERE database = {database:String} AND table = {table:String}"
 
 
-def add_index_sql(database: str, name: str) -> list[str]:
-    """Add skip index ``name`` to a ledger made before it existed, and build it for the rows already there."""
+def add_index_sql(database: str, name: str, *, cluster: str = "") -> list[str]:
+    """Add skip index ``name`` to a ledger made before it existed, and build it for the rows already there
+    (``ON CLUSTER`` when ``cluster`` is set)."""
     definition = dict(SKIP_INDEXES)[name]
+    table = qualified(database) + (f" ON CLUSTER `{cluster}`" if cluster else "")
     return [
-        f"ALTER TABLE {qualified(database)} ADD INDEX IF NOT EXISTS {name} {definition}",
-        f"ALTER TABLE {qualified(database)} MATERIALIZE INDEX {name}",
+        f"ALTER TABLE {table} ADD INDEX IF NOT EXISTS {name} {definition}",
+        f"ALTER TABLE {table} MATERIALIZE INDEX {name}",
     ]
 
 

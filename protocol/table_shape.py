@@ -3,8 +3,10 @@ its target, and the SQL text with which stage tables and their target are read a
 no I/O; ``coordinator.stage`` and ``coordinator.target_checks`` run the queries.
 
 A stage table keeps every staged row: for a target whose engine merges rows away
-(``MERGING_ENGINES``) it is a plain ``MergeTree`` with the target's columns, keys and settings
-(``engine_clause_as``), and only the partition key has to match for a move (``difference``).
+(``merges_rows``) it is the plain ``MergeTree`` of the target's family with the target's columns,
+keys and settings (``engine_clause_as``; for a replicated or shared target
+``protocol.replicated_ddl.stage_engine``), and only the partition key has to match for a move
+(``difference``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from dataclasses import dataclass, field
 from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator_events import PartitionStats
 from protocol.messages import TopicPartition
+from protocol.replicated_ddl import base_engine
 
-#: Engines that merge rows away; their stage tables are plain MergeTree (see the module docstring).
+#: Engines that merge rows away (and their Replicated and Shared forms, ``merges_rows``); their
+#: stage tables are plain MergeTree (see the module docstring).
 MERGING_ENGINES = frozenset(
     {
         "ReplacingMergeTree",
@@ -62,6 +66,12 @@ def engine_clause_as(engine_full: str, engine: str) -> str:
     return "MergeTree" + rest
 
 
+def merges_rows(engine: str) -> bool:
+    """Whether a table of ``engine`` merges rows away: ``ReplacingMergeTree``,
+    ``ReplicatedReplacingMergeTree``, ``SharedSummingMergeTree``, ..."""
+    return base_engine(engine) in MERGING_ENGINES
+
+
 @dataclass
 class Shape:
     """A table's engine, keys and columns (name, type) in order."""
@@ -82,7 +92,7 @@ def difference(stage: Shape | None, target: Shape | None) -> str:
     """
     if stage is None or target is None:
         return "the stage table or the target is gone"
-    merging = target.engine in MERGING_ENGINES
+    merging = merges_rows(target.engine)
     keys = (stage.partition,) if merging else (stage.partition, stage.sorting, stage.primary)
     theirs = (target.partition,) if merging else (target.partition, target.sorting, target.primary)
     if stage.columns == target.columns and keys == theirs:
@@ -150,7 +160,7 @@ def alignment(mine: Shape, target: Shape, defs: list[tuple[str, str, str, str]])
         where = f"AFTER {ident(defs[i - 1][0])}" if i else "FIRST"
         expression = f" {default_kind} {default}" if default_kind else ""
         adds.append(f"ADD COLUMN IF NOT EXISTS {ident(name)} {kind}{expression} {where}")
-    if target.engine not in MERGING_ENGINES and target.sorting != mine.sorting:
+    if not merges_rows(target.engine) and target.sorting != mine.sorting:
         adds.append(f"MODIFY ORDER BY ({target.sorting})")
     theirs = {name: kind for name, kind, _, _ in defs}
     changes = [
@@ -166,6 +176,13 @@ def alignment(mine: Shape, target: Shape, defs: list[tuple[str, str, str, str]])
 
 #: ``engine`` and ``engine_full`` of table ``{t}`` of database ``{db}``.
 TABLE_ENGINE_SQL = "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}"
+#: ``engine``, ``engine_full``, UUID ("" when the server has none for it) of table ``{t}`` of
+#: database ``{db}``, and the engine of ``{db}`` (what a stage table's DDL is made from).
+TABLE_DEFINITION_SQL = (
+    "SELECT engine, engine_full, if(uuid = toUUID('00000000-0000-0000-0000-000000000000'), '', toString(uuid)), "
+    "(SELECT any(engine) FROM system.databases WHERE name = {db:String}) "
+    "FROM system.tables WHERE database = {db:String} AND name = {t:String}"
+)
 #: 1 if table ``{t}`` exists in database ``{db}``, else 0.
 TABLE_EXISTS_SQL = "SELECT count() FROM system.tables WHERE database = {db:String} AND name = {t:String}"
 #: The tables of database ``{db}`` whose names start with ``{p}``, by name.

@@ -90,6 +90,7 @@ def test_a_single_server_pipeline_passes_every_check_in_the_report_order() -> No
         "dedup: ledger",
         "dedup: stage tables",
         "dedup: target",
+        "publish",
         "commit point",
         "keeper",
         "quorum",
@@ -160,11 +161,18 @@ def test_a_replicated_target_with_the_token_commit_point_fails_naming_the_keeper
     assert (found["replication"].status, found["macros"].status) == ("ok", "ok")
     assert found["quorum"].status == "warn" and found["quorum"].fix == "set clickhouse.cluster to the target's cluster"
     assert found["dedup: stage tables"].found == (
-        "stage tables copy the target's replicated_deduplication_window = 10000 (server default), "
-        "replicated_deduplication_window_seconds = 3600 (server default)"
+        "chtxn creates each stage table with replicated_deduplication_window = 100000 and "
+        "replicated_deduplication_window_seconds = 604800"
+    )
+    assert found["publish"].status == "fail" and found["publish"].fix.startswith(
+        'set transaction.publish_mode = "insert-select"'
     )
     keeper = checks(
-        config(ledger={"commit_point": "keeper"}, clickhouse={"cluster": "main"}),
+        config(
+            ledger={"commit_point": "keeper"},
+            clickhouse={"cluster": "main"},
+            transaction={"publish_mode": "insert-select"},
+        ),
         facts(target=REPLICATED, replicas=(HEALTHY,), macros={"shard": "01", "replica": "r1"}, keeper=PROBED),
     )
     assert [c.name for c in keeper.values() if c.status != "ok"] == []
