@@ -33,6 +33,8 @@ COMMAND_MODULES = (
     "cli.dlq",
     "cli.participant",
     "cli.demo",
+    "cli.config_cmd",
+    "cli.completion",
 )
 
 

@@ -1,8 +1,10 @@
-"""``chtxn dlq list`` and ``chtxn dlq show``: what is in the dead-letter topic.
+"""``chtxn dlq list``, ``chtxn dlq show`` and ``chtxn dlq replay``: what is in the dead-letter topic,
+and putting chosen letters back.
 
-Read-only, ``read_committed``: what a consumer draining the topic sees. Output as ``cli.output``
-prints it (``--format table|wide|tsv|json``); in JSON, bytes come as text (invalid UTF-8 replaced)
-and, exactly, as base64.
+``list`` and ``show`` read, ``read_committed``: what a consumer draining the topic sees. ``replay``
+re-produces letters (``coordinator.dlq_replay``), a dry run unless ``--execute``. Output as
+``cli.output`` prints it (``--format table|wide|tsv|json``); in JSON, bytes come as text (invalid
+UTF-8 replaced) and, exactly, as base64.
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ CONTENT_COLUMNS = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "dlq",
-        help="list or show the letters in the dead-letter topic",
+        help="list, show or replay the letters in the dead-letter topic",
         description="Read the pipeline's dead-letter topic as a consumer does (read_committed): each letter is a "
         "record chtxn could not insert, with its source topic/partition/offset, the txn and commit slot that "
-        "published it, and why.",
+        "published it, and why. replay puts chosen letters back into their source topic (or another), each once.",
         epilog="Examples:\n  chtxn dlq list --config pipeline.toml --from-end --limit 20\n"
         "  chtxn dlq list --config pipeline.toml --format tsv\n"
-        "  chtxn dlq show --config pipeline.toml orders 3 1841\n  chtxn dlq show --config pipeline.toml 0:57 --json",
+        "  chtxn dlq show --config pipeline.toml orders 3 1841\n  chtxn dlq show --config pipeline.toml 0:57 --json\n"
+        "  chtxn dlq replay --config pipeline.toml --txn e3_t41 --execute",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
@@ -91,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_option(shower)
     add_format_option(shower, rows="one line per letter")
     shower.set_defaults(func=run_show)
+    from cli.dlq_replay import register_replay  # it uses this module's helpers
+
+    register_replay(commands)
 
 
 def run_list(args: argparse.Namespace) -> int:

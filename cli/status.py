@@ -1,4 +1,10 @@
-"""``chtxn status``: the pipeline at a glance — leader, last commit, participants, lag."""
+"""``chtxn status``: the pipeline at a glance — coordinators, last commit and rate, checks, lag.
+
+Reads the ledger (epochs, the head, the latest commits), the tail of the control topic (leaders'
+and participants' heartbeats) and each source partition's log end (``clients.log_ends``: right on
+the embedded broker too, whose ListOffsets answer trails the log). The verdicts are
+``protocol.pipeline_health``'s.
+"""
 
 from __future__ import annotations
 
@@ -7,147 +13,229 @@ import os
 import time
 
 import msgspec
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import KafkaException, TopicPartition as KafkaTP
 from rich.markup import escape
 
+from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
-from protocol import codec, naming
+from clients.log_ends import CONSUMER_PROPERTIES, log_ends
+from coordinator.ledger_history import LedgerHistory
+from protocol import codec, naming, pipeline_health
 from protocol.config import PipelineConfig, load_config
-from protocol.errors import ClickHouseError
+from protocol.doctor_facts import Check
+from protocol.errors import ClickHouseError, SetupError
 from protocol.messages import Heartbeat, LeaderHeartbeat, TopicPartition
+from protocol.pipeline_health import Heard, Replica
 
 #: How far back the control topic is read for heartbeats.
 CONTROL_TAIL = 2_000
+#: Commits the rows/s figure is taken over, by default.
+RATE_COMMITS = 20
 
 
 class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
     topic: str
     partition: int
     committed: int | None  # next offset to read after the last commit; None: never committed
-    log_end: int
+    log_end: int  # the offset the next record will get (clients.log_ends)
     lag: int | None
     participant: str  # "" when no live participant holds it
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
     pipeline: str
-    leader: str  # "" when no leader was heard from within the lease
-    epoch: int
+    leader: str  # the leader's id; "" when no leader was heard from within the lease
+    leader_epoch: int  # the epoch the leader heartbeats; 0 when none was heard
+    epoch: int  # the highest epoch claimed in the ledger
+    replicas: tuple[Replica, ...]  # leaders heard, and the owner of the highest epoch (standbys send nothing)
     last_commit_seq: int
+    last_commit_txn: str
+    last_commit_at: float  # unix seconds; 0.0 when nothing was committed
+    commit_age_s: float | None  # seconds since the last COMMITTED row; None when none
+    rows_per_s: float | None  # rows committed per second over the latest ``rate_commits`` commits
+    rate_commits: int  # commits the rate was taken over (0: too few for a rate)
+    rate_window_s: float  # seconds between the oldest and newest of them
     last_txn: str
     last_txn_state: str
     last_abort_reason: str
     partitions: tuple[PartitionStatus, ...]
-    healthy: bool
+    checks: tuple[Check, ...]
+    failed: tuple[str, ...]  # the names of the checks that failed
+    healthy: bool  # no check failed (a warning does not fail)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
-        help="the pipeline at a glance: leader, last commit, participants, lag",
-        description="Reads the ledger (epoch, last commit), the tail of the control topic (the leader's and the "
-        "participants' heartbeats) and the source partitions' ends. Exit code 0 when a leader and a live "
-        "participant for every partition were heard from, 1 otherwise.",
+        help="the pipeline at a glance: coordinators, last commit and rate, checks, lag",
+        description="Reads the ledger (epochs, the last commits), the tail of the control topic (the leaders' and "
+        "the participants' heartbeats) and each source partition's log end. Shows the coordinator replicas "
+        "(standbys send nothing on the control topic, so a replica shows only once it has led), the age of the "
+        "last commit and the rows/s of the latest commits, and three checks: leader (one heard within "
+        "coordinator.leader_lease_s), participants (every partition held by one heard within the heartbeat "
+        "timeout) and commits (one within 2 x (interval_s + write_status_timeout_s)). Exit code 0 when no check "
+        "failed, 1 otherwise; the failed checks are named.",
         epilog="Examples:\n  chtxn status --config pipeline.toml\n  chtxn status --config pipeline.toml --format tsv\n"
-        "  chtxn status --config pipeline.toml --json",
+        "  chtxn status --config pipeline.toml --json | jq '{leader, epoch: .leader_epoch, failed}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_option(parser)
+    parser.add_argument(
+        "--rate-commits",
+        type=int,
+        default=RATE_COMMITS,
+        metavar="N",
+        help=f"take rows/s over the latest N commits (default {RATE_COMMITS})",
+    )
+    add_broker_timeout_option(parser)
     add_format_option(parser, rows="one line per source partition (the rest on stderr)")
     parser.set_defaults(func=run)
 
 
-def collect(cfg: PipelineConfig, config_path: str) -> Status:
+def collect(
+    cfg: PipelineConfig,
+    config_path: str,
+    *,
+    rate_commits: int = RATE_COMMITS,
+    timeout_s: float = kafka_clients.DEFAULT_TIMEOUT_S,
+) -> Status:
     ledger = open_ledger(cfg)
     try:
         head_seq, head = ledger.head()
         epoch = ledger.max_epoch()
+        owner = (ledger.epoch_owner(epoch) or "") if epoch else ""
+        last = ledger.commit_at(head_seq) if head_seq else None
+        commits = _latest_commits(ledger, rate_commits)
         latest = ledger.history(limit=1)
         aborted = ledger.last_abort()
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
-    leader, holders = _heartbeats(cfg)
-    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(**{"group.id": naming.status_group(cfg.name)})
+    now = time.time()
+    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(
+        **{"group.id": naming.status_group(cfg.name), **CONSUMER_PROPERTIES}
+    )
     try:
-        partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
-        rows = []
-        for tp in partitions:
-            _, high = consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10)
-            committed = head.get(tp)
-            rows.append(
-                PartitionStatus(
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    committed=committed,
-                    log_end=high,
-                    lag=max(0, high - committed) if committed is not None else None,
-                    participant=holders.get(tp, ""),
-                )
-            )
+        partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, timeout_s, cfg.kafka.bootstrap_servers)
+        leaders, holders = _heartbeats(cfg, consumer, now, timeout_s)
+        ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s)
     finally:
         consumer.close()
+    rows = [
+        PartitionStatus(
+            topic=tp.topic,
+            partition=tp.partition,
+            committed=head.get(tp),
+            log_end=(end := ends[(tp.topic, tp.partition)]),
+            lag=max(0, end - head[tp]) if tp in head else None,
+            participant=holders.get(tp, ""),
+        )
+        for tp in partitions
+    ]
+    lease_s = cfg.coordinator.leader_lease_s
+    found = pipeline_health.replicas(leaders, lease_s=lease_s, highest_epoch=epoch, highest_owner=owner)
+    leader = next((r for r in found if r.role == pipeline_health.LEADER), None)
+    committed_at = (last.committed_at or last.event_time) if last else 0.0
+    age = round(max(0.0, now - committed_at), 1) if committed_at else None
+    rate, window = pipeline_health.rows_per_s(commits)
+    tx = cfg.transaction
+    checks = (
+        pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch),
+        pipeline_health.participants_check(holders, partitions, timeout_s=cfg.heartbeat_timeout_s),
+        pipeline_health.commits_check(
+            age, head_seq, limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s)
+        ),
+    )
+    failed = tuple(c.name for c in checks if c.status == "fail")
     return Status(
         pipeline=cfg.name,
-        leader=leader,
+        leader=leader.id if leader else "",
+        leader_epoch=leader.epoch if leader else 0,
         epoch=epoch,
+        replicas=found,
         last_commit_seq=head_seq,
+        last_commit_txn=last.txn if last else "",
+        last_commit_at=committed_at,
+        commit_age_s=age,
+        rows_per_s=None if rate is None else round(rate, 1),
+        rate_commits=len(commits) if rate is not None else 0,
+        rate_window_s=round(window, 1),
         last_txn=latest[0].txn if latest else "",
         last_txn_state=latest[0].state if latest else "",
         last_abort_reason=aborted.reason if aborted else "",
         partitions=tuple(rows),
-        healthy=bool(leader) and all(r.participant for r in rows),
+        checks=checks,
+        failed=failed,
+        healthy=not failed,
     )
 
 
-def _heartbeats(cfg: PipelineConfig) -> tuple[str, dict[TopicPartition, str]]:
-    """The leader and the holder of each partition heard within their timeouts, from the control topic.
+def _latest_commits(ledger: LedgerHistory, count: int) -> list[tuple[float, int]]:
+    """(commit time, rows) of the latest ``count`` committed txns among the latest txns (aborted
+    ones and seals come between them: three times as many txns are read)."""
+    if count < 2:
+        return []
+    txns = ledger.latest_txns(limit=3 * count)
+    done = sorted((t.committed_at, t.total_rows) for t in txns if t.committed_at and t.commit_seq)
+    return done[-count:]
 
-    Reads the last ``CONTROL_TAIL`` records up to the end as it was when called: it stops at the
-    high watermark sampled first, at a record written after the call, or at the partition's end,
-    whichever comes first. It never waits for an end-of-partition event, which a broker whose high
-    watermark trails the log (Tansu) never sends while heartbeats keep coming.
+
+def _heartbeats(
+    cfg: PipelineConfig, consumer, now: float, timeout_s: float
+) -> tuple[dict[str, Heard], dict[TopicPartition, str]]:
+    """(leaders, holders) from the last ``CONTROL_TAIL`` records of the control topic up to its end as
+    it was when called: each sender of a LEADER-HEARTBEAT with the epoch and age (seconds) of its latest
+    one (and whether it said ``leaving``), and the holder of each partition heard within the heartbeat timeout.
+
+    Stops at the log end read first (``log_ends``), at a record written after ``now``, or at
+    partition EOF, whichever comes first: it never waits for records that keep coming.
     """
-    consumer = kafka_clients.KafkaClientFactory(cfg).consumer(
-        **{"group.id": naming.status_group(cfg.name), "enable.partition.eof": True}
-    )
+    control = (cfg.control_topic, 0)
     try:
-        kafka_clients.cluster_metadata(consumer, kafka_clients.DEFAULT_TIMEOUT_S, cfg.kafka.bootstrap_servers)
-        control = KafkaTP(cfg.control_topic, 0)
-        low, high = consumer.get_watermark_offsets(control, timeout=10)
-        leader = ""
-        holders: dict[TopicPartition, str] = {}
-        if high <= low:
-            return leader, holders
-        consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, high - CONTROL_TAIL))])
-        now_ms = time.time() * 1000
-        done = False
-        deadline = time.monotonic() + 10
+        low, _ = consumer.get_watermark_offsets(KafkaTP(*control), timeout=timeout_s)
+    except KafkaException as exc:  # no such topic, or no broker
+        raise SetupError(
+            f"cannot read control topic {cfg.control_topic}: {exc}; run chtxn init --config FILE"
+        ) from None
+    end = log_ends(consumer, [control], timeout_s)[control]
+    leaders: dict[str, Heard] = {}
+    holders: dict[TopicPartition, str] = {}
+    if end <= low:
+        return leaders, holders
+    consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, end - CONTROL_TAIL))])
+    now_ms = now * 1000
+    done = False
+    deadline = time.monotonic() + timeout_s
+    try:
         while not done and time.monotonic() < deadline:
             records = consumer.consume(500, 0.05)
             for record in records:
                 if record.error() is not None:
                     done = True  # partition EOF
                     continue
-                if record.offset() >= high - 1 or record.timestamp()[1] >= now_ms:  # type: ignore[operator]  # None only on an error record
+                stamp = record.timestamp()[1]
+                if record.offset() >= end - 1 or stamp >= now_ms:
                     done = True  # the end as it was when called
                 message = codec.decode(record.value())
-                age_s = (now_ms - record.timestamp()[1]) / 1000
-                if isinstance(message, LeaderHeartbeat) and age_s <= cfg.coordinator.leader_lease_s:
-                    leader = f"{message.sender} (epoch {message.epoch})"
+                if message is None or message.pipeline != cfg.name:
+                    continue
+                age_s = max(0.0, (now_ms - stamp) / 1000)
+                if isinstance(message, LeaderHeartbeat):
+                    leaving = bool(getattr(message, "leaving", False))  # leaders older than the field never leave
+                    leaders[message.sender] = Heard(epoch=message.epoch, age_s=age_s, leaving=leaving)
                 elif isinstance(message, Heartbeat) and age_s <= cfg.heartbeat_timeout_s:
                     for pos in message.partitions:
                         holders[pos.tp] = message.sender
             if not records and not done:
-                done = consumer.position([control])[0].offset >= high  # past markers that hold no record
-        return leader, holders
+                done = consumer.position([KafkaTP(*control)])[0].offset >= end  # past markers that hold no record
     finally:
-        consumer.close()
+        consumer.unassign()
+    return leaders, holders
 
 
-#: The columns of ``status``'s partition table.
+#: The columns of ``status``'s tables.
 PARTITION_COLUMNS = (
     Column("topic", "topic"),
     Column("partition", "partition", right=True),
@@ -156,22 +244,54 @@ PARTITION_COLUMNS = (
     Column("lag", "lag", right=True),
     Column("participant", "participant"),
 )
+REPLICA_COLUMNS = (
+    Column("coordinator", "id"),
+    Column("role", "role"),
+    Column("epoch", "epoch", right=True),
+    Column("last heartbeat", "heard_s", right=True),
+)
+CHECK_COLUMNS = (
+    Column("check", "check"),
+    Column("result", "result"),
+    Column("found", "found", fold=30),
+    Column("what to do", "fix", fold=30),
+)
+_STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rate_commits < 2:
+        raise SetupError(f"--rate-commits {args.rate_commits}: a rate needs at least 2 commits")
     cfg = load_config(args.config, os.environ)
-    status = collect(cfg, args.config)
+    status = collect(cfg, args.config, rate_commits=args.rate_commits, timeout_s=args.timeout)
     if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(status)).decode())
         return 0 if status.healthy else 1
     out = Output(args.format)
-    out.note(
-        f"pipeline [bold]{escape(status.pipeline)}[/]: leader {escape(status.leader) or '[red]none heard[/]'}; "
-        f"highest epoch {status.epoch}; last commit slot {status.last_commit_seq}; "
-        f"latest txn {status.last_txn or '-'} {status.last_txn_state}"
-    )
+    verdict = "[green]healthy[/]" if status.healthy else f"[red]failed: {', '.join(status.failed)}[/]"
+    out.note(f"pipeline [bold]{escape(status.pipeline)}[/]: {verdict}")
+    leader = f"{escape(status.leader)}, epoch {status.leader_epoch}" if status.leader else "[red]none heard[/]"
+    out.note(f"leader: {leader}; highest epoch claimed {status.epoch}")
+    out.note(f"last commit: {_commit_line(status)}")
+    out.note(f"latest txn: {status.last_txn or '-'} {status.last_txn_state}")
     if status.last_abort_reason:
         out.note(f"last abort: {escape(status.last_abort_reason)}")
+    if args.format == "tsv":  # stdout holds the partition table alone; the rest is said on stderr
+        for r in status.replicas:
+            out.note(f"coordinator {escape(r.id)}: {r.role}, epoch {r.epoch}, {_heard(r)}")
+        for c in status.checks:
+            out.note(f"check {c.name}: {c.status}: {escape(c.found)}" + (f"; {escape(c.fix)}" if c.fix else ""))
+    else:
+        replicas = Sheet("coordinators (standbys send nothing: a replica shows once it has led)", REPLICA_COLUMNS)
+        for r in status.replicas:
+            role = Styled(r.role, "green" if r.role == pipeline_health.LEADER else "yellow")
+            replicas.add(r.id, role, str(r.epoch), _heard(r))
+        if status.replicas:
+            out.sheet(replicas)
+        checks = Sheet("checks", CHECK_COLUMNS)
+        for c in status.checks:
+            checks.add(c.name, Styled(c.status, _STYLES[c.status]), c.found, c.fix or "-")
+        out.sheet(checks)
     table = Sheet("source partitions", PARTITION_COLUMNS)
     for p in status.partitions:
         table.add(
@@ -184,3 +304,21 @@ def run(args: argparse.Namespace) -> int:
         )
     out.sheet(table)
     return 0 if status.healthy else 1
+
+
+def _commit_line(status: Status) -> str:
+    if not status.last_commit_seq:
+        return "none yet"
+    line = f"slot {status.last_commit_seq} ({escape(status.last_commit_txn) or '?'})"
+    if status.commit_age_s is not None:
+        line += f", {status.commit_age_s:g} s ago"
+    if status.rows_per_s is not None:
+        line += (
+            f"; {status.rows_per_s:,.1f} rows/s over the latest {status.rate_commits} commits "
+            f"({status.rate_window_s:g} s)"
+        )
+    return line
+
+
+def _heard(r: Replica) -> str:
+    return "not in the control topic's tail" if r.heard_s is None else f"{r.heard_s:g} s ago"

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaT
 
 from clients import kafka as kafka_clients
 from clients.kafka import KafkaClientFactory
+from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from protocol import naming
 from protocol.config import PipelineConfig
 from protocol.dead_letters import PublishedLetter, published
@@ -37,8 +38,8 @@ class DeadLetterReader:
             **{
                 "group.id": naming.dead_letter_reader_group(cfg.name),
                 "isolation.level": "read_committed",
-                "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
+                **CONSUMER_PROPERTIES,  # partition EOF, no offset commits, short fetch waits (log_ends)
             }
         )
 
@@ -88,12 +89,14 @@ class DeadLetterReader:
     # ---- plumbing -------------------------------------------------------------------------
 
     def _watermarks(self, partition: int) -> tuple[int, int]:
+        """(first offset, log end): the end as ``log_ends`` reads it, right on the embedded broker too."""
         try:
-            return self.consumer.get_watermark_offsets(KafkaTP(self.topic, partition), timeout=self.timeout_s)
+            low, _ = self.consumer.get_watermark_offsets(KafkaTP(self.topic, partition), timeout=self.timeout_s)
         except KafkaException as exc:
             raise kafka_clients.BrokerUnreachable(
                 f"cannot read the offsets of {self.topic}-{partition}: {exc}"
             ) from None
+        return low, log_ends(self.consumer, [(self.topic, partition)], self.timeout_s)[(self.topic, partition)]
 
     def _tail(self, partition: int, low: int, high: int, limit: int) -> list[PublishedLetter]:
         """The last ``limit`` letters: read back from the end, further each time (markers take offsets)."""

@@ -6,11 +6,13 @@ import json
 import time
 from functools import partial
 
+from confluent_kafka import Producer
+
 from coordinator.ledger_store import LedgerStore
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
-from tests.pipelines import make_pipeline
+from tests.pipelines import Pipeline, make_pipeline
 
 #: ``python -m cli`` of this checkout, with no time limit.
 chtxn = partial(run_chtxn, timeout_s=None)
@@ -18,11 +20,17 @@ chtxn = partial(run_chtxn, timeout_s=None)
 
 def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("status"))
-    produced = pipeline.produce(1_000)
+    produced = produce_in_one_batch(pipeline, 1_000)
     config = str(pipeline.config_path)
     idle = chtxn("status", "--config", config, "--json")
     assert idle.returncode == 1, idle.stderr
-    assert json.loads(idle.stdout)["healthy"] is False
+    before = json.loads(idle.stdout)
+    assert before["healthy"] is False and before["failed"] == ["leader", "participants", "commits"]
+    assert (before["leader"], before["leader_epoch"], before["replicas"], before["commit_age_s"]) == ("", 0, [], None)
+    assert [p["log_end"] for p in before["partitions"]] == [produced // 2, produced // 2]
+    idle_table = chtxn("status", "--config", config)
+    assert idle_table.returncode == 1
+    assert "failed: leader, participants, commits" in idle_table.stdout
     with (
         ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"),
         coordinator(pipeline, coordinator_id="status-c1"),
@@ -31,15 +39,64 @@ def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path)
         result = chtxn("status", "--config", config, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         status = json.loads(result.stdout)
-        assert status["leader"].startswith("status-c1")
+        assert (status["leader"], status["leader_epoch"], status["epoch"]) == ("status-c1", 1, 1)
+        assert [(r["id"], r["role"], r["epoch"]) for r in status["replicas"]] == [("status-c1", "leader", 1)]
         assert {p["participant"] for p in status["partitions"]} == {"scripted-p"}
         assert sum(p["committed"] for p in status["partitions"]) == produced
+        # the embedded broker's ListOffsets answer trails the log: the log end must not
+        assert all(p["log_end"] == p["committed"] and p["lag"] == 0 for p in status["partitions"])
+        assert [(c["name"], c["status"]) for c in status["checks"]] == [
+            ("leader", "ok"),
+            ("participants", "ok"),
+            ("commits", "ok"),
+        ]
+        assert status["failed"] == [] and 0 <= status["commit_age_s"] < 21
+        assert status["last_commit_seq"] >= 2 and status["rows_per_s"] > 0 and status["rate_commits"] >= 2
         table = chtxn("status", "--config", config)
-        assert "status-c1" in table.stdout and "scripted-p" in table.stdout
+        assert "status-c1" in table.stdout and "scripted-p" in table.stdout and "healthy" in table.stdout
+        assert "rows/s over the latest" in table.stdout
     verified = chtxn("verify", "--config", config, "--deep", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
     assert report["ok"] and report["deep"]["rows_in_target"] == produced
+
+
+def produce_in_one_batch(pipeline: Pipeline, count: int) -> int:
+    """``count`` records, half to each of two partitions, each half in one record batch (a long linger)."""
+    producer = Producer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers, "linger.ms": 1000})
+    for i in range(count):
+        value = json.dumps({"id": i, "user": "u", "amount": 1.0}).encode()
+        producer.produce(pipeline.topic, value=value, key=str(i).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    return count
+
+
+def test_status_lists_a_take_over_the_old_leader_silent_and_the_new_one_leading(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("statusha"))
+    config = str(pipeline.config_path)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"):
+        with coordinator(pipeline, coordinator_id="first"):
+            wait_until(lambda: pipeline.ledger().max_epoch() == 1, 60, "first to lead")
+            with coordinator(pipeline, coordinator_id="second"):
+                led = json.loads(chtxn("status", "--config", config, "--json").stdout)
+                # a standby sends nothing on the control topic: only the leader shows
+                assert [(r["id"], r["role"]) for r in led["replicas"]] == [("first", "leader")]
+                assert led["leader"] == "first" and pipeline.ledger().max_epoch() == 1
+            wait_until(lambda: pipeline.ledger().head()[0] >= 3, 60, "commits")
+        # "first" is gone; a new replica takes over
+        with coordinator(pipeline, coordinator_id="third"):
+            wait_until(lambda: pipeline.ledger().epoch_owner(2) == "third", 60, "third to lead epoch 2")
+
+            def status_after_take_over() -> dict | None:
+                status = json.loads(chtxn("status", "--config", config, "--json").stdout)
+                return status if status["leader"] == "third" else None
+
+            status = wait_until(status_after_take_over, 30, "status to name the new leader")
+            assert (status["leader_epoch"], status["epoch"]) == (2, 2)
+            roles = {r["id"]: (r["role"], r["epoch"]) for r in status["replicas"]}
+            assert roles.pop("third") == ("leader", 2)
+            # stopped: "left" once a stopping leader hands its lease over, else "silent"
+            assert roles in ({"first": ("left", 1)}, {"first": ("silent", 1)})
 
 
 def test_verify_deep_fails_on_a_duplicated_row(stack, tmp_path):
