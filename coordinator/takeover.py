@@ -8,6 +8,8 @@
    down. A seal lost to a newer epoch means a newer leader exists: step down.
 3. Roll forward, in commit order, every committed txn not yet published.
 4. Drop this pipeline's other stage tables (orphans): nothing older can commit them any more.
+   Each gets an ABORTED row, but for a spare made one txn ahead that never held a row and never
+   reached the ledger: nothing happened there to abort, and ``txn list`` is not flooded.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ def take_over(
                     ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch, coordinator=coordinator
                 ),
             )
+            retry(f"drop {table}")(stages.drop_all, table)
+        elif summary is None and retry(f"count {table}")(stages.count, table) == 0:
+            # a spare made one txn ahead that never held a row: nothing happened to abort
+            log.info("dropping an unused spare stage table", extra={"txn": txn_id, "table": table})
             retry(f"drop {table}")(stages.drop_all, table)
         else:
             log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})

@@ -29,6 +29,7 @@ from coordinator.stage import StageTables
 from protocol import naming
 from protocol.config import PipelineConfig
 from protocol.errors import SetupError
+from protocol.ledger import LedgerEvent, LedgerRow
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipeline
@@ -283,6 +284,26 @@ def test_orphan_stage_table_is_dropped_and_aborted_at_take_over(stack, tmp_path)
         assert orphan not in pipeline.stage_tables()
         wait_until(lambda: pipeline.target_count() == produced, 60, "all rows published")
     assert int(client.command(f"SELECT count() FROM {db}.{target} WHERE user = 'orphan'")) == 0
+    assert_exactly_once(pipeline, produced)
+
+
+def test_an_unused_spare_stage_table_is_dropped_at_take_over_without_an_abort(stack, tmp_path):
+    """A dead leader's spare (made one txn ahead, no row, no ledger row) leaves no ABORTED row; an
+    empty stage table whose txn reached the ledger still does."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("spare"))
+    db, target = f"`{pipeline.cfg.clickhouse.database}`", pipeline.cfg.clickhouse.target_table
+    spare = naming.stage_table(target, pipeline.cfg.name, "e99_t2")
+    started = naming.stage_table(target, pipeline.cfg.name, "e99_t1")
+    client = pipeline.client()
+    for table in (spare, started):
+        client.command(f"CREATE TABLE {db}.`{table}` AS {db}.{target}")
+    pipeline.ledger().append(LedgerRow(pipeline=pipeline.cfg.name, txn="e99_t1", event=LedgerEvent.STARTED, epoch=99))
+    produced = pipeline.produce(100)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), ServiceThread(pipeline.cfg):
+        wait_until(lambda: pipeline.target_count() == produced, 60, "all rows published")
+        assert not {spare, started} & set(pipeline.stage_tables())
+    assert pipeline.ledger().txn("e99_t2") is None, "the unused spare left a ledger row"
+    assert pipeline.ledger().txn("e99_t1").state == "ABORTED"
     assert_exactly_once(pipeline, produced)
 
 
