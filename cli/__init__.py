@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "cli.verify",
     "cli.status",
     "cli.doctor",
+    "cli.pause",
     "cli.dlq",
     "cli.participant",
     "cli.demo",

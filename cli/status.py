@@ -27,6 +27,7 @@ from protocol import codec, naming, pipeline_health
 from protocol.config import PipelineConfig, load_config
 from protocol.doctor_facts import Check
 from protocol.errors import ClickHouseError, SetupError
+from protocol.ledger import LedgerEvent
 from protocol.messages import Heartbeat, LeaderHeartbeat, TopicPartition
 from protocol.pipeline_health import Heard, Replica
 
@@ -61,6 +62,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     last_txn: str
     last_txn_state: str
     last_abort_reason: str
+    paused: bool  # chtxn pause: the leader starts no txn until chtxn resume
+    paused_by: str
+    paused_reason: str
+    paused_at: float  # unix seconds of the pause; 0.0 when not paused
     partitions: tuple[PartitionStatus, ...]
     checks: tuple[Check, ...]
     failed: tuple[str, ...]  # the names of the checks that failed
@@ -111,6 +116,7 @@ def collect(
         commits = _latest_commits(ledger, rate_commits)
         latest = ledger.history(limit=1)
         aborted = ledger.last_abort()
+        pause = ledger.pause()
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
     now = time.time()
@@ -148,6 +154,10 @@ def collect(
             age, head_seq, limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s)
         ),
     )
+    paused = pause is not None and pause.event is LedgerEvent.PAUSED
+    if paused and pause is not None:  # no commits is what a pause is for: say so instead of failing
+        found_pause = f"paused by {pause.coordinator}" + (f": {pause.reason}" if pause.reason else "")
+        checks = (*checks[:2], Check(name="commits", status="warn", found=found_pause, fix="chtxn resume"))
     failed = tuple(c.name for c in checks if c.status == "fail")
     return Status(
         pipeline=cfg.name,
@@ -165,6 +175,10 @@ def collect(
         last_txn=latest[0].txn if latest else "",
         last_txn_state=latest[0].state if latest else "",
         last_abort_reason=aborted.reason if aborted else "",
+        paused=paused,
+        paused_by=pause.coordinator if paused and pause else "",
+        paused_reason=pause.reason if paused and pause else "",
+        paused_at=(pause.started_at or pause.event_time) if paused and pause else 0.0,
         partitions=tuple(rows),
         checks=checks,
         failed=failed,
@@ -272,6 +286,9 @@ def run(args: argparse.Namespace) -> int:
     out.note(f"pipeline [bold]{escape(status.pipeline)}[/]: {verdict}")
     leader = f"{escape(status.leader)}, epoch {status.leader_epoch}" if status.leader else "[red]none heard[/]"
     out.note(f"leader: {leader}; highest epoch claimed {status.epoch}")
+    if status.paused:
+        why = f": {escape(status.paused_reason)}" if status.paused_reason else ""
+        out.note(f"[yellow]paused[/] by {escape(status.paused_by)}{why} (chtxn resume starts txns again)")
     out.note(f"last commit: {_commit_line(status)}")
     out.note(f"latest txn: {status.last_txn or '-'} {status.last_txn_state}")
     if status.last_abort_reason:

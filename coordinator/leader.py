@@ -175,7 +175,8 @@ class Leader:
             # Stopping: what was asked (clean-ups included) is done before we go. Stepping down or
             # crashing: what has not begun never begins (the next leader decides it).
             self._lanes.shutdown(cancel=outcome != "stopped")
-            lease.stop()
+            # Stopped (SIGTERM): hand the lease over, so a standby need not wait for it to lapse.
+            lease.stop(leaving=outcome.startswith("stopped"))
             self._dead_letters.close()
 
     def _run(self, stop: threading.Event) -> str:
@@ -192,7 +193,11 @@ class Leader:
         failpoints.hit("leader.after-take-over", self.coordinator)
         partitions = self._offsets.partitions()
         initial = self._offsets.initial(partitions, head)
-        outcome = self._feed(Ready(head_seq, head, initial))
+        pause = self.ledger.pause()
+        paused = pause is not None and pause.event is LedgerEvent.PAUSED
+        if pause is not None and paused:
+            log.warning("the pipeline is paused: no txn starts until chtxn resume", extra={"reason": pause.reason})
+        outcome = self._feed(Ready(head_seq, head, initial, paused=paused))
         next_gauges = next_partition_check = self.clock()
         shutting, give_up_at = False, 0.0
         fresh_s = self.cfg.heartbeat_timeout_s / 4

@@ -2,7 +2,8 @@
 
 So a leader blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop, or a lane
 action, stuck for longer than ``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take
-over (the seal keeps that safe).
+over (the seal keeps that safe). A leader stopped cleanly hands the lease over: its last heartbeat
+says ``leaving`` (``Lease.stop(leaving=True)``), and a standby claims the next epoch at once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+from confluent_kafka import Producer
 
 from clients.kafka import KafkaClientFactory
 from protocol import codec
@@ -20,12 +23,15 @@ log = logging.getLogger(__name__)
 
 #: A leader loop that made no progress for this long stops heartbeating (a standby takes over).
 LOOP_STALL_LIMIT_S = 120.0
+#: How long a leaving leader waits for the broker to take its hand-over.
+HAND_OVER_FLUSH_S = 5.0
 
 
 class Lease:
     """Heartbeats of the leader of ``epoch`` every third of ``coordinator.leader_lease_s``, between
     ``start`` and ``stop``, while ``last_progress()`` (when the loop, or its oldest lane action,
-    last made progress) is recent. The constructor does no I/O."""
+    last made progress) is recent; ``stop(leaving=True)`` ends with a leaving heartbeat. The
+    constructor does no I/O."""
 
     def __init__(
         self,
@@ -40,12 +46,16 @@ class Lease:
         self.cfg, self.kafka, self.epoch, self.coordinator = cfg, kafka, epoch, coordinator
         self.clock, self.last_progress = clock, last_progress
         self._done = threading.Event()
+        self._leaving = False
         self._thread = threading.Thread(target=self._heartbeats, name=f"leader-heartbeat-e{epoch}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, leaving: bool = False) -> None:
+        """Stop heartbeating; with ``leaving``, after one last heartbeat saying so: the lease ends now
+        (call it once the leader's shutdown is done: a standby takes over as soon as it reads it)."""
+        self._leaving = leaving
         self._done.set()
         self._thread.join(10)
 
@@ -69,5 +79,21 @@ class Lease:
                     )
                 producer.poll(0)
                 self._done.wait(interval)
+            if self._leaving:
+                self._hand_over(producer)
         finally:
             producer.flush(1)
+
+    def _hand_over(self, producer: Producer) -> None:
+        """The last heartbeat of a leader that stopped cleanly: a standby claims the next epoch at once."""
+        beat = LeaderHeartbeat(pipeline=self.cfg.name, epoch=self.epoch, txn="", sender=self.coordinator, leaving=True)
+        try:
+            producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(beat))
+        except BufferError:
+            return  # the broker is unreachable: a standby takes over when the lease lapses
+        if producer.flush(HAND_OVER_FLUSH_S) > 0:
+            log.warning(
+                "could not hand the lease over: a standby takes over when it lapses", extra={"epoch": self.epoch}
+            )
+        else:
+            log.warning("handed the lease over", extra={"epoch": self.epoch})

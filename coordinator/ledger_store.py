@@ -261,6 +261,11 @@ class LedgerStore:
         )
         return ledger.from_result_row(rows[0]) if rows else None
 
+    def pause(self) -> LedgerRow | None:
+        """The latest PAUSED or RESUMED row (``chtxn pause`` / ``resume``); None if neither was ever written."""
+        rows = self._query("read whether the pipeline is paused", ledger_sql.latest_pause_sql(self._database))
+        return ledger.from_result_row(rows[0]) if rows else None
+
     def epoch_owner(self, epoch: int) -> str | None:
         """The coordinator that claimed ``epoch``, or None if nobody did."""
         winner = self.commit_point.owner(LedgerEvent.EPOCH, epoch)

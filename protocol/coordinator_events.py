@@ -80,6 +80,7 @@ class Ready:
     head_seq: int
     head: Offsets
     initial: Offsets
+    paused: bool = False  # the latest PAUSED / RESUMED row of the ledger says paused
 
 
 @dataclass(frozen=True)

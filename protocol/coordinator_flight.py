@@ -1,8 +1,8 @@
 """The leader's txns in flight and the driver of every commit step (``protocol.coordinator_state``). Pure.
 
 ``CoordinatorState`` owns one ``Flight`` and calls ``advance`` after every event: it ends a txn
-when its END is due, starts the next one (alone, or carried by the END when every holder can
-continue), aborts on a holder's silence or the WRITE-STATUS timeout (with the cascade), sends an
+when its END is due (at once when a holder leaves: its job was stopped), starts the next one
+(alone, or carried by the END when every holder can continue; never on a leaving copy), aborts on a holder's silence or the WRITE-STATUS timeout (with the cascade), sends an
 END again to a holder that missed it, and takes the oldest uncommitted txn to verify and the
 oldest committed one to publish. It collects each WRITE-STATUS (commit step 4) and the rows the
 holders report read (the size trigger). It reads the leader's epoch, ledger head and whether it
@@ -59,6 +59,9 @@ class Leader(Protocol):
 
     @property
     def stopping(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...  # an operator paused the pipeline: no txn starts
 
     @property
     def partitions(self) -> tuple[TopicPartition, ...]: ...
@@ -175,15 +178,19 @@ class Flight:
         return actions
 
     def end_due(self, txn: Txn, now: float) -> bool:
-        """Commit step 3's END: the interval passed, the size trigger is reached or one partition is full
-        (``protocol.size_trigger``), and every older txn is committed (participants go on reading
-        meanwhile); at once when shutting down."""
-        if self.leader.stopping:
+        """Commit step 3's END: the interval passed, the size trigger is reached, one partition is full
+        (``protocol.size_trigger``) or a holder leaves (its job was stopped), and every older txn is
+        committed (participants go on reading meanwhile); at once when shutting down or paused."""
+        if self.leader.stopping or self.leader.paused:
             return True
         if older_uncommitted(self.txns, txn):
             return False
         trigger = self.timing.size_trigger_rows
         full = size_trigger.full_rows(size_trigger.share(trigger, len(txn.start)))
+        if leaving := self.liveness.leaving(txn):
+            names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in leaving)
+            log.info("the holder of %s leaves: ending %s now", names, txn.id)
+            return True
         return (
             now - txn.started_at >= self.timing.interval_s
             or txn.buffered_rows >= trigger
@@ -211,7 +218,7 @@ class Flight:
     def _chain(self, txn: Txn, now: float) -> Txn | None:
         """The txn that starts with ``txn``'s END, or None when END must go alone."""
         partitions = self.leader.partitions
-        if self.leader.stopping or not self.ahead.ready or not partitions:
+        if self.leader.stopping or self.leader.paused or not self.ahead.ready or not partitions:
             return None
         if not set(partitions) <= self.liveness.live_partitions(now):
             return None
@@ -228,7 +235,7 @@ class Flight:
     def maybe_start(self, now: float) -> list[Action]:
         """A START on its own: the first txn, after an abort, or after an END that went alone."""
         leader = self.leader
-        if not leader.ready or leader.stopping or self.open_txn is not None or not leader.partitions:
+        if not leader.ready or leader.stopping or leader.paused or self.open_txn is not None or not leader.partitions:
             return []
         if not self.ahead.ready:
             return []

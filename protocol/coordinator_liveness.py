@@ -5,6 +5,9 @@ the rows it read for its txn, and whether it understands a START chained to an E
 the leader picks the holder START names for each partition (fencing), judges a holder silent
 (commit step 4's abort), spots a holder that never read its END, and tells the lag.
 
+A copy whose job was stopped heartbeats ``leaving`` until it has sent what it owes and stops: it
+is not live, is never named holder again, and the txns it holds end at once (``leaving``).
+
 A copy is judged only against the other copies of its partition, or against the clock on
 ``Tick`` (right after the control topic was read), so a leader's own stall never counts as a
 participant's silence. Copies silent for ten heartbeat timeouts are forgotten.
@@ -33,6 +36,7 @@ class Copy:
     log_end: int = -1  # the partition's end as the participant last saw it (-1: unknown)
     continues: bool = False  # understands a START chained to an END
     position: int = -1  # next offset the participant reads (-1: unknown)
+    leaving: bool = False  # its job was stopped: it finishes what it holds, then stops
 
 
 class Liveness:
@@ -49,7 +53,7 @@ class Liveness:
         for pos in msg.partitions:
             copies = self.copies.setdefault(pos.tp, {})
             copies[msg.sender] = Copy(
-                msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues, pos.position
+                msg.sender, now, msg.txn, pos.buffered_rows, pos.log_end, msg.continues, pos.position, msg.leaving
             )
             for sender in [s for s, c in copies.items() if c.seen_at < forget]:
                 del copies[sender]
@@ -58,17 +62,19 @@ class Liveness:
         return self.copies.get(tp, {}).get(sender)
 
     def live_partitions(self, now: float) -> set[TopicPartition]:
-        """Partitions some copy heartbeated within the heartbeat timeout."""
+        """Partitions some copy that is not leaving heartbeated within the heartbeat timeout."""
         return {
-            tp for tp, copies in self.copies.items() if any(now - c.seen_at <= self.timeout_s for c in copies.values())
+            tp
+            for tp, copies in self.copies.items()
+            if any(now - c.seen_at <= self.timeout_s and not c.leaving for c in copies.values())
         }
 
     def holder(self, tp: TopicPartition) -> str:
         """The copy to stage ``tp``: the previous holder while it heartbeats as recently as the
         freshest copy (within the heartbeat timeout), else the freshest copy. Judged between the
         copies only, never against the clock, so a leader's own stall never leaves a partition
-        without a holder."""
-        copies = self.copies.get(tp, {})
+        without a holder. A leaving copy is never chosen ("" when only leaving copies are left)."""
+        copies = {s: c for s, c in self.copies.get(tp, {}).items() if not c.leaving}
         if not copies:
             return ""
         freshest = max(copies.values(), key=lambda c: c.seen_at)
@@ -90,6 +96,15 @@ class Liveness:
             for tp in txn.start
             if tp not in txn.statuses
             and ((c := self.copy(tp, txn.holders.get(tp, ""))) is None or now - c.seen_at > self.timeout_s)
+        )
+
+    def leaving(self, txn: Txn) -> list[TopicPartition]:
+        """Partitions of ``txn`` still owing a WRITE-STATUS whose holder heartbeats ``leaving``: ``txn``
+        should end now (its holder stops once it has sent what it owes)."""
+        return sorted(
+            tp
+            for tp in txn.start
+            if tp not in txn.statuses and (c := self.copy(tp, txn.holders.get(tp, ""))) is not None and c.leaving
         )
 
     def missed_end(self, txn: Txn) -> str:

@@ -81,7 +81,7 @@ from protocol.coordinator_txns import OPEN
 from protocol.coordinator_verify import verdict
 from protocol.errors import InvalidTransition
 from protocol.leadership import COORDINATOR_KINDS
-from protocol.messages import Heartbeat, TopicPartition, WriteStatus
+from protocol.messages import Heartbeat, Pause, TopicPartition, WriteStatus
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class CoordinatorState:
         self.ready = False
         self.stepped_down = False
         self.stopping = False
+        self.paused = False  # ``chtxn pause``: the open txn ends at once and no txn starts until resumed
         self.head_seq = 0
         self.head: Offsets = {}
         self.initial: Offsets = {}
@@ -177,6 +178,7 @@ class CoordinatorState:
         self.head = dict(event.head)
         self.initial = dict(event.initial)
         self.partitions = tuple(sorted(set(event.head) | set(event.initial)))
+        self.paused = event.paused
         return []
 
     def _on_partitions_changed(self, event: PartitionsChanged, now: float) -> list[Action]:
@@ -206,6 +208,9 @@ class CoordinatorState:
         if isinstance(msg, Heartbeat):
             self.liveness.heard(msg, now)
             self.flight.heard(msg)
+            return []
+        if isinstance(msg, Pause):
+            self.paused = msg.paused
             return []
         kind = type(msg).__struct_config__.tag
         if kind in COORDINATOR_KINDS:

@@ -62,6 +62,8 @@ class LedgerEvent(str, enum.Enum):
     LOST = "LOST"  # committed, but its stage table was gone before publish: an alarm, never PUBLISHED
     INITIAL = "INITIAL"  # where a never-committed partition starts, fixed once chosen
     CHECKPOINT = "CHECKPOINT"  # the head at slot commit_seq: readers start from the latest one
+    PAUSED = "PAUSED"  # an operator paused the pipeline (chtxn pause): no new txn starts
+    RESUMED = "RESUMED"  # an operator resumed it (chtxn resume)
 
 
 #: A txn's state is the first of these it has an event for.

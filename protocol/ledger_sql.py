@@ -100,6 +100,15 @@ def latest_event_sql(database: str, event: LedgerEvent) -> str:
     )
 
 
+def latest_pause_sql(database: str) -> str:
+    """The newest PAUSED or RESUMED row of ``{pipeline:String}``: whether the pipeline is paused."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND event IN ('PAUSED', 'RESUMED') "
+        "ORDER BY event_time DESC, started_at DESC LIMIT 1"
+    )
+
+
 def event_rows_sql(database: str, event: LedgerEvent) -> str:
     """Every ``event`` row of ``{pipeline:String}``, oldest first."""
     return (

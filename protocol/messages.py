@@ -145,13 +145,45 @@ class Heartbeat(_Control, frozen=True, tag="heartbeat"):
 
     partitions: tuple[PartitionPosition, ...]
     continues: bool = False  # understands ``EndCommit.next`` (older participants do not)
+    leaving: bool = False  # this copy was told to leave (``Leave``): name it in no START; end its txn at once
 
 
 class LeaderHeartbeat(_Control, frozen=True, tag="leader-heartbeat"):
-    """Leader -> standbys: the leader of ``epoch`` is alive (participants ignore it)."""
+    """Leader -> standbys: the leader of ``epoch`` is alive (participants ignore it).
+
+    ``leaving``: the leader was stopped and has finished: its lease ends now, a standby claims the
+    next epoch at once instead of waiting for ``leader_lease_s`` of silence (older leaders never set it).
+    """
+
+    leaving: bool = False
 
 
-ControlMessage = StartCommit | EndCommit | WriteStatus | AckCommit | Abort | Heartbeat | LeaderHeartbeat
+class Leave(_Control, frozen=True, tag="leave"):
+    """Participant job's driver -> its tasks: the job was stopped (SIGTERM); the tasks of ``job`` leave.
+
+    Each task finishes its part of the txns it is in (stages what it read, sends WRITE-STATUS) and
+    heartbeats ``leaving`` meanwhile, so the leader ends the open txn at once and names it in no
+    START. Sent with ``epoch`` 0 and ``txn`` "": it is no coordinator's message. Coordinators and
+    older participants skip it.
+    """
+
+    job: str
+
+
+class Pause(_Control, frozen=True, tag="pause"):
+    """Operator (``chtxn pause`` / ``resume``) -> leader: stop starting txns (``paused``), or start again.
+
+    Written to the ledger first (PAUSED / RESUMED rows, which a new leader reads at take-over), then
+    sent so that the leader acts at once. Sent with ``epoch`` 0 and ``txn`` "". Participants and
+    older coordinators skip it.
+    """
+
+    paused: bool
+    who: str = ""
+    reason: str = ""
+
+
+ControlMessage = StartCommit | EndCommit | WriteStatus | AckCommit | Abort | Heartbeat | LeaderHeartbeat | Leave | Pause
 
 #: Every kind this code knows, by tag.
 KINDS: dict[str, type] = {cls.__struct_config__.tag: cls for cls in get_args(ControlMessage)}

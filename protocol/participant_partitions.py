@@ -63,6 +63,11 @@ class Partitions:
         )
 
     @property
+    def owed(self) -> set[str]:
+        """The txns some partition still reads into or owes a WRITE-STATUS for (chunks in flight)."""
+        return {s.txn for p in self.parts.values() for s in ([p.open] if p.open else []) + p.ending}
+
+    @property
     def insert_backlog_rows(self) -> int:
         """One chunk per partition being read, at its txn's chunk size."""
         return sum(p.open.builder.chunk_rows for p in self.parts.values() if p.open is not None)

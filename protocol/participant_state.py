@@ -21,6 +21,11 @@ code calls these "participant step N":
 4. ACK-COMMIT for a txn this task ended: commit its offsets to the consumer group.
 5. ABORT of the current txn, or of an ended txn not yet acknowledged (which dooms every txn
    started after it): drop those txns, pause, and wait for the next START.
+6. LEAVE of this task's job (its driver got SIGTERM): heartbeat ``leaving`` at once and from then
+   on, so the leader ends the txn this task is in at once and names it in no START; finish every
+   txn it is in as in steps 2 and 3. ``left`` is true once it owes nothing and it has listened for
+   ``LEAVE_SETTLE_BEATS`` heartbeat intervals since the LEAVE (a START the leader sent before it
+   read the leaving heartbeat arrives within that, and is finished too): the runner then stops.
 
 Partitions are paused only when they leave every txn (dropped, failed, fenced, or not part of
 a START), never at END.
@@ -48,7 +53,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from protocol.messages import Abort, AckCommit, EndCommit, Heartbeat, StartCommit, TopicPartition
+from protocol.messages import Abort, AckCommit, EndCommit, Heartbeat, Leave, StartCommit, TopicPartition
 from protocol.participant_events import (
     Action,
     ChunkStaged,
@@ -70,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: Ended txns awaiting ACK-COMMIT remembered at most (older ones are forgotten, not failed).
 MAX_UNACKED = 16
+#: Heartbeat intervals a leaving task that owes nothing still listens after the LEAVE (participant step 6).
+LEAVE_SETTLE_BEATS = 2
 
 
 class ParticipantState:
@@ -85,8 +92,10 @@ class ParticipantState:
         chunk_bytes: int,
         heartbeat_interval_s: float,
         size_trigger_rows: int = 0,
+        job: str = "",
     ) -> None:
         self.pipeline, self.sender = pipeline, sender
+        self.job = job  # the participant job this task belongs to ("": none, it never leaves)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.partitions = Partitions(
             partitions,
@@ -103,6 +112,8 @@ class ParticipantState:
         self.unacked: dict[str, int] = {}  # txn -> epoch: ended here, oldest first, awaiting ACK
         self.next_heartbeat = float("-inf")
         self.log_ends: dict[TopicPartition, int] = {}
+        self.leaving = False  # its job was stopped (participant step 6)
+        self.leave_at = 0.0  # when the LEAVE was read
 
     # ---- queries (read-only, for the runner) ----------------------------------------------
 
@@ -129,6 +140,12 @@ class ParticipantState:
     def heartbeat_due(self, now: float) -> bool:
         return now >= self.next_heartbeat
 
+    def left(self, now: float) -> bool:
+        """Participant step 6 is done: leaving, nothing owed (no txn read into or awaiting chunks), and
+        ``LEAVE_SETTLE_BEATS`` heartbeat intervals listened since the LEAVE. The runner may stop."""
+        settled = now - self.leave_at >= LEAVE_SETTLE_BEATS * self.heartbeat_interval_s
+        return self.leaving and settled and not self.partitions.owed
+
     # ---- events ---------------------------------------------------------------------------
 
     def handle(self, event: Event, now: float) -> list[Action]:
@@ -153,6 +170,8 @@ class ParticipantState:
 
     def _on_received(self, event: Received, now: float) -> list[Action]:
         m = event.message
+        if isinstance(m, Leave):  # the job's driver, not a coordinator: no epoch to check
+            return self._on_leave(m, now)
         handler = self._MESSAGE_HANDLERS.get(type(m))
         if handler is None:
             return []  # heartbeats, WRITE-STATUS of others, leader heartbeats
@@ -220,6 +239,15 @@ class ParticipantState:
         log.info("txn %s aborted (%s): dropping %s", m.txn, m.reason, ", ".join(doomed))
         return self._drop(doomed)
 
+    def _on_leave(self, m: Leave, now: float) -> list[Action]:
+        """Participant step 6: LEAVE of this task's job. Say so at once; finish what it is in."""
+        if m.pipeline != self.pipeline or not self.job or m.job != self.job or self.leaving:
+            return []
+        owed = sorted(self.partitions.owed)
+        log.warning("participant %s leaves: its job %s was stopped; finishing %s", self.sender, m.job, owed)
+        self.leaving, self.leave_at = True, now
+        return self._heartbeat(now)
+
     def _drop(self, txns: list[str]) -> list[Action]:
         actions: list[Action] = [DropTxn(t) for t in txns]
         for txn in txns:
@@ -268,6 +296,7 @@ class ParticipantState:
                     sender=self.sender,
                     partitions=positions,
                     continues=True,
+                    leaving=self.leaving,
                 )
             )
         ]

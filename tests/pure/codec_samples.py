@@ -13,9 +13,11 @@ from protocol.messages import (
     EndCommit,
     Heartbeat,
     LeaderHeartbeat,
+    Leave,
     PartitionHolder,
     PartitionOffset,
     PartitionPosition,
+    Pause,
     StartCommit,
     WriteStatus,
 )
@@ -86,6 +88,9 @@ SAMPLES: dict[str, ControlMessage] = {
         sender="part-src-0",
         partitions=(PartitionPosition(topic="src", partition=0, position=180, log_end=300, buffered_rows=80),),
         continues=True,
+        leaving=True,
     ),
-    "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a"),
+    "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a", leaving=True),
+    "leave": Leave(pipeline="orders", epoch=0, txn="", sender="driver-host-4242", job="driver-host-4242-1732600000"),
+    "pause": Pause(pipeline="orders", epoch=0, txn="", sender="chtxn-cli", paused=True, who="alice@ops", reason="disk"),
 }
