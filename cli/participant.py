@@ -10,7 +10,12 @@ What the executors run, by master:
   ``--archives <pack>.tar.gz#environment``, and the executors run ``./environment/bin/python``.
   The driver runs here (client mode) with this Python, unless ``spark.submit.deployMode=cluster``.
 
+Before spark-submit, the launcher runs the job's checks (``participant.preflight``): a setup
+error, an outage past ``participant.outage_timeout_s`` or an unreachable master ends it within
+seconds, with the exit code the job itself would give (``participant.job_errors.ExitCode``).
+
 Everything is in the command line (``--dry-run`` prints it): no ``PYSPARK_*`` variable is set.
+The driver's JVM gets chtxn's log4j2 configuration (Spark at WARN, a failed task in one line).
 spark-submit runs in a process group of its own; SIGTERM and Ctrl-C are passed to that group; the
 exit code is spark-submit's.
 
@@ -29,26 +34,44 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import traceback
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+
 from cli.config_option import add_config_option
 from cli.packaging import ARCHIVE_ALIAS, EXECUTOR_PYTHON, default_cache_dir, ensure_archive, project_sources
+from participant.job_errors import describe, exit_code
+from participant.leaving import driver_pid
+from participant.spark_context import LOG4J2, check_master
 from procs import signal_group, start_watchdog
+from protocol import secrets
 from protocol.config import PipelineConfig, load_config
-from protocol.errors import SetupError
+from protocol.errors import ChtxnError, ConfigError, SetupError
+from protocol.messages import TopicPartition
 
 #: Attempts per task in local mode (``local[N,F]``): a failed participant task is retried.
 LOCAL_TASK_ATTEMPTS = 4
 #: After the launcher died: how long spark-submit's group has between SIGTERM and SIGKILL.
 OWNER_GONE_GRACE_S = 5.0
-#: How long ``check_spark_master`` waits for a ``spark://`` master to accept a connection.
-MASTER_CONNECT_TIMEOUT_S = 5.0
+
+EXIT_CODES = (
+    "Exit codes (the launcher's checks and the job give the same): 0 stopped (SIGTERM, Ctrl-C); 1 internal "
+    "error, or Spark failed the job for a reason chtxn does not know; 2 config error (the pipeline file, a CHTXN_* "
+    "variable, [kafka.properties]); 3 setup error: a topic or table missing or wrong (control topic partitions, "
+    "target table); 4 ClickHouse or the Kafka broker unreachable for longer than participant.outage_timeout_s "
+    "(retried with back-off meanwhile, one log line per attempt); 5 Spark: the master cannot be reached, or the job "
+    "cannot get a slot for every task. Each ends with one line 'chtxn: <what is wrong and what to do>' on stderr."
+)
+
+#: Seconds a stopped job's tasks get beyond the WRITE-STATUS timeout to leave before the group is stopped.
+LEAVE_GRACE_S = 15.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cluster master (spark://, yarn, k8s://) the executors need nothing of chtxn installed: the project and "
         "its runtime dependencies go to them as a packed virtualenv (--archives <pack>.tar.gz#environment), "
         "built on first use and cached by content in --cache-dir. --dry-run prints the spark-submit command "
-        "(building the archive if needed) without running it.",
+        "(building the archive if needed) without running it.\n\n" + EXIT_CODES,
         epilog="Example: chtxn participant --config pipeline.toml --master spark://host:7077 --dry-run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -101,11 +124,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check, then run spark-submit; an error that ends the job is one line and its exit code."""
+    try:
+        return _run(args)
+    except (ChtxnError, KafkaException) as exc:
+        code = exit_code(exc)
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        kind = "config error: " if isinstance(exc, ConfigError) else ""
+        print(f"chtxn: {secrets.redact(kind + describe(exc))}", file=sys.stderr, flush=True)
+        return int(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from clients.logs import quiet_libraries
+    from participant.preflight import preflight
+
     cfg = load_config(args.config, os.environ)
-    master = args.master or default_master(cfg)
+    dry_run = args.dry_run or args.json
+    partitions = None
+    if not dry_run:  # Participant job step 1, here too: within seconds, before a JVM starts
+        quiet_libraries(getattr(args, "log_level", "WARNING"))
+        partitions = preflight(cfg)
+    master = args.master or default_master(cfg, partitions)
     archive, built = None, False
-    if master.startswith("spark://") and not (args.dry_run or args.json):  # a dry run may name any master
-        check_spark_master(master)
+    if not dry_run:  # a dry run may name any master
+        check_master(master)
     if not is_local(master):
         cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
         archive, built = ensure_archive(cache_dir, python=args.executor_python, progress=_progress)
@@ -138,8 +182,24 @@ def run(args: argparse.Namespace) -> int:
     process = subprocess.Popen(command, start_new_session=True)
     watchdog = start_watchdog(process.pid, OWNER_GONE_GRACE_S)
 
+    asked = threading.Event()
+
     def forward(signum: int, _frame: object) -> None:
-        signal_group(process.pid, signal.SIGTERM)
+        """The first SIGTERM or Ctrl-C goes to the job's Python driver alone, whose tasks then leave
+        cleanly (``participant.leaving``: their open txn commits); the whole process group gets it
+        after ``transaction.write_status_timeout_s`` and a grace, at a second signal, or at once when
+        no driver is found (cluster deploy mode, or a driver not started yet)."""
+        driver = None if asked.is_set() else driver_pid(process.pid)
+        asked.set()
+        if driver is None:
+            signal_group(process.pid, signal.SIGTERM)
+            return
+        os.kill(driver, signal.SIGTERM)
+        stop_all = threading.Timer(
+            cfg.transaction.write_status_timeout_s + LEAVE_GRACE_S, signal_group, (process.pid, signal.SIGTERM)
+        )
+        stop_all.daemon = True
+        stop_all.start()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
@@ -156,28 +216,11 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def check_spark_master(master: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
-    """Raise ``SetupError`` unless some ``host:port`` of the ``spark://`` URL accepts a connection,
-    so that a wrong ``--master`` is one line here rather than the Spark driver's traceback."""
-    reasons = []
-    for address in master.removeprefix("spark://").split(","):
-        host, _, port = address.strip().rpartition(":")
-        try:
-            with socket.create_connection((host or address, int(port or 7077)), timeout=timeout_s):
-                return
-        except (OSError, ValueError) as exc:
-            reasons.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
-    raise SetupError(
-        f"cannot reach the Spark master at {master} within {timeout_s:g} s ({'; '.join(reasons)}): "
-        "check --master and that the master is running"
-    )
-
-
 def _progress(line: str) -> None:
     print(f"chtxn participant: {line}", file=sys.stderr, flush=True)
 
 
-def default_master(cfg: PipelineConfig) -> str:
+def default_master(cfg: PipelineConfig, partitions: list[TopicPartition] | None = None) -> str:
     """``local[N,4]``: N slots for N tasks, one per core, at most one per partition.
 
     A participant task is never idle (it reads while its own threads stage), so a second task per
@@ -190,7 +233,8 @@ def default_master(cfg: PipelineConfig) -> str:
     if cfg.participant.task_slots:
         tasks = cfg.participant.task_slots
     else:
-        partitions = partitions_of(admin(cfg), cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
+        if partitions is None:
+            partitions = partitions_of(admin(cfg), cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
         tasks = max(1, min(len(partitions), os.cpu_count() or 1))
     return f"local[{tasks},{LOCAL_TASK_ATTEMPTS}]"
 
@@ -230,6 +274,11 @@ def spark_submit_command(
         if conf.get("spark.submit.deployMode", "client") == "client":  # the driver runs here, with this Python
             command += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
     command += ["--conf", "spark.speculation=false", "--conf", "spark.ui.showConsoleProgress=false"]
+    java_options = conf.pop("spark.driver.extraJavaOptions", "")
+    if "log4j" not in java_options and conf.get("spark.submit.deployMode", "client") == "client":
+        java_options = f"-Dlog4j2.configurationFile={log4j2_file().as_uri()} {java_options}".strip()
+    if java_options:  # the user's options after chtxn's: a property they set again wins
+        command += ["--conf", f"spark.driver.extraJavaOptions={java_options}"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     command += [
@@ -259,6 +308,18 @@ def spark_submit() -> Path:
     if not path.is_file():
         raise SetupError(f"pyspark has no spark-submit at {path}: reinstall pyspark (pip install 'pyspark>=4.0')")
     return path
+
+
+def log4j2_file() -> Path:
+    """The driver JVM's log4j2 configuration (``participant.spark_context.LOG4J2``), written once
+    per content to the temporary directory."""
+    digest = hashlib.sha256(LOG4J2.encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / f"chtxn-log4j2-{digest}.properties"
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(LOG4J2)
+        partial.replace(target)
+    return target
 
 
 def py_files_zip() -> Path:

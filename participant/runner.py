@@ -41,6 +41,7 @@ from clients.clickhouse import make_client
 from clients.control_reader import ControlReader
 from clients.kafka import KafkaClientFactory, check_control_topic
 from participant.dead_letters import DeadLetterSink
+from participant.outage import ride_out
 from participant.stager import Stager, check_target
 from protocol import naming
 from protocol.chunking import RecordLike
@@ -83,25 +84,40 @@ class TaskRunner:
         participant_id: str = "",
         workers: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        job: str = "",
     ) -> None:
         if not partitions:
             raise ValueError("a participant task needs at least one partition")
         self.cfg, self.partitions = cfg, tuple(sorted(partitions))
         self.participant_id = participant_id
+        self.job = job  # the participant job's id: a LEAVE naming it makes this task leave
         self.workers, self.clock = workers, clock
         self.backlog_rows = cfg.participant.insert_backlog_rows  # 0: ParticipantState.insert_backlog_rows
         self.kafka = KafkaClientFactory(cfg)  # plain data: the runner stays picklable
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Take part in txns until ``stop`` is set (Spark: until the task is killed)."""
+        """Take part in txns until ``stop`` is set (Spark: until the task is killed), or until this
+        task has left after a LEAVE of its job (participant step 6)."""
         stop = stop or threading.Event()
-        loop = _Loop(self)
+        loop = ride_out(self._started, timeout_s=self.cfg.participant.outage_timeout_s, stop=stop)
+        if loop is None:  # stopped while ClickHouse or the broker was away
+            return
         try:
-            loop.start()
-            while not stop.is_set():
+            while not stop.is_set() and not loop.machine.left(loop.clock()):
                 loop.once()
         finally:
             loop.close()
+
+    def _started(self) -> _Loop:
+        """Clients made and the task's checks passed. ClickHouse or the broker away is retried by
+        ``run`` (``participant.outage``), one log line per attempt; a ``SetupError`` is raised at once."""
+        loop = _Loop(self)
+        try:
+            loop.start()
+        except BaseException:
+            loop.close()
+            raise
+        return loop
 
 
 class _Loop:
@@ -120,6 +136,7 @@ class _Loop:
             chunk_bytes=cfg.participant.chunk_bytes,
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
             size_trigger_rows=cfg.transaction.size_trigger_rows,
+            job=runner.job,
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         kafka = runner.kafka

@@ -147,6 +147,11 @@ class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     task_slots: Annotated[int, Meta(
         description="How many Spark tasks the partitions are grouped into (every task runs at once).",
         extra={"brief": "0: ask Spark (defaultParallelism)"})] = 0
+    outage_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "How long the participant job rides out ClickHouse or the Kafka broker being unreachable (retrying with "
+        "back-off, one log line per attempt) before it fails naming the cause, with exit code 4. Counted at start-up "
+        "and while the job runs (its driver checks both every 10 s)."),
+        extra={"brief": "then the job exits 4, so a supervisor restarts it or pages"})] = 180.0
 
 
 class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

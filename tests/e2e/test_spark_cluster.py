@@ -165,7 +165,7 @@ def test_more_task_groups_than_slots_is_refused_saying_what_to_do(stack, tmp_pat
     finally:
         procs.stop_all()
     log = procs.tail("participant")
-    assert code == 1, log
+    assert code == 5, log  # a Spark problem (docs/operations.md, "When the participant job stops")
     match = re.search(
         r"the participant job needs 6 task slots running at once but only (\d) started within 30 s: "
         r"give the application 6 cores on the cluster's workers: .*--conf spark\.cores\.max=6 .*"
