@@ -9,14 +9,11 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, naming
-from protocol.config import ClickHouseSection
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
-from tests.helpers import unique_name
 from tests.integration.ledger_writes import commit_row, rng
 
 RACERS = 4
