@@ -145,10 +145,12 @@ def _run(args: argparse.Namespace) -> int:
     partitions = None
     if not dry_run:  # Participant job step 1, here too: within seconds, before a JVM starts
         quiet_libraries(getattr(args, "log_level", "WARNING"))
+        if args.master:
+            check_master(args.master)  # a wrong --master is named first: the cheapest check
         partitions = preflight(cfg)
     master = args.master or default_master(cfg, partitions)
     archive, built = None, False
-    if not dry_run:  # a dry run may name any master
+    if not dry_run and not args.master:  # a dry run may name any master
         check_master(master)
     if not is_local(master):
         cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)

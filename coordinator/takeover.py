@@ -96,8 +96,8 @@ def take_over(
                 ),
             )
             retry(f"drop {table}")(stages.drop_all, table)
-        elif summary is None and retry(f"count {table}")(stages.count, table) == 0:
-            # a spare made one txn ahead that never held a row: nothing happened to abort
+        elif summary is None and retry(f"count {table}")(_rows_in, stages, table) == 0:
+            # a spare made one txn ahead that never held a row (or only side tables are left): nothing to abort
             log.info("dropping an unused spare stage table", extra={"txn": txn_id, "table": table})
             retry(f"drop {table}")(stages.drop_all, table)
         else:
@@ -115,6 +115,11 @@ def take_over(
             )
         progress()
     return head_seq + 1, head
+
+
+def _rows_in(stages: StageTables, table: str) -> int:
+    """Rows in stage table ``table``; 0 when it is gone (only its side tables were left)."""
+    return stages.count(table) if stages.exists(table) else 0
 
 
 def _owns_slot(ledger: LedgerStore, summary: Any) -> bool:

@@ -90,7 +90,7 @@ def test_a_property_librdkafka_refuses(config: Path) -> None:
 
 def test_an_unreachable_spark_master(config: Path) -> None:
     master = f"spark://{closed_address()}"
-    line = failure_line(chtxn("participant", "--config", str(config), "--master", master))
+    line = failure_line(chtxn("participant", "--config", str(config), "--master", master), code=5)
     assert line.startswith(f"chtxn: cannot reach the Spark master at {master} within "), line
 
 

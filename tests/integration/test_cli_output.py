@@ -180,7 +180,7 @@ def test_status_and_verify_print_whole_partitions_and_offsets(live: Pipeline) ->
     status = run_chtxn("status", "--config", config, timeout_s=120, inherit_chtxn_vars=False, env={"COLUMNS": "80"})
     assert status.returncode == 1, status.stderr  # no coordinator runs any more
     lines = whole_lines(status.stdout)
-    assert lines[0].startswith(f"pipeline {live.cfg.name}: leader none heard;")
+    assert lines[0] == f"pipeline {live.cfg.name}: failed: leader, participants"
     heads = {(tp.partition, 150) for tp in live.partitions}
     rows = [line.split() for line in lines if line.startswith(live.topic + " ")]
     assert {(int(r[1]), int(r[2])) for r in rows} == heads and all(r[-2:] == ["none", "live"] for r in rows)
@@ -236,7 +236,7 @@ def test_tsv_has_a_header_and_a_line_per_row(live: Pipeline, letters: Pipeline, 
         (live.topic, str(tp.partition), "150") for tp in live.partitions
     ]
     assert list(parts[0]) == ["topic", "partition", "committed", "log_end", "lag", "participant"]
-    assert f"pipeline {live.cfg.name}: leader none heard" in status.stderr, "the heading goes to stderr"
+    assert f"pipeline {live.cfg.name}: failed: leader, participants" in status.stderr, "the heading goes to stderr"
 
     checks = tsv(chtxn("verify", "--config", str(live.config_path), "--deep", "--format", "tsv").stdout)
     assert [(c["partition"], c["committed_to"], c["distinct_offsets"], c["ok"]) for c in checks] == [
