@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedded import debian_packages
 from protocol.errors import SetupError
 
 #: What the standalone server needs from Debian 12 (bookworm). The server also runs without the
@@ -107,62 +107,16 @@ def install(directory: Path) -> KeeperJars:
     (replacing what an earlier install unpacked). When the download fails and the system holds the
     jars, uses those; otherwise raises SetupError saying what to install by hand."""
     try:
-        for tool in ("apt-get", "dpkg-deb"):
-            if shutil.which(tool) is None:
-                raise SetupError(f"`{tool}` is missing: the embedded keeper's ZooKeeper comes from Debian's packages")
-        debs = directory / "debs"
-        shutil.rmtree(debs, ignore_errors=True)
-        debs.mkdir(parents=True)
-        _download(debs, directory / "apt")
+        staging = debian_packages.fetch(PACKAGES, directory, what="the embedded keeper's ZooKeeper jars")
     except SetupError as exc:
         system = _jars_under(SYSTEM_ROOT)
         if system is None:
             raise SetupError(f"{exc}\nTo fix it, {_INSTALL_BY_HAND}; or fix apt and run `make install` again") from None
         print(f"{exc}\nUsing the system's ZooKeeper in /usr/share/java instead", file=sys.stderr)
         return system
-    staging = directory / "root.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    for deb in sorted(debs.glob("*.deb")):
-        _run(["dpkg-deb", "-x", str(deb), str(staging)], f"dpkg-deb could not unpack {deb.name}")
     shutil.rmtree(directory / "root", ignore_errors=True)
     staging.rename(directory / "root")
     return find(directory)
-
-
-def _download(debs: Path, apt_dir: Path) -> None:
-    """``apt-get download`` with the system's package lists, else with lists of our own."""
-    first = subprocess.run(["apt-get", "-q", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-    if first.returncode == 0:
-        return
-    print("apt-get download failed with the system's package lists; retrying with lists of our own", file=sys.stderr)
-    lists, cache = apt_dir / "lists", apt_dir / "cache"
-    (lists / "partial").mkdir(parents=True, exist_ok=True)
-    (cache / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    own = ["-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}"]
-    why = f"apt-get update into {apt_dir} failed"
-    second = subprocess.run(["apt-get", "-q", *own, "update"], capture_output=True, text=True)
-    if second.returncode == 0:
-        why = "apt-get download failed again"
-        second = subprocess.run(
-            ["apt-get", "-q", *own, "download", *PACKAGES], cwd=debs, capture_output=True, text=True
-        )
-        if second.returncode == 0:
-            return
-    raise SetupError(
-        "cannot download ZooKeeper's Debian packages for the embedded keeper: apt-get download failed with the "
-        f"system's package lists:\n{_tail(first)}\nthen, with lists of our own, {why}:\n{_tail(second)}"
-    )
-
-
-def _run(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SetupError(f"{what}:\n{_tail(result)}")
-
-
-def _tail(result: subprocess.CompletedProcess[str], lines: int = 6) -> str:
-    text = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.returncode}").splitlines()
-    return "\n".join("  " + line for line in text[-lines:])
 
 
 def main(argv: list[str] | None = None) -> int:

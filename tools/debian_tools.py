@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from embedded import debian_packages
 from protocol.errors import SetupError
 
 #: ``prometheus`` for promtool; ``docker-compose`` and the Python packages it imports, less those
@@ -89,19 +90,7 @@ def docker_compose(directory: Path | None = None) -> tuple[list[str], dict[str, 
 
 def install(directory: Path) -> None:
     """Download :data:`PACKAGES` and keep promtool in ``directory/bin``, Compose in ``directory/compose``."""
-    for tool in ("apt-get", "dpkg-deb"):
-        if shutil.which(tool) is None:
-            raise SetupError(
-                f"`{tool}` is missing: promtool and docker-compose come from Debian's packages; {_BY_HAND}"
-            )
-    debs = directory / "debs"
-    shutil.rmtree(debs, ignore_errors=True)
-    debs.mkdir(parents=True)
-    _download(debs, directory / "apt")
-    staging = directory / "root.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    for deb in sorted(debs.glob("*.deb")):
-        _run(["dpkg-deb", "-x", str(deb), str(staging)], f"dpkg-deb could not unpack {deb.name}")
+    staging = debian_packages.fetch(PACKAGES, directory, what="promtool and docker-compose", hint=_BY_HAND)
     binary = staging / "usr" / "bin" / "promtool"
     if not binary.is_file():
         raise SetupError(f"Debian's prometheus package holds no usr/bin/promtool; {_BY_HAND}")
@@ -111,43 +100,7 @@ def install(directory: Path) -> None:
     shutil.rmtree(staging / "usr" / "share", ignore_errors=True)  # docs and the server's web assets
     shutil.rmtree(directory / "compose", ignore_errors=True)
     staging.rename(directory / "compose")
-    shutil.rmtree(debs)
-
-
-def _download(debs: Path, apt_dir: Path) -> None:
-    """``apt-get download`` with the system's package lists, else with lists of our own."""
-    first = subprocess.run(["apt-get", "-q", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-    if first.returncode == 0:
-        return
-    print("apt-get download failed with the system's package lists; retrying with lists of our own", file=sys.stderr)
-    lists, cache = apt_dir / "lists", apt_dir / "cache"
-    (lists / "partial").mkdir(parents=True, exist_ok=True)
-    (cache / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    own = ["-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}"]
-    why = f"apt-get update into {apt_dir} failed"
-    second = subprocess.run(["apt-get", "-q", *own, "update"], capture_output=True, text=True)
-    if second.returncode == 0:
-        why = "apt-get download failed again"
-        second = subprocess.run(
-            ["apt-get", "-q", *own, "download", *PACKAGES], cwd=debs, capture_output=True, text=True
-        )
-        if second.returncode == 0:
-            return
-    raise SetupError(
-        "cannot download the Debian packages of promtool and docker-compose: apt-get download failed with the "
-        f"system's package lists:\n{_tail(first)}\nthen, with lists of our own, {why}:\n{_tail(second)}\n{_BY_HAND}"
-    )
-
-
-def _run(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SetupError(f"{what}:\n{_tail(result)}")
-
-
-def _tail(result: subprocess.CompletedProcess[str], lines: int = 6) -> str:
-    text = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.returncode}").splitlines()
-    return "\n".join("  " + line for line in text[-lines:])
+    shutil.rmtree(directory / "debs")
 
 
 def _first_line(argv: list[str], env: dict[str, str] | None = None) -> str:
