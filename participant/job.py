@@ -154,8 +154,7 @@ class ParticipantJob:
         finally:
             self._watch.close()
             try:
-                sc.cancelAllJobs()
-                sc.stop()
+                spark_context.stop(sc)
             except Exception as exc:  # Spark's own shutdown hook may have stopped it first
                 log.info("SparkContext already stopped: %s", _first_line(exc))
 
