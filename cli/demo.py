@@ -28,7 +28,7 @@ from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from coordinator.verify import dead_letter_offsets, verify_deep
+from coordinator.verify import dead_letter_offsets, own_topics, verify_deep
 from embedded.stack import EmbeddedStack
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError
@@ -261,13 +261,15 @@ def _throughput(cfg: PipelineConfig, console: Console) -> None:
 def _verify(cfg: PipelineConfig, console: Console) -> bool:
     client = make_client(cfg.clickhouse)
     ledger = LedgerHistory(client, cfg.clickhouse.database, cfg.name)
+    commits = ledger.commits()
     report = verify_deep(
         client,
         cfg.clickhouse.database,
         cfg.clickhouse.target_table,
-        ledger.commits(),
+        commits,
         dead_letter_offsets(cfg),
         ledger.audit(),
+        topics=own_topics(cfg, commits),
     )
     for check in report.partitions:
         console.print(

@@ -13,7 +13,7 @@ from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
 from clients.clickhouse import make_client, retrying
-from coordinator.verify import dead_letter_offsets, verify_deep
+from coordinator.verify import dead_letter_offsets, own_topics, verify_deep
 from protocol.config import load_config
 from protocol.errors import SetupError
 
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
             commits,
             dead_letter_offsets(cfg),
             anomalies,
+            topics=own_topics(cfg, commits),
             checked_from={r.tp: r.end for r in start.ranges} if start else None,
         )
         anomalies = list(report.anomalies)

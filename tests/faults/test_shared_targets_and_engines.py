@@ -6,11 +6,13 @@ failpoints hold a leader at a chosen step. Every test ends with the exactly-once
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clients import failpoints
 from protocol import naming
-from tests.helpers import unique_name, wait_until
+from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
 from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipeline
@@ -155,3 +157,41 @@ def test_a_target_altered_after_the_commit_point_is_published_by_aligning_its_st
         wait_until(lambda: pipeline.target_count() == produced, 60, "every record committed")
     assert_exactly_once(pipeline, produced, nothing_lost=True)
     assert pipeline.stage_tables() == []
+
+
+def deep_verify(pipeline: Pipeline) -> dict:
+    result = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    return {"exit": result.returncode, **json.loads(result.stdout)} if result.stdout else {"exit": result.returncode}
+
+
+def test_two_pipelines_into_one_target_each_verify_deep_only_their_own_rows(stack, tmp_path):
+    """``chtxn verify --deep`` of a pipeline checks the rows of its own topics in a shared target: B's
+    rows are no anomaly of A's, and a duplicate in B's rows fails B's check, not A's."""
+    a = make_pipeline(stack, tmp_path, unique_name("vsharea"))
+    b = make_pipeline(
+        stack, tmp_path, unique_name("vshareb"), settings={"clickhouse.database": a.cfg.clickhouse.database}
+    )
+    made_a, made_b = a.produce(400), b.produce(300)
+    a1, b1 = LeaderThread(a, 1, "A1"), LeaderThread(b, 1, "B1")
+    with (
+        ScriptedParticipants(a.cfg, a.partitions, sender="pa"),
+        ScriptedParticipants(b.cfg, b.partitions, sender="pb"),
+        leaders(a1, b1),
+    ):
+        a1.start()
+        b1.start()
+        wait_until(lambda: own_rows(a) == made_a and own_rows(b) == made_b, 60, "both pipelines commit their records")
+    assert_exactly_once(a, made_a, nothing_lost=True)
+    assert_exactly_once(b, made_b, nothing_lost=True)
+    for pipeline, made in ((a, made_a), (b, made_b)):
+        report = deep_verify(pipeline)
+        assert report["exit"] == 0 and report["ok"], report
+        assert report["deep"]["rows_in_target"] == made, report
+    db, table = b.cfg.clickhouse.database, b.cfg.clickhouse.target_table
+    b.client().command(
+        f"INSERT INTO `{db}`.`{table}` SELECT * FROM `{db}`.`{table}` WHERE _topic = {{t:String}} LIMIT 1",
+        parameters={"t": b.topic},
+    )
+    assert deep_verify(a)["ok"], "B's duplicate is no anomaly of A's"
+    broken = deep_verify(b)
+    assert broken["exit"] == 1 and not broken["ok"] and any("1 duplicates" in a for a in broken["anomalies"]), broken
