@@ -1,9 +1,9 @@
 """``chtxn status``: the pipeline at a glance — coordinators, last commit and rate, checks, lag.
 
-Reads the ledger (epochs, the head, the latest commits), the tail of the control topic (leaders'
-and participants' heartbeats) and each source partition's log end (``clients.log_ends``: right on
-the embedded broker too, whose ListOffsets answer trails the log). The verdicts are
-``protocol.pipeline_health``'s.
+Reads the ledger (epochs, the head, the latest commits), the tail of the control topic (leaders',
+standbys' and participants' heartbeats) and each source partition's log end (``clients.log_ends``:
+right on the embedded broker too, whose ListOffsets answer trails the log). The verdicts are
+``protocol.pipeline_health``'s; the standbys are added by ``protocol.standby_replicas``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from protocol.config import PipelineConfig, load_config
 from protocol.doctor_facts import Check
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import LedgerEvent
-from protocol.messages import Heartbeat, LeaderHeartbeat, TopicPartition
+from protocol.messages import Heartbeat, LeaderHeartbeat, StandbyHeartbeat, TopicPartition
 from protocol.pipeline_health import Heard, Replica
+from protocol.standby_replicas import STANDBY, with_standbys
 
 #: How far back the control topic is read for heartbeats.
 CONTROL_TAIL = 2_000
@@ -51,7 +52,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     leader: str  # the leader's id; "" when no leader was heard from within the lease
     leader_epoch: int  # the epoch the leader heartbeats; 0 when none was heard
     epoch: int  # the highest epoch claimed in the ledger
-    replicas: tuple[Replica, ...]  # leaders heard, and the owner of the highest epoch (standbys send nothing)
+    replicas: tuple[Replica, ...]  # every replica heard (leaders and standbys), and the owner of the highest epoch
     last_commit_seq: int
     last_commit_txn: str
     last_commit_at: float  # unix seconds; 0.0 when nothing was committed
@@ -76,10 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
         help="the pipeline at a glance: coordinators, last commit and rate, checks, lag",
-        description="Reads the ledger (epochs, the last commits), the tail of the control topic (the leaders' and "
-        "the participants' heartbeats) and each source partition's log end. Shows the coordinator replicas "
-        "(standbys send nothing on the control topic, so a replica shows only once it has led), the age of the "
-        "last commit and the rows/s of the latest commits, and three checks: leader (one heard within "
+        description="Reads the ledger (epochs, the last commits), the tail of the control topic (the leaders', "
+        "the standbys' and the participants' heartbeats) and each source partition's log end. Shows every "
+        "coordinator replica with its role (leader, standby; left or silent once stopped) and when it was last "
+        "heard (each heartbeats every third of coordinator.leader_lease_s), the age of the last commit and the "
+        "rows/s of the latest commits, and three checks: leader (one heard within "
         "coordinator.leader_lease_s), participants (every partition held by one heard within the heartbeat "
         "timeout) and commits (one within 2 x (interval_s + write_status_timeout_s)). Exit code 0 when no check "
         "failed, 1 otherwise; the failed checks are named.",
@@ -125,7 +127,7 @@ def collect(
     )
     try:
         partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, timeout_s, cfg.kafka.bootstrap_servers)
-        leaders, holders = _heartbeats(cfg, consumer, now, timeout_s)
+        leaders, standbys, holders = _heartbeats(cfg, consumer, now, timeout_s)
         ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s)
     finally:
         consumer.close()
@@ -143,6 +145,7 @@ def collect(
     lease_s = cfg.coordinator.leader_lease_s
     found = pipeline_health.replicas(leaders, lease_s=lease_s, highest_epoch=epoch, highest_owner=owner)
     leader = next((r for r in found if r.role == pipeline_health.LEADER), None)
+    every = with_standbys(found, standbys, lease_s=lease_s)
     committed_at = (last.committed_at or last.event_time) if last else 0.0
     age = round(max(0.0, now - committed_at), 1) if committed_at else None
     rate, window = pipeline_health.rows_per_s(commits)
@@ -164,7 +167,7 @@ def collect(
         leader=leader.id if leader else "",
         leader_epoch=leader.epoch if leader else 0,
         epoch=epoch,
-        replicas=found,
+        replicas=every,
         last_commit_seq=head_seq,
         last_commit_txn=last.txn if last else "",
         last_commit_at=committed_at,
@@ -198,10 +201,11 @@ def _latest_commits(ledger: LedgerHistory, count: int) -> list[tuple[float, int]
 
 def _heartbeats(
     cfg: PipelineConfig, consumer, now: float, timeout_s: float
-) -> tuple[dict[str, Heard], dict[TopicPartition, str]]:
-    """(leaders, holders) from the last ``CONTROL_TAIL`` records of the control topic up to its end as
-    it was when called: each sender of a LEADER-HEARTBEAT with the epoch and age (seconds) of its latest
-    one (and whether it said ``leaving``), and the holder of each partition heard within the heartbeat timeout.
+) -> tuple[dict[str, Heard], dict[str, Heard], dict[TopicPartition, str]]:
+    """(leaders, standbys, holders) from the last ``CONTROL_TAIL`` records of the control topic up to its
+    end as it was when called: each sender of a LEADER-HEARTBEAT, and each of a STANDBY-HEARTBEAT, with
+    the epoch and age (seconds) of its latest one (and whether it said ``leaving``), and the holder of
+    each partition heard within the heartbeat timeout.
 
     Stops at the log end read first (``log_ends``), at a record written after ``now``, or at
     partition EOF, whichever comes first: it never waits for records that keep coming.
@@ -215,9 +219,10 @@ def _heartbeats(
         ) from None
     end = log_ends(consumer, [control], timeout_s)[control]
     leaders: dict[str, Heard] = {}
+    standbys: dict[str, Heard] = {}
     holders: dict[TopicPartition, str] = {}
     if end <= low:
-        return leaders, holders
+        return leaders, standbys, holders
     consumer.assign([KafkaTP(cfg.control_topic, 0, max(low, end - CONTROL_TAIL))])
     now_ms = now * 1000
     done = False
@@ -239,6 +244,8 @@ def _heartbeats(
                 if isinstance(message, LeaderHeartbeat):
                     leaving = bool(getattr(message, "leaving", False))  # leaders older than the field never leave
                     leaders[message.sender] = Heard(epoch=message.epoch, age_s=age_s, leaving=leaving)
+                elif isinstance(message, StandbyHeartbeat):
+                    standbys[message.sender] = Heard(epoch=message.epoch, age_s=age_s, leaving=message.leaving)
                 elif isinstance(message, Heartbeat) and age_s <= cfg.heartbeat_timeout_s:
                     for pos in message.partitions:
                         holders[pos.tp] = message.sender
@@ -246,7 +253,7 @@ def _heartbeats(
                 done = consumer.position([KafkaTP(*control)])[0].offset >= end  # past markers that hold no record
     finally:
         consumer.unassign()
-    return leaders, holders
+    return leaders, standbys, holders
 
 
 #: The columns of ``status``'s tables.
@@ -271,6 +278,7 @@ CHECK_COLUMNS = (
     Column("what to do", "fix", fold=30),
 )
 _STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
+_ROLE_STYLES = {pipeline_health.LEADER: "green", STANDBY: "cyan"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -295,14 +303,14 @@ def run(args: argparse.Namespace) -> int:
         out.note(f"last abort: {escape(status.last_abort_reason)}")
     if args.format == "tsv":  # stdout holds the partition table alone; the rest is said on stderr
         for r in status.replicas:
-            out.note(f"coordinator {escape(r.id)}: {r.role}, epoch {r.epoch}, {_heard(r)}")
+            out.note(f"coordinator {escape(r.id)}: {r.role}, {_led(r)}, {_heard(r)}")
         for c in status.checks:
             out.note(f"check {c.name}: {c.status}: {escape(c.found)}" + (f"; {escape(c.fix)}" if c.fix else ""))
     else:
-        replicas = Sheet("coordinators (standbys send nothing: a replica shows once it has led)", REPLICA_COLUMNS)
+        replicas = Sheet("coordinators (leaders and standbys heartbeat on the control topic)", REPLICA_COLUMNS)
         for r in status.replicas:
-            role = Styled(r.role, "green" if r.role == pipeline_health.LEADER else "yellow")
-            replicas.add(r.id, role, str(r.epoch), _heard(r))
+            role = Styled(r.role, _ROLE_STYLES.get(r.role, "yellow"))
+            replicas.add(r.id, role, str(r.epoch) if r.epoch else "-", _heard(r))
         if status.replicas:
             out.sheet(replicas)
         checks = Sheet("checks", CHECK_COLUMNS)
@@ -335,6 +343,10 @@ def _commit_line(status: Status) -> str:
             f"({status.rate_window_s:g} s)"
         )
     return line
+
+
+def _led(r: Replica) -> str:
+    return f"epoch {r.epoch}" if r.epoch else "never led"
 
 
 def _heard(r: Replica) -> str:

@@ -1,4 +1,5 @@
-"""The leader's lease: its heartbeat, sent from a thread and a producer of its own.
+"""The leader's lease: its heartbeat, sent from a thread and a producer of its own; and a standby's
+heartbeat (``StandbyBeat``), by which ``chtxn status`` lists the replicas that do not lead.
 
 So a leader blocked in ClickHouse retries or a Kafka flush keeps its lease; a loop, or a lane
 action, stuck for longer than ``LOOP_STALL_LIMIT_S`` stops heartbeating and lets a standby take
@@ -17,7 +18,7 @@ from confluent_kafka import Producer
 from clients.kafka import KafkaClientFactory
 from protocol import codec
 from protocol.config import PipelineConfig
-from protocol.messages import LeaderHeartbeat
+from protocol.messages import LeaderHeartbeat, StandbyHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +98,52 @@ class Lease:
             )
         else:
             log.warning("handed the lease over", extra={"epoch": self.epoch})
+
+
+class StandbyBeat:
+    """A standby's STANDBY-HEARTBEAT every third of ``coordinator.leader_lease_s``, sent from the standby's
+    loop (``beat`` each turn) on a producer of its own that is never waited for: a beat the broker cannot
+    take now is dropped. It tells only who stands by (``chtxn status``); no replica's lease depends on it.
+    ``close(leaving=True)`` sends a last beat saying the replica stops. The constructor does no I/O."""
+
+    def __init__(
+        self, cfg: PipelineConfig, kafka: KafkaClientFactory, *, coordinator: str, clock: Callable[[], float]
+    ) -> None:
+        self.cfg, self.kafka, self.coordinator, self.clock = cfg, kafka, coordinator, clock
+        self.interval_s = cfg.coordinator.leader_lease_s / 3
+        self._due = float("-inf")
+        self._producer: Producer | None = None
+
+    def beat(self, epoch: int) -> None:
+        """Send a beat naming ``epoch`` (the highest this replica has seen) when one is due."""
+        now = self.clock()
+        if now < self._due:
+            return
+        self._due = now + self.interval_s
+        self._send(epoch, leaving=False)
+
+    def close(self, epoch: int, *, leaving: bool) -> None:
+        """Stop beating; with ``leaving``, after a last beat saying so (waits up to ``HAND_OVER_FLUSH_S``
+        for the broker to take it)."""
+        if leaving:
+            self._send(epoch, leaving=True)
+        if self._producer is not None:
+            self._producer.flush(HAND_OVER_FLUSH_S if leaving else 1)
+            self._producer = None
+
+    def _send(self, epoch: int, *, leaving: bool) -> None:
+        if self._producer is None:
+            lease_ms = int(3000 * self.interval_s)  # a beat not delivered within a lease says nothing: drop it
+            self._producer = self.kafka.producer(
+                **{
+                    "client.id": f"chtxn-coordinator-{self.coordinator}-standby",
+                    "linger.ms": 0,
+                    "message.timeout.ms": max(1000, lease_ms),
+                }
+            )
+        beat = StandbyHeartbeat(pipeline=self.cfg.name, epoch=epoch, txn="", sender=self.coordinator, leaving=leaving)
+        try:
+            self._producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(beat))
+        except BufferError:
+            pass  # the broker is unreachable: the beats resume when it is back
+        self._producer.poll(0)

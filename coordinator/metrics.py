@@ -3,14 +3,17 @@
 Every replica exports every series of its pipeline from its start, a standby included: ``chtxn_leader``
 is 0 there, so ``sum by (pipeline) (chtxn_leader)`` counts the leaders of a pipeline (0 or 1). The
 leader-only gauges (lag, live partitions) are reset when a replica stops leading, so a former leader
-never exports stale figures beside the new one's. The registry also holds prometheus_client's
-process, platform and garbage-collector collectors (``process_*``, ``python_*``), which a registry
-of our own does not get by default. ``docs/operations.md`` lists every series.
+never exports stale figures beside the new one's; so are the participants' own figures, which only
+the leader exports (``coordinator.participant_metrics``: one series per participant copy, from its
+heartbeats). The registry also holds prometheus_client's process, platform and garbage-collector
+collectors (``process_*``, ``python_*``), which a registry of our own does not get by default.
+``docs/operations.md`` lists every series.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import TypedDict
 
@@ -25,6 +28,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from coordinator.participant_metrics import ParticipantCollector
 from protocol.coordinator_events import (
     ABORT_KINDS,
     AbortTxn,
@@ -35,6 +39,7 @@ from protocol.coordinator_events import (
     Publish,
     RecordStarted,
 )
+from protocol.messages import ParticipantFigures
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: The leader's ClickHouse steps, as its lanes run them (``coordinator.lanes.LANES``), by action:
@@ -124,6 +129,8 @@ class CoordinatorMetrics:
             ["pipeline", "topic", "partition"],
             registry=self.registry,
         )
+        self.participants = ParticipantCollector(pipeline)
+        self.registry.register(self.participants)
         self.pipeline = pipeline
         # Every series present from the start, a standby's included.
         self.build.labels(pipeline).info({"version": package_version(), "python": platform.python_version()})
@@ -151,12 +158,17 @@ class CoordinatorMetrics:
         self.leader.labels(self.pipeline).set(1)
         self.epoch.labels(self.pipeline).set(epoch)
 
+    def hear_participants(self, figures: Callable[[], Mapping[str, ParticipantFigures]]) -> None:
+        """Leading: export the participants' figures ``figures()`` gives at each scrape (by sender)."""
+        self.participants.follow(figures)
+
     def not_leading(self) -> None:
         """This replica is a standby: the leader-only figures go (the new leader exports its own)."""
         self.leader.labels(self.pipeline).set(0)
         self.epoch.labels(self.pipeline).set(0)
         self.live_partitions.labels(self.pipeline).set(0)
         self.lag.clear()
+        self.participants.stop()
 
     def committed(self) -> None:
         """This replica, leading, has just won a commit slot (commit step 6)."""

@@ -5,6 +5,10 @@ Run N replicas; exactly one leads at a time. A standby that hears nothing from a
 (``protocol.leadership``). A leader that loses a commit slot or sees a newer epoch steps down
 and becomes a standby again. ClickHouse or Kafka failures never end the service: it backs off
 and tries again. What it is doing is told to ``readiness`` (``/ready`` on the metrics port).
+
+A standby says it stands by with a STANDBY-HEARTBEAT every ``leader_lease_s / 3``
+(``coordinator.lease.StandbyBeat``), and a last one saying ``leaving`` when it is stopped, so that
+``chtxn status`` lists it; while it leads, its leader's heartbeat says so instead.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
+from coordinator.lease import StandbyBeat
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
@@ -89,12 +94,15 @@ class CoordinatorService:
         )
         control.open()
         self.readiness.standby()
+        beat = StandbyBeat(self.cfg, self.kafka, coordinator=self.id, clock=self.clock)
+        watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+        led = 0  # the epoch this replica led last, if it did
         try:
-            watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
             ping_at = self.clock() + STANDBY_PING_S
             while not stop.is_set():
                 for message in control.poll(timeout=0.05):
                     watch.observe(message, self.clock())
+                beat.beat(max(watch.epoch, led))
                 if self.clock() >= ping_at:
                     ping_at = self.clock() + STANDBY_PING_S
                     self._ping_clickhouse(stages)
@@ -105,9 +113,11 @@ class CoordinatorService:
                     watch.claim_lost(self.clock(), ledger.max_epoch())
                     continue
                 self._lead(epoch, control, ledger, stages, stop)
+                led = epoch
                 watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
                 self.readiness.standby()
         finally:
+            beat.close(max(watch.epoch, led), leaving=stop.is_set())
             control.close()
 
     def _ping_clickhouse(self, stages: StageTables) -> None:
@@ -138,6 +148,8 @@ class CoordinatorService:
                 kafka=self.kafka,
             )
             self.readiness.leading(epoch, leader.state)
+            liveness = leader.state.liveness
+            self.metrics.hear_participants(lambda: liveness.figures(self.clock()))
             outcome = leader.run(stop)
             log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
         finally:

@@ -16,9 +16,10 @@ One task holds several source partitions and runs, until stopped:
   txn's chunk size), data polling waits (back-pressure). That bound is also what is left to
   insert at an END.
 
-The loop never blocks on ClickHouse; it blocks at most ``POLL_S`` in a Kafka poll. Construction
-does no I/O and the object stays picklable (Spark ships it to executors); clients are made in
-``run``.
+Every heartbeat carries the task's figures since ``run`` started (``participant.tally``): records
+polled, chunks staged, inserts and their time, retries. The loop never blocks on ClickHouse; it
+blocks at most ``POLL_S`` in a Kafka poll. Construction does no I/O and the object stays picklable
+(Spark ships it to executors); clients are made in ``run``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from clients.kafka import KafkaClientFactory, check_control_topic
 from participant.dead_letters import DeadLetterSink
 from participant.outage import ride_out
 from participant.stager import Stager, check_target
+from participant.tally import Tally
 from protocol import naming
 from protocol.chunking import RecordLike
 from protocol.codec import encode
@@ -99,7 +101,8 @@ class TaskRunner:
         """Take part in txns until ``stop`` is set (Spark: until the task is killed), or until this
         task has left after a LEAVE of its job (participant step 6)."""
         stop = stop or threading.Event()
-        loop = ride_out(self._started, timeout_s=self.cfg.participant.outage_timeout_s, stop=stop)
+        tally = Tally()  # one for the whole run: a loop started again after an outage counts on
+        loop = ride_out(lambda: self._started(tally), timeout_s=self.cfg.participant.outage_timeout_s, stop=stop)
         if loop is None:  # stopped while ClickHouse or the broker was away
             return
         try:
@@ -108,10 +111,10 @@ class TaskRunner:
         finally:
             loop.close()
 
-    def _started(self) -> _Loop:
+    def _started(self, tally: Tally) -> _Loop:
         """Clients made and the task's checks passed. ClickHouse or the broker away is retried by
         ``run`` (``participant.outage``), one log line per attempt; a ``SetupError`` is raised at once."""
-        loop = _Loop(self)
+        loop = _Loop(self, tally)
         try:
             loop.start()
         except BaseException:
@@ -123,9 +126,10 @@ class TaskRunner:
 class _Loop:
     """The clients and the machine of one ``TaskRunner.run``."""
 
-    def __init__(self, runner: TaskRunner) -> None:
+    def __init__(self, runner: TaskRunner, tally: Tally) -> None:
         cfg = runner.cfg
         self.cfg, self.clock, self.backlog_rows = cfg, runner.clock, runner.backlog_rows
+        self.tally = tally
         first = runner.partitions[0]
         self.sender = runner.participant_id or f"{socket.gethostname()}-{os.getpid()}-{first.topic}-{first.partition}"
         self.machine = ParticipantState(
@@ -137,6 +141,7 @@ class _Loop:
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
             size_trigger_rows=cfg.transaction.size_trigger_rows,
             job=runner.job,
+            figures=tally.figures,
         )
         self.client = make_client(cfg.clickhouse)  # first: it is what fails when ClickHouse is down
         kafka = runner.kafka
@@ -170,6 +175,7 @@ class _Loop:
                 pipeline=cfg.name,
                 attempts=cfg.participant.insert_retries,
             ),
+            tally=tally,
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)
@@ -218,6 +224,7 @@ class _Loop:
                 if (error := m.error()) is not None:
                     self._on_data_error(m, error)
         if records:  # without an error, a record has its topic, partition and offset:
+            self.tally.read(len(records))
             self._feed(Polled(cast("list[RecordLike]", records)))
 
     def _on_data_error(self, m: Message, error: KafkaError) -> None:
@@ -282,6 +289,8 @@ class _Loop:
             failpoints.hit("stage.before-insert", self.sender)
             result = self.stager.stage(a.stage_table, chunk)
             failpoints.hit("stage.after-insert", self.sender)
+            if not result.error:
+                self.tally.staged()
         except Exception as exc:  # a bug: report it so the txn aborts instead of hanging
             log.exception("staging chunk %s crashed", chunk.token)
             result = ChunkStaged(

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
@@ -61,6 +62,7 @@ from participant.bad_records import Letter, Remembered, has_joins, json_problem,
 from participant.bisection import isolate_refused
 from participant.dead_letters import DeadLetterSink
 from participant.not_one_row import NotOneRow, NotOneRowFinder
+from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
@@ -96,8 +98,10 @@ class Stager:
         attempts: int,
         sleep: Callable[[float], None] | None = None,
         remembered: Remembered | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
+        self.tally = tally or Tally()  # inserts, their time and retries, for the heartbeats' figures
         self.remembered = remembered if remembered is not None else Remembered()
         self._sleep = sleep
         self._columns: dict[str, tuple[str, ...]] = {}
@@ -228,9 +232,13 @@ class Stager:
         policy = self._retrying(f"insert chunk {token} into {table}")
         if not retry_memory:
             policy = policy.copy(retry=tenacity.retry_if_exception(_retryable_but_memory))
-        summary = policy(
-            self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
-        )
+        started = time.monotonic()
+        try:
+            summary = policy(
+                self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
+            )
+        finally:
+            self.tally.inserted(time.monotonic() - started)
         written = summary.written_rows
         if written and written != len(records):  # 0: deduplicated, or a server without summaries
             raise NotOneRow(
@@ -264,9 +272,18 @@ class Stager:
         return self._settings
 
     def _retrying(self, what: str) -> Any:
-        if self._sleep is None:
-            return retrying(self.attempts, what)
-        return retrying(self.attempts, what, sleep=self._sleep)
+        """The retry policy of one ClickHouse call; each retry is logged and counted (``tally``)."""
+        policy = (
+            retrying(self.attempts, what) if self._sleep is None else retrying(self.attempts, what, sleep=self._sleep)
+        )
+        log_retry = policy.before_sleep
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            self.tally.retried()
+            if log_retry is not None:
+                log_retry(state)
+
+        return policy.copy(before_sleep=before_sleep)
 
 
 def check_target(stager: Stager, table: str) -> tuple[str, ...]:

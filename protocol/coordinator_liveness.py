@@ -11,6 +11,10 @@ is not live, is never named holder again, and the txns it holds end at once (``l
 A copy is judged only against the other copies of its partition, or against the clock on
 ``Tick`` (right after the control topic was read), so a leader's own stall never counts as a
 participant's silence. Copies silent for ten heartbeat timeouts are forgotten.
+
+The figures each copy (``sender``) reports of itself (rows read, chunks staged, inserts, retries)
+are kept per sender, the latest only, and forgotten with it: the leader exports them
+(``coordinator.metrics``), one series per copy.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from protocol.coordinator_events import Txn
-from protocol.messages import Heartbeat, TopicPartition
+from protocol.messages import Heartbeat, ParticipantFigures, TopicPartition
 
 #: An END's holder that still names its txn in heartbeats this long after it gets the END again.
 RESEND_END_S = 1.0
@@ -46,10 +50,16 @@ class Liveness:
         self.timeout_s = heartbeat_timeout_s
         self.copies: dict[TopicPartition, dict[str, Copy]] = {}  # per partition, per participant copy
         self.holders: dict[TopicPartition, str] = {}  # who staged each partition in the latest START
+        self._figures: dict[str, tuple[float, ParticipantFigures]] = {}  # per sender: (heard at, its figures)
 
     def heard(self, msg: Heartbeat, now: float) -> None:
-        """Record ``msg``'s copy of each partition it names; forget copies silent for ten timeouts."""
+        """Record ``msg``'s copy of each partition it names, and its figures; forget copies silent for
+        ten timeouts."""
         forget = now - 10 * self.timeout_s
+        if msg.figures is not None:  # older participants send none
+            self._figures[msg.sender] = (now, msg.figures)
+            for sender in [s for s, (at, _) in self._figures.items() if at < forget]:
+                del self._figures[sender]
         for pos in msg.partitions:
             copies = self.copies.setdefault(pos.tp, {})
             copies[msg.sender] = Copy(
@@ -60,6 +70,13 @@ class Liveness:
 
     def copy(self, tp: TopicPartition, sender: str) -> Copy | None:
         return self.copies.get(tp, {}).get(sender)
+
+    def figures(self, now: float) -> dict[str, ParticipantFigures]:
+        """The latest figures of each participant copy heard within ten heartbeat timeouts, by sender.
+        Safe to call from another thread (the metrics server's) while heartbeats are recorded."""
+        latest = self._figures.copy()  # one call: atomic under the GIL, unlike iterating the dict
+        forget = now - 10 * self.timeout_s
+        return {sender: figures for sender, (at, figures) in latest.items() if at >= forget}
 
     def live_partitions(self, now: float) -> set[TopicPartition]:
         """Partitions some copy that is not leaving heartbeated within the heartbeat timeout."""

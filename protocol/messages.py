@@ -140,12 +140,28 @@ class Abort(_Control, frozen=True, tag="abort"):
     reason: str
 
 
+class ParticipantFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What one participant copy did since it started, cumulative (they only grow, but start again
+    from 0 when the copy restarts): the leader exports them as counters (``coordinator.metrics``)."""
+
+    rows_read: int = 0  # records polled from its source partitions (a record read again counts again)
+    chunks_staged: int = 0  # chunks inserted into stage tables without an error
+    inserts: int = 0  # deduplicated inserts of a chunk, or of a part of one while bad records are isolated
+    insert_seconds: float = 0.0  # the time those inserts took, retries and their back-off included
+    retries: int = 0  # retries of ClickHouse calls while staging (inserts above all)
+
+
 class Heartbeat(_Control, frozen=True, tag="heartbeat"):
-    """Participant -> coordinator: light and frequent."""
+    """Participant -> coordinator: light and frequent.
+
+    ``figures`` are the copy's own (not per partition: its inserts and retries are the copy's, and
+    the leader exports one series per copy); None from participants older than the field.
+    """
 
     partitions: tuple[PartitionPosition, ...]
     continues: bool = False  # understands ``EndCommit.next`` (older participants do not)
     leaving: bool = False  # this copy was told to leave (``Leave``): name it in no START; end its txn at once
+    figures: ParticipantFigures | None = None
 
 
 class LeaderHeartbeat(_Control, frozen=True, tag="leader-heartbeat"):
@@ -153,6 +169,18 @@ class LeaderHeartbeat(_Control, frozen=True, tag="leader-heartbeat"):
 
     ``leaving``: the leader was stopped and has finished: its lease ends now, a standby claims the
     next epoch at once instead of waiting for ``leader_lease_s`` of silence (older leaders never set it).
+    """
+
+    leaving: bool = False
+
+
+class StandbyHeartbeat(_Control, frozen=True, tag="standby-heartbeat"):
+    """Standby -> whoever lists the replicas (``chtxn status``): this replica is alive and stands by.
+
+    Sent every third of ``coordinator.leader_lease_s`` while the replica does not lead, with
+    ``epoch`` the highest epoch it has seen (0: none yet), ``txn`` "" and ``sender`` its coordinator
+    id; ``leaving`` once, when it is stopped. It is no leader's message: leaders, standbys (their
+    lease watch) and participants skip it; older readers skip it as an unknown kind, with a warning.
     """
 
     leaving: bool = False
@@ -183,7 +211,18 @@ class Pause(_Control, frozen=True, tag="pause"):
     reason: str = ""
 
 
-ControlMessage = StartCommit | EndCommit | WriteStatus | AckCommit | Abort | Heartbeat | LeaderHeartbeat | Leave | Pause
+ControlMessage = (
+    StartCommit
+    | EndCommit
+    | WriteStatus
+    | AckCommit
+    | Abort
+    | Heartbeat
+    | LeaderHeartbeat
+    | Leave
+    | Pause
+    | StandbyHeartbeat
+)
 
 #: Every kind this code knows, by tag.
 KINDS: dict[str, type] = {cls.__struct_config__.tag: cls for cls in get_args(ControlMessage)}

@@ -2,11 +2,11 @@
 replicas with their roles, the commit rate, and one check per question (``protocol.doctor_facts.Check``,
 as ``chtxn doctor`` gives them). Pure: the caller reads the control topic and the ledger.
 
-Only a leader sends anything on the control topic (LEADER-HEARTBEAT, every third of
-``coordinator.leader_lease_s``, and a last one saying ``leaving`` when it is stopped cleanly); a
-standby only reads it. So the replicas known here are those that led within the control topic's
-tail or own the highest epoch in the ledger; a replica not heard within the lease is ``silent``
-(standing by, or stopped: the two look the same from outside).
+A leader sends LEADER-HEARTBEAT and a standby STANDBY-HEARTBEAT, each every third of
+``coordinator.leader_lease_s`` and a last one saying ``leaving`` when it is stopped cleanly. The
+replicas known here are those heard within the control topic's tail (``protocol.standby_replicas``
+merges the standbys in) or owning the highest epoch in the ledger; a replica not heard within the
+lease is ``silent`` (killed, or cut off from the broker).
 """
 
 from __future__ import annotations

@@ -181,6 +181,9 @@ def test_status_and_verify_print_whole_partitions_and_offsets(live: Pipeline) ->
     assert status.returncode == 1, status.stderr  # no coordinator runs any more
     lines = whole_lines(status.stdout)
     assert lines[0] == f"pipeline {live.cfg.name}: failed: leader, participants"
+    assert "coordinators (leaders and standbys heartbeat on the control topic)" in lines
+    [replica] = rows_of(lines, {"out-c1"}).values()
+    assert replica[1:3] == ["left", "1"] and replica[-2:] == ["s", "ago"], "stopped: it said it left"
     heads = {(tp.partition, 150) for tp in live.partitions}
     rows = [line.split() for line in lines if line.startswith(live.topic + " ")]
     assert {(int(r[1]), int(r[2])) for r in rows} == heads and all(r[-2:] == ["none", "live"] for r in rows)
@@ -237,6 +240,7 @@ def test_tsv_has_a_header_and_a_line_per_row(live: Pipeline, letters: Pipeline, 
     ]
     assert list(parts[0]) == ["topic", "partition", "committed", "log_end", "lag", "participant"]
     assert f"pipeline {live.cfg.name}: failed: leader, participants" in status.stderr, "the heading goes to stderr"
+    assert "coordinator out-c1: left, epoch 1, " in status.stderr, "and the replicas"
 
     checks = tsv(chtxn("verify", "--config", str(live.config_path), "--deep", "--format", "tsv").stdout)
     assert [(c["partition"], c["committed_to"], c["distinct_offsets"], c["ok"]) for c in checks] == [

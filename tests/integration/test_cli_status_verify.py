@@ -71,17 +71,36 @@ def produce_in_one_batch(pipeline: Pipeline, count: int) -> int:
     return count
 
 
-def test_status_lists_a_take_over_the_old_leader_silent_and_the_new_one_leading(stack, tmp_path):
+def test_status_lists_a_leader_and_a_standby_then_a_take_over(stack, tmp_path):
     pipeline = make_pipeline(stack, tmp_path, unique_name("statusha"))
     config = str(pipeline.config_path)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions, sender="scripted-p"):
         with coordinator(pipeline, coordinator_id="first"):
             wait_until(lambda: pipeline.ledger().max_epoch() == 1, 60, "first to lead")
             with coordinator(pipeline, coordinator_id="second"):
-                led = json.loads(chtxn("status", "--config", config, "--json").stdout)
-                # a standby sends nothing on the control topic: only the leader shows
-                assert [(r["id"], r["role"]) for r in led["replicas"]] == [("first", "leader")]
-                assert led["leader"] == "first" and pipeline.ledger().max_epoch() == 1
+
+                def both_heard() -> dict | None:
+                    status = json.loads(chtxn("status", "--config", config, "--json").stdout)
+                    return status if len(status["replicas"]) == 2 else None
+
+                led = wait_until(both_heard, 30, "status to list the standby's heartbeat")
+                # the leader, then the standby (which never led: epoch 0), each heard within the lease
+                assert [(r["id"], r["role"], r["epoch"]) for r in led["replicas"]] == [
+                    ("first", "leader", 1),
+                    ("second", "standby", 0),
+                ]
+                lease_s = pipeline.cfg.coordinator.leader_lease_s
+                assert all(0 <= r["heard_s"] <= lease_s for r in led["replicas"]), led["replicas"]
+                assert (led["leader"], led["leader_epoch"]) == ("first", 1) and pipeline.ledger().max_epoch() == 1
+                assert led["checks"][0] == {**led["checks"][0], "name": "leader", "status": "ok"}, (
+                    "a standby leads nothing"
+                )
+                table = chtxn("status", "--config", config).stdout.splitlines()
+                rows = {
+                    line.split()[0]: line.split()[1:] for line in table if line.split()[:1] in (["first"], ["second"])
+                }
+                assert (rows["first"][:2], rows["second"][:2]) == (["leader", "1"], ["standby", "-"]), table
+                assert all(words[-2:] == ["s", "ago"] for words in rows.values()), table
             wait_until(lambda: pipeline.ledger().head()[0] >= 3, 60, "commits")
         # "first" is gone; a new replica takes over
         with coordinator(pipeline, coordinator_id="third"):
@@ -95,8 +114,8 @@ def test_status_lists_a_take_over_the_old_leader_silent_and_the_new_one_leading(
             assert (status["leader_epoch"], status["epoch"]) == (2, 2)
             roles = {r["id"]: (r["role"], r["epoch"]) for r in status["replicas"]}
             assert roles.pop("third") == ("leader", 2)
-            # stopped: "left" once a stopping leader hands its lease over, else "silent"
-            assert roles in ({"first": ("left", 1)}, {"first": ("silent", 1)})
+            # stopped: "left" once a stopping leader hands its lease over, or a stopping standby says so
+            assert roles == {"first": ("left", 1), "second": ("left", 0)}
 
 
 def test_verify_deep_fails_on_a_duplicated_row(stack, tmp_path):

@@ -1,6 +1,7 @@
 """The coordinator's metrics port, on the embedded stack: what a standby and a leader export, the
 readiness endpoint, and the bind address. Each replica is a ``chtxn coordinator`` process; test code
-plays the participants (``ScriptedParticipants``).
+plays the participants (``ScriptedParticipants``). The participants' figures need real participants:
+that test runs the live pipeline in threads (``live_pipeline``) and serves each replica's registry.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from coordinator.metrics import CoordinatorMetrics, package_version
 from coordinator.metrics_server import MetricsServer
 from coordinator.readiness import Readiness
 from tests.helpers import unique_name, wait_until
+from tests.integration.live_pipeline import coordinator, participants
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 
@@ -223,3 +225,56 @@ def test_the_server_answers_ready_from_the_readiness_and_metrics_on_every_other_
             assert 'chtxn_leader{pipeline="served"} 0.0' in text
     finally:
         server.stop()
+
+
+def test_the_leader_exports_each_participant_copys_figures_and_a_standby_none(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("figures"))
+    with (
+        coordinator(pipeline, coordinator_id="figures-a") as first,
+        participants(pipeline, tasks=2),
+    ):
+        wait_until(lambda: first.epoch == 1, 60, "the first replica to lead")
+        with coordinator(pipeline, coordinator_id="figures-b") as second:
+            servers = [
+                MetricsServer(s.metrics.registry, s.readiness, address="127.0.0.1", port=0) for s in (first, second)
+            ]
+            for server in servers:
+                server.start()
+            try:
+                produced = pipeline.produce(600)
+                wait_until(lambda: pipeline.target_count() == produced, 60, "the records published")
+
+                def figures(server: MetricsServer) -> dict[str, dict[str, float]]:
+                    """Per participant figure, its value per participant copy, from one scrape of ``server``."""
+                    found: dict[str, dict[str, float]] = {}
+                    for (sample, labels), value in scrape("127.0.0.1", server.port).items():
+                        if sample.startswith("chtxn_participant_") and dict(labels)["pipeline"] == pipeline.cfg.name:
+                            found.setdefault(sample, {})[dict(labels)["participant"]] = value
+                    return found
+
+                def all_reported() -> dict[str, dict[str, float]] | None:
+                    """The leader's figures once every row read and a chunk staged by each copy are in them."""
+                    f = figures(leader)
+                    rows, chunks = (
+                        f.get("chtxn_participant_rows_read_total", {}),
+                        f.get("chtxn_participant_chunks_staged_total", {}),
+                    )
+                    done = sum(rows.values()) >= produced and len(chunks) == 2 and all(chunks.values())
+                    return f if done else None
+
+                leader, standby = servers
+                reported = wait_until(all_reported, 30, "the participants' heartbeats to report their work")
+                rows = reported["chtxn_participant_rows_read_total"]
+                assert set(rows) == {"task-0", "task-1"} and all(v > 0 for v in rows.values()), rows
+                chunks = reported["chtxn_participant_chunks_staged_total"]
+                inserts = reported["chtxn_participant_insert_seconds_count"]
+                seconds = reported["chtxn_participant_insert_seconds_sum"]
+                assert all(inserts[p] >= chunks[p] and seconds[p] > 0 for p in rows), (chunks, inserts, seconds)
+                assert set(reported["chtxn_participant_retries_total"]) == set(rows)  # 0 unless ClickHouse failed
+                assert second.epoch == 0, "the second replica stands by"
+                names = {name for name, _ in scrape("127.0.0.1", standby.port)}
+                assert not {n for n in names if n.startswith("chtxn_participant_")}, "a standby exports none"
+            finally:
+                for server in servers:
+                    server.stop()
+    assert_exactly_once(pipeline, produced)

@@ -14,10 +14,12 @@ from protocol.messages import (
     Heartbeat,
     LeaderHeartbeat,
     Leave,
+    ParticipantFigures,
     PartitionHolder,
     PartitionOffset,
     PartitionPosition,
     Pause,
+    StandbyHeartbeat,
     StartCommit,
     WriteStatus,
 )
@@ -89,8 +91,10 @@ SAMPLES: dict[str, ControlMessage] = {
         partitions=(PartitionPosition(topic="src", partition=0, position=180, log_end=300, buffered_rows=80),),
         continues=True,
         leaving=True,
+        figures=ParticipantFigures(rows_read=1200, chunks_staged=3, inserts=4, insert_seconds=0.75, retries=1),
     ),
     "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a", leaving=True),
     "leave": Leave(pipeline="orders", epoch=0, txn="", sender="driver-host-4242", job="driver-host-4242-1732600000"),
+    "standby-heartbeat": StandbyHeartbeat(**_BASE, txn="", sender="coord-b", leaving=True),
     "pause": Pause(pipeline="orders", epoch=0, txn="", sender="chtxn-cli", paused=True, who="alice@ops", reason="disk"),
 }

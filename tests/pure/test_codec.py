@@ -13,8 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from protocol import codec
 from protocol.codec import decode, encode
-from protocol.messages import KINDS, PROTOCOL_VERSION, AckCommit, Heartbeat, WriteStatus
+from protocol.messages import KINDS, PROTOCOL_VERSION, AckCommit, Heartbeat, ParticipantFigures, WriteStatus
 from tests.pure.codec_samples import SAMPLES
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -56,6 +57,31 @@ def test_every_golden_fixture_still_decodes(fixture: str) -> None:
 def test_a_start_commit_of_an_old_leader_has_no_holders_and_fences_nobody() -> None:
     old = decode(golden("start-commit.v1.hex"))
     assert old == msgspec.structs.replace(SAMPLES["start-commit"], holders=(), chunk_rows=0)
+
+
+def test_a_heartbeat_of_a_participant_older_than_figures_carries_none() -> None:
+    old = decode(golden("heartbeat.v3.hex"))
+    assert old == msgspec.structs.replace(SAMPLES["heartbeat"], figures=None)
+
+
+def test_figures_missing_some_fields_decode_with_zeros() -> None:
+    fields = _as_map("heartbeat")
+    fields["figures"] = {"rows_read": 7}  # a writer older than the other figures
+    message = decode(msgspec.msgpack.encode(fields))
+    assert isinstance(message, Heartbeat) and message.figures == ParticipantFigures(rows_read=7)
+
+
+def test_a_reader_older_than_standby_heartbeats_skips_them_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    older = {kind: cls for kind, cls in KINDS.items() if kind != "standby-heartbeat"}
+    monkeypatch.setattr(codec, "KINDS", older)
+    with caplog.at_level(logging.WARNING, logger="protocol.codec"):
+        assert decode(encode(SAMPLES["standby-heartbeat"])) is None
+        assert decode(encode(SAMPLES["leader-heartbeat"])) == SAMPLES["leader-heartbeat"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "skipping control message of unknown kind 'standby-heartbeat' (version 1)"
+    ]
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
