@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "cli.status",
     "cli.doctor",
     "cli.pause",
+    "cli.reset",
     "cli.dlq",
     "cli.participant",
     "cli.demo",

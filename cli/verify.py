@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
                 str(c.rows),
                 str(c.distinct_offsets),
                 str(c.duplicates),
+                str(c.replayed),
                 str(c.outside),
                 str(c.dead_letters),
                 Styled("yes", "green") if c.ok else Styled("NO", "red"),
@@ -125,6 +126,7 @@ CHECK_COLUMNS = (
     Column("rows", "rows", right=True),
     Column("distinct offsets", "distinct_offsets", right=True, wide=True),
     Column("duplicates", "duplicates", right=True),
+    Column("replayed", "replayed", right=True, wide=True),  # committed again after a rewinding offset reset
     Column("outside", "outside", right=True),
     Column("dead letters", "dead_letters", right=True),
     Column("ok", "ok"),

@@ -109,6 +109,7 @@ class Leader:
             pipeline=cfg.name, epoch=epoch, coordinator=coordinator, target=cfg.clickhouse.target_table, timing=timing
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
+        self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)
         self._offsets: Any = None  # SourceOffsets, made by ``run``
         self._progress_at = clock()
         self._lanes = Lanes(epoch, clock)
@@ -176,7 +177,7 @@ class Leader:
             # crashing: what has not begun never begins (the next leader decides it).
             self._lanes.shutdown(cancel=outcome != "stopped")
             # Stopped (SIGTERM): hand the lease over, so a standby need not wait for it to lapse.
-            lease.stop(leaving=outcome.startswith("stopped"))
+            lease.stop(leaving=outcome.startswith("stopped") or self._hand_over)
             self._dead_letters.close()
 
     def _run(self, stop: threading.Event) -> str:
@@ -238,6 +239,7 @@ class Leader:
             for action in actions:
                 if isinstance(action, StepDown):
                     log.warning("stepping down", extra={"epoch": self.epoch, "reason": action.reason})
+                    self._hand_over = action.hand_over
                     self._actions.drop_uncommitted(self.state)
                     return f"stepped down: {action.reason}"
                 if isinstance(action, Stopped):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_checkpoint, ledger_sql
+from protocol import ledger, ledger_checkpoint, ledger_sql, naming
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, audit, summarize
@@ -29,8 +29,8 @@ def has_content(s: TxnSummary) -> bool:
 
 
 def is_empty_commit(s: TxnSummary) -> bool:
-    """The txn committed neither rows nor dead letters: an idle interval or a seal."""
-    return s.state in ("PUBLISHED", "COMMITTED") and not has_content(s)
+    """The txn committed neither rows nor dead letters: an idle interval or a seal (not an offset reset)."""
+    return s.state in ("PUBLISHED", "COMMITTED") and not has_content(s) and not naming.is_reset_txn(s.txn)
 
 
 #: The Python twins of ``history_txns_sql``'s content filters.

@@ -5,6 +5,7 @@ partitions added to the source topics and gaps that open."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition as KafkaTP
@@ -122,10 +123,11 @@ class SourceOffsets:
         however many partitions, instead of a blocking round trip per partition."""
         if not tps:
             return {}
-        low, high = self._list_offsets(tps, OffsetSpec.earliest()), self._list_offsets(tps, OffsetSpec.latest())
+        low, high = self.list_offsets(tps, OffsetSpec.earliest()), self.list_offsets(tps, OffsetSpec.latest())
         return {tp: (low[tp], high[tp]) for tp in tps}
 
-    def _list_offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
+    def list_offsets(self, tps: Sequence[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
+        """What the brokers answer ListOffsets with ``spec`` for each of ``tps`` (one request per broker)."""
         try:
             futures = self._admin.list_offsets(
                 {KafkaTP(tp.topic, tp.partition): spec for tp in tps}, request_timeout=10

@@ -273,9 +273,13 @@ class AbortTxn:
 
 @dataclass(frozen=True)
 class StepDown:
-    """Another leader exists or the commit outcome is unknown: stop leading, re-elect."""
+    """Another leader exists or the commit outcome is unknown: stop leading, re-elect.
+
+    ``hand_over``: this leader knows of no other and only needs a take-over to read the ledger
+    again (an offset reset): it ends its lease at once, as a stopped leader does."""
 
     reason: str
+    hand_over: bool = False
 
 
 @dataclass(frozen=True)

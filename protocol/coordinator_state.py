@@ -81,7 +81,7 @@ from protocol.coordinator_txns import OPEN
 from protocol.coordinator_verify import verdict
 from protocol.errors import InvalidTransition
 from protocol.leadership import COORDINATOR_KINDS
-from protocol.messages import Heartbeat, Pause, TopicPartition, WriteStatus
+from protocol.messages import Heartbeat, Pause, Reset, TopicPartition, WriteStatus
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,14 @@ class CoordinatorState:
         if isinstance(msg, Pause):
             self.paused = msg.paused
             return []
+        if isinstance(msg, Reset):  # an offset reset took a slot past this leader's head: read it at a take-over
+            if not self.ready or msg.commit_seq <= self.head_seq:
+                return []
+            return self._step_down(
+                f"offsets were reset by {msg.who or msg.sender} in commit slot {msg.commit_seq}: "
+                "handing over so that a take-over starts from them",
+                hand_over=True,
+            )
         kind = type(msg).__struct_config__.tag
         if kind in COORDINATOR_KINDS:
             if msg.epoch > self.epoch:
@@ -293,6 +301,6 @@ class CoordinatorState:
         Shutdown: _on_shutdown,
     }
 
-    def _step_down(self, reason: str) -> list[Action]:
+    def _step_down(self, reason: str, *, hand_over: bool = False) -> list[Action]:
         self.stepped_down = True
-        return [StepDown(reason)]
+        return [StepDown(reason, hand_over=hand_over)]

@@ -14,6 +14,7 @@ and ``coordinator.ledger_history`` run the queries.
 
 from __future__ import annotations
 
+from protocol import naming
 from protocol.ledger import SELECT_COLUMNS, LedgerEvent, qualified, state_sql
 
 #: ``after`` and ``through`` of every slot.
@@ -125,7 +126,11 @@ EMPTY_COMMITS = "empty-commits"
 NO_EMPTY_COMMITS = "no-empty-commits"
 
 _HAS_CONTENT = "(max(total_rows) > 0 OR max(dead_letters) > 0)"
-_EMPTY_COMMIT = f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT})"
+#: An idle interval's commit or a seal; an offset reset (``protocol.ledger_resets``) holds no rows either
+#: but is an operator's act, never folded away.
+_EMPTY_COMMIT = (
+    f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT} AND NOT startsWith(txn, '{naming.RESET_PREFIX}'))"
+)
 
 
 def history_txns_sql(database: str) -> str:

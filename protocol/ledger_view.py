@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import msgspec
 
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange, state_of
+from protocol.ledger_resets import is_reset
 from protocol.messages import TopicPartition
 
 
@@ -143,7 +144,8 @@ def audit(
     ``commits`` are the resolved COMMITTED rows in slot order (one per slot). Checked: slots
     run 1, 2, 3, ... without holes; per partition, each commit starts where the previous one of
     that partition ended (no overlap: records stored twice; no gap: records never stored) and
-    never ends before it starts. A gap recorded by a GAP row (skipped, ``on_gap = skip``) is
+    never ends before it starts, except an offset reset's (``protocol.ledger_resets``), which
+    moves a partition's offset on purpose, backward or forward. A gap recorded by a GAP row (skipped, ``on_gap = skip``) is
     still reported, with the record of it. Every LOST txn (committed, but its stage table was
     gone at publish) is reported: its rows are not in the target.
 
@@ -181,8 +183,9 @@ def audit(
                 else f"{where} repeats or reorders slot {commit.commit_seq}; expected slot {expected_seq}"
             )
         expected_seq = commit.commit_seq + 1
+        reset = is_reset(commit)  # moves offsets on purpose: its ranges may go backward or skip
         for r in commit.ranges:
-            if r.end < r.start:
+            if r.end < r.start and not reset:
                 problems.append(f"{_fmt(r.tp)}: {where} goes backward: end {r.end} < start {r.start}")
             if r.tp in last:
                 prev_end, prev = last[r.tp]

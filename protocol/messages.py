@@ -211,6 +211,21 @@ class Pause(_Control, frozen=True, tag="pause"):
     reason: str = ""
 
 
+class Reset(_Control, frozen=True, tag="reset"):
+    """Operator (``chtxn reset``) -> leader: offsets were reset by the commit of slot ``commit_seq``.
+
+    The reset is the ledger's (a commit slot of its own); this message only makes the running
+    leader act at once: a leader whose head is older steps down and hands its lease over, and the
+    next take-over reads the reset offsets. Without it, the leader's next claim loses that slot and
+    it steps down then. Sent with ``epoch`` 0 and ``txn`` the reset's. Participants and older
+    coordinators skip it.
+    """
+
+    commit_seq: int
+    who: str = ""
+    reason: str = ""
+
+
 ControlMessage = (
     StartCommit
     | EndCommit
@@ -222,6 +237,7 @@ ControlMessage = (
     | Leave
     | Pause
     | StandbyHeartbeat
+    | Reset
 )
 
 #: Every kind this code knows, by tag.

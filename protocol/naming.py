@@ -10,6 +10,7 @@ RESTAGE_SUFFIX = "__restage"
 PROBE_SUFFIX = "__probe_"
 _SIDE_RE = re.compile(r"__restage|__probe_[0-9a-f]{8}")
 _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
+RESET_PREFIX = "reset_s"
 
 
 def txn_id(epoch: int, seq: int) -> str:
@@ -20,6 +21,15 @@ def txn_id(epoch: int, seq: int) -> str:
 def seal_txn(epoch: int) -> str:
     """The txn id of a new leader's seal (an empty commit); normal txns count from 1."""
     return txn_id(epoch, 0)
+
+
+def reset_txn(commit_seq: int) -> str:
+    """The txn id of an offset reset (``chtxn reset``), which takes commit slot ``commit_seq``."""
+    return f"{RESET_PREFIX}{commit_seq}"
+
+
+def is_reset_txn(txn: str) -> bool:
+    return txn.startswith(RESET_PREFIX)
 
 
 def parse_txn_id(txn: str) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from protocol.messages import (
     PartitionOffset,
     PartitionPosition,
     Pause,
+    Reset,
     StandbyHeartbeat,
     StartCommit,
     WriteStatus,
@@ -97,4 +98,7 @@ SAMPLES: dict[str, ControlMessage] = {
     "leave": Leave(pipeline="orders", epoch=0, txn="", sender="driver-host-4242", job="driver-host-4242-1732600000"),
     "standby-heartbeat": StandbyHeartbeat(**_BASE, txn="", sender="coord-b", leaving=True),
     "pause": Pause(pipeline="orders", epoch=0, txn="", sender="chtxn-cli", paused=True, who="alice@ops", reason="disk"),
+    "reset": Reset(
+        pipeline="orders", epoch=0, txn="reset_s42", sender="bob@ops", commit_seq=42, who="bob@ops", reason="replay"
+    ),
 }
