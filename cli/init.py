@@ -27,7 +27,7 @@ from cli.config_option import add_config_option
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
 from coordinator.ledger_store import LedgerStore
-from protocol import dead_letters, ledger, ledger_claims, secrets
+from protocol import dead_letters, ledger, ledger_claims, secrets, topic_patterns
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
 
@@ -126,7 +126,8 @@ def _check_kafka(
         problems.append(str(exc))
         return None
     widest = 1
-    for topic in cfg.pipeline.topics:
+    existing = [name for name, found in topics.items() if found.error is None and found.partitions]
+    for topic in topic_patterns.matching(cfg.pipeline.topics, existing):
         found = topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             message = (

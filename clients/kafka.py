@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from protocol import naming
+from protocol import naming, topic_patterns
 from protocol.config import PipelineConfig
 from protocol.errors import SetupError
 from protocol.messages import TopicPartition
@@ -112,10 +112,12 @@ def partitions_of(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     bootstrap: str = "",
 ) -> list[TopicPartition]:
-    """Every partition of ``topics``, sorted; raises ``SetupError`` naming a missing topic."""
+    """Every partition of ``topics``, sorted; raises ``SetupError`` naming a missing topic. An entry
+    ``re:<regex>`` stands for every topic whose whole name it matches (``protocol.topic_patterns``)."""
     metadata = cluster_metadata(client, timeout_s, bootstrap)
+    existing = [name for name, found in metadata.topics.items() if found.error is None and found.partitions]
     result: list[TopicPartition] = []
-    for topic in topics:
+    for topic in topic_patterns.matching(topics, existing):
         found = metadata.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             raise SetupError(

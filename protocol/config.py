@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import insert_settings, secrets
+from protocol import insert_settings, secrets, topic_patterns
 from protocol.config_sections import (
     ClickHouseSection,
     CoordinatorSection,
@@ -168,9 +168,20 @@ def _validate(config: PipelineConfig) -> None:
         raise bad("pipeline.name", p.name, "required; letters, digits and '_' only, not starting with a digit")
     if not p.topics:
         raise bad("pipeline.topics", list(p.topics), "list at least one source topic")
-    for topic in (*p.topics, config.control_topic, config.dead_letter_topic):
+    for topic in (*topic_patterns.names(p.topics), config.control_topic, config.dead_letter_topic):
         if not re.match(_TOPIC, topic):
-            raise bad("pipeline.topics", topic, "not a valid Kafka topic name")
+            raise bad("pipeline.topics", topic, "not a valid Kafka topic name (or re:<regex> for every topic it matches)")
+    for spec in filter(topic_patterns.is_pattern, p.topics):
+        try:
+            pattern = topic_patterns.compile_pattern(spec)
+        except re.error as exc:
+            raise bad("pipeline.topics", spec, f"not a regular expression after re: ({exc})") from None
+        if hit := [t for t in (config.control_topic, config.dead_letter_topic) if pattern.fullmatch(t)]:
+            raise bad(
+                "pipeline.topics",
+                spec,
+                f"matches {hit[0]}, the pipeline's own control or dead-letter topic: narrow the expression",
+            )
     if config.control_topic in p.topics or config.dead_letter_topic in p.topics:
         raise bad(
             "pipeline.control_topic", config.control_topic, "control and dead-letter topics must not be source topics"

@@ -26,7 +26,9 @@ from protocol import secrets
 class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Annotated[str, Meta(description="Required. Letters, digits and `_`, not starting with a digit.")] = ""
     topics: Annotated[tuple[str, ...], Meta(
-        description="Required. The source topics; every partition of each is ingested.")] = ()
+        description="Required. The source topics; every partition of each is ingested. An entry "
+        "re:<regex> stands for every topic whose whole name the expression matches, including topics created "
+        "while the pipeline runs (internal topics, names starting with __, never match).")] = ()
     control_topic: Annotated[str, Meta(
         description="The control topic: exactly one partition (`chtxn init` creates it so).",
         extra={"brief": 'default "<name>.chtxn-control"'})] = ""

@@ -10,7 +10,7 @@ are checked by name as well.
 
 from __future__ import annotations
 
-from protocol import ledger_claims, naming
+from protocol import ledger_claims, naming, topic_patterns
 from protocol.config import PipelineConfig
 from protocol.doctor_facts import Check, ClickHouseFacts, KafkaFacts, KeeperProbe, merge_tree, version_tuple
 from protocol.doctor_tables import (
@@ -164,8 +164,9 @@ def control_topic_check(cfg: PipelineConfig, kafka: KafkaFacts) -> Check:
 
 
 def source_topics_check(cfg: PipelineConfig, kafka: KafkaFacts) -> Check:
-    missing = [t for t in cfg.pipeline.topics if t not in kafka.topics]
-    found = ", ".join(f"{t} ({kafka.topics[t]} partitions)" for t in cfg.pipeline.topics if t in kafka.topics)
+    topics = topic_patterns.matching(cfg.pipeline.topics, kafka.topics)
+    missing = [t for t in topics if t not in kafka.topics]
+    found = ", ".join(f"{t} ({kafka.topics[t]} partitions)" for t in topics if t in kafka.topics)
     if missing:
         return Check(
             name="source topics",

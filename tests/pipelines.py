@@ -15,7 +15,7 @@ from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from coordinator.verify import DeepReport, dead_letter_offsets, verify_deep
+from coordinator.verify import DeepReport, dead_letter_offsets, own_topics, verify_deep
 from protocol import codec
 from protocol.config import PipelineConfig, parse_config
 from protocol.messages import EndCommit, TopicPartition
@@ -115,14 +115,15 @@ class Pipeline:
     def oracle(self, dead_letters: dict[TopicPartition, set[int]] | None = None) -> DeepReport:
         """docs/architecture.md §11: every committed offset exactly once in the target, nothing else."""
         ledger = self.ledger()
+        commits = ledger.commits()
         return verify_deep(
             self.client(),
             self.cfg.clickhouse.database,
             self.cfg.clickhouse.target_table,
-            ledger.commits(),
+            commits,
             dead_letters,
             ledger.audit(),
-            topics=self.cfg.pipeline.topics,
+            topics=own_topics(self.cfg, commits),
         )
 
 
