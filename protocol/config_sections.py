@@ -44,6 +44,15 @@ class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         "reports it."))] = "fail"
 
 
+class RouteSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One ``[[route]]``: the topics whose records go to ``table``."""
+
+    topics: Annotated[tuple[str, ...], Meta(description=(
+        "Required. Topic names, or re:<regex> for every topic whose whole name matches, as in `pipeline.topics`. A "
+        "topic matched by no route, or by two, is an error naming it."))] = ()
+    table: Annotated[str, Meta(description="Required. The target table of these topics, in `clickhouse.database`.")] = ""
+
+
 class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     bootstrap_servers: Annotated[str, Meta(description="Comma-separated `host:port` list.")] = "localhost:9092"
     properties: Annotated[dict[str, str], Meta(
