@@ -127,7 +127,7 @@ def _check_kafka(
         return None
     widest = 1
     existing = [name for name, found in topics.items() if found.error is None and found.partitions]
-    for topic in topic_patterns.matching(cfg.pipeline.topics, existing):
+    for topic in topic_patterns.matching(cfg.source_topics, existing):
         found = topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             message = (

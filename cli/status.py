@@ -126,7 +126,7 @@ def collect(
         **{"group.id": naming.status_group(cfg.name), **CONSUMER_PROPERTIES}
     )
     try:
-        partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, timeout_s, cfg.kafka.bootstrap_servers)
+        partitions = kafka_clients.partitions_of(consumer, cfg.source_topics, timeout_s, cfg.kafka.bootstrap_servers)
         leaders, standbys, holders = _heartbeats(cfg, consumer, now, timeout_s)
         ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s)
     finally:

@@ -32,7 +32,7 @@ from coordinator.ledger_rows import ledger_row
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
 from coordinator.source_offsets import SourceOffsets
-from coordinator.stage import StageTables
+from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
@@ -83,7 +83,7 @@ class Leader:
         coordinator: str,
         control: ControlChannel,
         ledger: LedgerStore,
-        stages: StageTables,
+        stages: Stages,
         metrics: CoordinatorMetrics,
         clock: Callable[[], float] = time.monotonic,
         kafka: KafkaClientFactory | None = None,
@@ -106,7 +106,12 @@ class Leader:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         )
         self.state = CoordinatorState(
-            pipeline=cfg.name, epoch=epoch, coordinator=coordinator, target=cfg.clickhouse.target_table, timing=timing
+            pipeline=cfg.name,
+            epoch=epoch,
+            coordinator=coordinator,
+            target=cfg.tables[0],
+            timing=timing,
+            routes=cfg.routes,
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)

@@ -39,7 +39,7 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
         commit_seq=commit_seq,
         coordinator=leader.coordinator,
         claim_id=uuid.uuid4().hex if event is LedgerEvent.COMMITTED else "",
-        target=leader.cfg.clickhouse.target_table,
+        target=",".join(leader.cfg.tables),
         stage_table=txn.stage_table,
         ranges=ranges,
         total_rows=txn.rows,
@@ -113,3 +113,9 @@ def gap(
         ranges=(PartitionRange(topic=tp.topic, partition=tp.partition, start=head, end=low),),
         reason=f"offsets {head}..{low - 1} of {tp.topic}-{tp.partition} gone before they were committed",
     )
+
+
+def targets_of(row: LedgerRow) -> list[str]:
+    """The target tables of a txn's row: one, or those of a txn across ``[[route]]`` tables, which
+    its ``target`` column lists separated by commas."""
+    return [t for t in row.target.split(",") if t]

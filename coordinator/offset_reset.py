@@ -22,8 +22,7 @@ from typing import Literal
 import msgspec
 from confluent_kafka.admin import OffsetSpec
 
-from clients import failpoints
-from clients import kafka as kafka_clients
+from clients import failpoints, kafka as kafka_clients
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.ledger_store import LedgerStore
 from coordinator.source_offsets import SourceOffsets
@@ -81,7 +80,7 @@ def targets(
     if unknown := [tp for tp in partitions if tp not in known]:
         raise ResetRefused(
             f"{', '.join(f'{tp.topic}/{tp.partition}' for tp in unknown)}: not a partition of the pipeline's topics "
-            f"({', '.join(cfg.pipeline.topics)}): check --partition"
+            f"({', '.join(cfg.source_topics)}): check --partition"
         )
     low = source.list_offsets(partitions, OffsetSpec.earliest())
     consumer = factory.consumer(**CONSUMER_PROPERTIES, **{"group.id": f"chtxn-reset-{cfg.name}"})

@@ -27,6 +27,7 @@ from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
 from coordinator.stage import StageTables
+from coordinator.stage_set import StageSet
 from protocol import secrets
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError, SetupError
@@ -120,7 +121,7 @@ class CoordinatorService:
             beat.close(max(watch.epoch, led), leaving=stop.is_set())
             control.close()
 
-    def _ping_clickhouse(self, stages: StageTables) -> None:
+    def _ping_clickhouse(self, stages: StageSet) -> None:
         """A standby's check that it could still take over (``/ready``); a failed ping changes nothing else."""
         if stages.client.ping(timeout=PING_TIMEOUT_S):
             self.readiness.clickhouse("")
@@ -129,7 +130,7 @@ class CoordinatorService:
             self.readiness.clickhouse(f"no answer from {url} within {PING_TIMEOUT_S:g} s")
 
     def _lead(
-        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables, stop: threading.Event
+        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageSet, stop: threading.Event
     ) -> None:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
         self.epoch = epoch
@@ -157,7 +158,7 @@ class CoordinatorService:
             self.metrics.not_leading()
 
 
-def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
+def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
     """The ledger and the stage tables, on one client whose queries run at
     ``coordinator.clickhouse_nice`` (ClickHouse's ``os_thread_priority``): ahead of the
     participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
@@ -171,13 +172,19 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
         checkpoint_every=co.ledger_checkpoint_every,
         retention_s=co.ledger_retention_days * 86400,
     )
-    stages = StageTables(
-        client,
-        database=ch.database,
-        target=ch.target_table,
-        pipeline=cfg.name,
-        publish_mode=cfg.transaction.publish_mode,
-        copy_settings={"os_thread_priority": 0} if renice else {},
-        cluster=ch.cluster,
+    stages = StageSet(
+        {
+            table: StageTables(
+                client,
+                database=ch.database,
+                target=table,
+                pipeline=cfg.name,
+                publish_mode=cfg.transaction.publish_mode,
+                copy_settings={"os_thread_priority": 0} if renice else {},
+                cluster=ch.cluster,
+            )
+            for table in cfg.tables
+        },
+        coordinator=cfg.coordinator_id,
     )
     return ledger, stages

@@ -60,7 +60,7 @@ def own_topics(cfg: Any, commits: list[LedgerRow]) -> set[str]:
     """The topics whose rows in the target are this pipeline's to check: its source topics and every
     topic its commits name. Another pipeline's rows in a shared target are its own to check (two
     pipelines reading one topic into one table store its records twice, by design)."""
-    return set(cfg.pipeline.topics) | {r.topic for row in commits for r in row.ranges}
+    return set(cfg.source_topics) | {r.topic for row in commits for r in row.ranges}
 
 
 def verify_deep(

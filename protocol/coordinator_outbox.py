@@ -4,15 +4,28 @@ its pipeline, epoch and coordinator id, so participants can fence a leader of an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from protocol import naming, routing
 from protocol.coordinator_events import Offsets, Txn
-from protocol.messages import Abort, AckCommit, EndCommit, PartitionHolder, PartitionOffset, StartCommit
+from protocol.messages import (
+    Abort,
+    AckCommit,
+    EndCommit,
+    PartitionHolder,
+    PartitionOffset,
+    StartCommit,
+    TopicStage,
+)
 
 
 class Outbox:
     """Builds the messages of one leader (``pipeline``, ``epoch``, ``coordinator``); sends nothing."""
 
-    def __init__(self, *, pipeline: str, epoch: int, coordinator: str) -> None:
+    def __init__(self, *, pipeline: str, epoch: int, coordinator: str, routes: Sequence[routing.Route] = ()) -> None:
         self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
+        self.routes = tuple(routes)
+        self.many = len({r.table for r in self.routes}) > 1  # a txn spans several tables
 
     def start(self, txn: Txn, chunk_rows: int) -> StartCommit:
         """Commit step 3's START: where each partition starts, who holds it, the chunk size to cut."""
@@ -25,6 +38,16 @@ class Outbox:
             offsets=_offsets(txn.start),
             holders=holders,
             chunk_rows=chunk_rows,
+            stage_tables=self._stage_tables(txn) if self.many else (),
+        )
+
+    def _stage_tables(self, txn: Txn) -> tuple[TopicStage, ...]:
+        """Each topic of ``txn``'s stage table, in its route's table (the partitions were listed, so
+        every topic goes to one table)."""
+        tables = routing.table_map(sorted({tp.topic for tp in txn.start}), self.routes)
+        return tuple(
+            TopicStage(topic=topic, stage_table=naming.stage_table(table, self.pipeline, txn.id))
+            for topic, table in tables.items()
         )
 
     def end(self, txn: Txn, next_start: StartCommit | None) -> EndCommit:

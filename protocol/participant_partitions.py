@@ -133,7 +133,12 @@ class Partitions:
         )
         share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
         p.open = Stint(
-            txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share
+            txn=m.txn,
+            epoch=m.epoch,
+            stage_table=m.stage_table_of(p.tp.topic),
+            start_offset=offset,
+            builder=builder,
+            share=share,
         )
 
     def end(self, txn: str) -> tuple[list[Action], dict[TopicPartition, int]]:

@@ -172,7 +172,7 @@ class ScriptedParticipants:
             token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
             try:
                 self._ch.raw_insert(
-                    start.stage_table,
+                    start.stage_table_of(tp.topic),
                     insert_block=b"\n".join(lines),
                     fmt="JSONEachRow",
                     settings={"insert_deduplication_token": token, "async_insert": 0},
