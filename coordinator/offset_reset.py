@@ -22,8 +22,7 @@ from typing import Literal
 import msgspec
 from confluent_kafka.admin import OffsetSpec
 
-from clients import failpoints
-from clients import kafka as kafka_clients
+from clients import failpoints, kafka as kafka_clients
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.ledger_store import LedgerStore
 from coordinator.source_offsets import SourceOffsets

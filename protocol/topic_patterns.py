@@ -35,8 +35,6 @@ def matching(specs: Sequence[str], topics: Iterable[str], *, exclude: Iterable[s
     patterns = [compile_pattern(s) for s in specs if is_pattern(s)]
     left_out = set(exclude)
     matched = {
-        t
-        for t in topics
-        if not t.startswith("__") and t not in left_out and any(p.fullmatch(t) for p in patterns)
+        t for t in topics if not t.startswith("__") and t not in left_out and any(p.fullmatch(t) for p in patterns)
     }
     return sorted(matched | set(names(specs)))
