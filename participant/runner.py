@@ -176,6 +176,7 @@ class _Loop:
                 attempts=cfg.participant.insert_retries,
             ),
             tally=tally,
+            schema=cfg.schema,
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)

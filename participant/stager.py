@@ -7,6 +7,11 @@
    (``participant.bad_records``): tombstones (null values, error ``tombstone: null value ...``),
    zero-length values (``empty record: ...``), in JSON object formats anything but one ``{...}``
    object, and records this process found to break a chunk before.
+1.5. With ``[schema]`` on (``participant.schema_evolution``; JSON object formats only), the
+   top-level fields the records carry that the stage table lacks: with ``evolve =
+   "add-columns"`` each becomes a column of the target, then of the stage table, before the
+   insert (a failed ALTER fails the chunk, step 6); with ``unknown_fields = "dead-letter"`` the
+   records carrying one are letters. Off (the default), the records are not read here at all.
 2. The rest go to ClickHouse in one ``raw_insert`` of the bytes as read (metadata columns
    spliced in when the table has them), with ``insert_deduplication_token = chunk.token`` and
    ``protocol.insert_settings.CHUNK_INSERT_SETTINGS`` (deduplicated, synchronous, no row skipped
@@ -19,7 +24,8 @@
    inserted with the sub-token ``<token>/<first offset>-<last offset>``. Only ClickHouse's
    refusal of a record alone makes a letter, with ClickHouse's error and code; everything else
    is staged (the pre-check only orders the tries: msgspec refuses much that ClickHouse reads,
-   and it never raises).
+   and it never raises). A letter's error is led by the field whose value its column cannot
+   read, when the JSON kind of the value tells (``SchemaEvolution.name_fields``).
    A chunk that still runs out of memory after its retries (a ``MEMORY`` code) is split the same
    way while the server shows memory to spare (a query gets ``CONTROL_BYTES``): parts small
    enough are staged, and a record that fails alone again is a letter (``TOO_BIG_FOR_MEMORY``).
@@ -35,9 +41,9 @@
    remembered in ``remembered``, and the result carries the error, so the coordinator aborts once
    and the txn that reads them again dead-letters them at step 1.
 6. Any other failure (permanent error, retries exhausted, a server out of memory, ClickHouse
-   unreachable, dead letters not stored) is returned as ``ChunkStaged.error``: the WRITE-STATUS
-   carries it and the coordinator aborts, and the records are read again. A record is never
-   dead-lettered for a failure that is not its own.
+   unreachable, dead letters not stored, a column step 1.5 could not add) is returned as
+   ``ChunkStaged.error``: the WRITE-STATUS carries it and the coordinator aborts, and the records
+   are read again. A record is never dead-lettered for a failure that is not its own.
 
 A tombstone (null value) is never dropped silently: it becomes a dead letter with its key, a
 null value and the error ``tombstone: null value ...`` (a zero-length value gets
@@ -62,11 +68,12 @@ from participant.bad_records import Letter, Remembered, has_joins, json_problem,
 from participant.bisection import isolate_refused
 from participant.dead_letters import DeadLetterSink
 from participant.not_one_row import NotOneRow, NotOneRowFinder
+from participant.schema_evolution import SchemaEvolution
 from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
-from protocol.config import ClickHouseSection
+from protocol.config import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol.participant_events import ChunkStaged
 
@@ -99,6 +106,7 @@ class Stager:
         sleep: Callable[[float], None] | None = None,
         remembered: Remembered | None = None,
         tally: Tally | None = None,
+        schema: SchemaSection | None = None,
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
         self.tally = tally or Tally()  # inserts, their time and retries, for the heartbeats' figures
@@ -107,6 +115,9 @@ class Stager:
         self._columns: dict[str, tuple[str, ...]] = {}
         self._settings: dict[str, int] | None = None
         self._lock = threading.Lock()
+        self.schema = SchemaEvolution(
+            client=client, section=section, schema=schema or SchemaSection(), retrying=self._retrying
+        )
         self._not_one_row = NotOneRowFinder(
             client=client,
             section=section,
@@ -159,6 +170,9 @@ class Stager:
             # Stager step 1: records that cannot be one row, and those remembered
             remembered = self.remembered.recall(chunk.topic, chunk.partition, chunk.first_offset, chunk.next_offset)
             good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
+            if self.schema.scans:  # Stager step 1.5: fields the stage table lacks, by [schema]
+                good, unknown = self.schema.prepare(stage_table, good)
+                letters += unknown
             try:
                 rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)
             except NotOneRow as exc:  # Stager step 5: records that are not one row, found after their insert
@@ -214,7 +228,7 @@ class Stager:
             self._has_memory,
             suspect=malformed if bodies.json_objects else None,
         )
-        letters += refused_letters
+        letters += self.schema.name_fields(table, refused_letters)
         return rows
 
     def _insert(
@@ -268,7 +282,9 @@ class Stager:
 
     def _chunk_settings(self) -> dict[str, int]:
         if self._settings is None:
-            self._settings = insert_settings.for_server(getattr(self.client, "server_settings", None))
+            self._settings = insert_settings.for_server(
+                getattr(self.client, "server_settings", None), add_columns=self.schema.adds
+            )
         return self._settings
 
     def _retrying(self, what: str) -> Any:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
 from protocol import insert_settings, routing, secrets, topic_patterns
+from protocol.chunking import JSON_OBJECT_FORMATS
 from protocol.config_sections import (
     ClickHouseSection,
     CoordinatorSection,
@@ -29,6 +30,7 @@ from protocol.config_sections import (
     ParticipantSection,
     PipelineSection,
     RouteSection,
+    SchemaSection,
     TransactionSection,
 )
 from protocol.errors import ConfigError
@@ -44,6 +46,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ledger: LedgerSection = LedgerSection()
     transaction: TransactionSection = TransactionSection()
     participant: ParticipantSection = ParticipantSection()
+    schema: SchemaSection = SchemaSection()
     coordinator: CoordinatorSection = CoordinatorSection()
     route: tuple[RouteSection, ...] = ()  # ``[[route]]``: empty in the one-table form
 
@@ -273,6 +276,35 @@ def _validate(config: PipelineConfig) -> None:
     for setting, setting_value in ch.insert_settings.items():
         if why := insert_settings.problem(setting, setting_value):
             raise bad(f"clickhouse.insert_settings.{setting}", setting_value, why)
+    _validate_schema(config, bad)
+
+
+def _validate_schema(config: PipelineConfig, bad: Callable[[str, object, str], ConfigError]) -> None:
+    """``[schema]``: its modes read the records' fields, so they need a JSON object input format, and
+    ``add-columns`` needs the input format settings it sets on every chunk insert."""
+    schema, ch = config.schema, config.clickhouse
+    if schema.evolve != "off" and schema.unknown_fields != "ignore":
+        raise bad(
+            "schema.unknown_fields",
+            schema.unknown_fields,
+            'applies with schema.evolve = "off" only (add-columns adds a column for every field): remove one',
+        )
+    if ch.input_format not in JSON_OBJECT_FORMATS:
+        for key, value, default in (
+            ("schema.evolve", schema.evolve, "off"),
+            ("schema.unknown_fields", schema.unknown_fields, "ignore"),
+        ):
+            if value != default:
+                raise bad(
+                    key,
+                    value,
+                    f"reads the top-level fields of JSON objects, but clickhouse.input_format is {ch.input_format!r}: "
+                    f"use JSONEachRow records or set {key} = {default!r}",
+                )
+    if schema.evolve == "add-columns":
+        for setting, setting_value in ch.insert_settings.items():
+            if why := insert_settings.add_columns_problem(setting, setting_value):
+                raise bad(f"clickhouse.insert_settings.{setting}", setting_value, why)
 
 
 def _path_of(error: msgspec.ValidationError) -> str:

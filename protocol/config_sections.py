@@ -165,6 +165,22 @@ class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         extra={"brief": "then the job exits 4, so a supervisor restarts it or pages"})] = 180.0
 
 
+class SchemaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    evolve: Annotated[Literal["off", "add-columns"], Meta(description=(
+        "`add-columns`: before a chunk is inserted, each top-level field of its records that the stage table lacks "
+        "becomes a column of the target, then of the stage table (`ALTER TABLE ... ADD COLUMN IF NOT EXISTS`, `ON "
+        "CLUSTER` with `clickhouse.cluster`), its type inferred from the chunk's values, so no row loses the field. "
+        "JSON object input formats only (JSONEachRow and its aliases). The rules: "
+        "[architecture](architecture.md#schema-evolution)."),
+        extra={"brief": '"off" or "add-columns"'})] = "off"
+    unknown_fields: Annotated[Literal["ignore", "dead-letter"], Meta(description=(
+        "With `evolve = \"off\"`, what becomes of a record carrying a top-level field the target has no column "
+        "for: `ignore` stores the row without it (ClickHouse's `input_format_skip_unknown_fields`, on by default), "
+        "`dead-letter` sends the record to the dead-letter topic naming the field. A field whose value is null "
+        "counts as absent. `dead-letter` needs a JSON object input format."),
+        extra={"brief": '"ignore" or "dead-letter"'})] = "ignore"
+
+
 class CoordinatorSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Annotated[str, Meta(
         description="This replica's id in the ledger, logs and control messages.",

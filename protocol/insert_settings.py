@@ -26,6 +26,19 @@ CHUNK_INSERT_SETTINGS: dict[str, int] = {
     "input_format_custom_detect_header": 0,
 }
 
+#: Set on every chunk insert too with ``schema.evolve = "add-columns"`` (``for_server(add_columns=True)``):
+#: a field whose values were all null has no column yet and is skipped (its rows get the default, as
+#: a null would); objects and arrays are read into the String columns inferred for them as their
+#: JSON text, and numbers and booleans as their text into a String column inferred for mixed values
+#: (``protocol.schema_types``). Each is ClickHouse's default; set here should a profile change it.
+ADD_COLUMNS_SETTINGS: dict[str, int] = {
+    "input_format_skip_unknown_fields": 1,
+    "input_format_json_read_objects_as_strings": 1,
+    "input_format_json_read_arrays_as_strings": 1,
+    "input_format_json_read_numbers_as_strings": 1,
+    "input_format_json_read_bools_as_strings": 1,
+}
+
 _REMOVE = "remove it from clickhouse.insert_settings"
 _SKIPS = (
     "skips records silently, so a chunk stores fewer rows than it has records and its txn can never commit; "
@@ -68,11 +81,24 @@ def problem(setting: str, value: object) -> str | None:
     return None if number is not None and number == required else why
 
 
-def for_server(known: object) -> dict[str, int]:
-    """``CHUNK_INSERT_SETTINGS`` less those ``known`` (the server's settings) lacks; all when unknown."""
+def add_columns_problem(setting: str, value: object) -> str | None:
+    """Why ``setting = value`` in ``clickhouse.insert_settings`` contradicts ``schema.evolve =
+    "add-columns"``, or None."""
+    if setting not in ADD_COLUMNS_SETTINGS or _number(value) == ADD_COLUMNS_SETTINGS[setting]:
+        return None
+    return (
+        'schema.evolve = "add-columns" sets it to 1 on every chunk insert (it reads fields of every JSON type into '
+        f"the String columns it infers, and skips fields seen only as null): {_REMOVE}"
+    )
+
+
+def for_server(known: object, *, add_columns: bool = False) -> dict[str, int]:
+    """``CHUNK_INSERT_SETTINGS`` (and ``ADD_COLUMNS_SETTINGS`` with ``add_columns``) less those
+    ``known`` (the server's settings) lacks; all when unknown."""
+    wanted = {**CHUNK_INSERT_SETTINGS, **(ADD_COLUMNS_SETTINGS if add_columns else {})}
     if not isinstance(known, dict) or not known:
-        return dict(CHUNK_INSERT_SETTINGS)
-    return {k: v for k, v in CHUNK_INSERT_SETTINGS.items() if k in known}
+        return wanted
+    return {k: v for k, v in wanted.items() if k in known}
 
 
 def _number(value: object) -> float | None:

@@ -99,6 +99,12 @@ SECTION_PROSE: dict[str, str] = {
         "cut by row count or byte size only, never by time, so a retried chunk holds the same "
         "records."
     ),
+    "schema": (
+        "What happens to top-level JSON fields the target has no column for: ignored (the default), "
+        "dead-lettered, or added as columns before their rows are staged (opt-in). See "
+        "[architecture](architecture.md#schema-evolution) for the type rules and "
+        "[operations](operations.md#schema-evolution) for turning it on."
+    ),
     "coordinator": ("The coordinator replicas: their ids, the leader's lease, metrics and ClickHouse retries."),
 }
 
@@ -125,6 +131,10 @@ VALIDATION_RULES = (
     "`[kafka.properties]` holds neither `bootstrap.servers` nor `group.id`.",
     "`[clickhouse.insert_settings]` holds no setting that would let ClickHouse skip, invent or merge rows, "
     "nor one that turns off synchronous, deduplicated inserts (`protocol/insert_settings.py`).",
+    '`schema.evolve = "add-columns"` and `schema.unknown_fields = "dead-letter"` need a JSON object '
+    "`clickhouse.input_format` (JSONEachRow and its aliases), and go one at a time; with `add-columns`, "
+    "`[clickhouse.insert_settings]` does not turn off the input format settings it sets "
+    "(`ADD_COLUMNS_SETTINGS` in `protocol/insert_settings.py`).",
 )
 
 
