@@ -254,7 +254,7 @@ class Fleet:
         self, start: StartCommit, sender: str, group: list[TopicPartition], offsets: dict[TopicPartition, int]
     ) -> None:
         """One task at END: its partitions' records from START on, as one insert; then WRITE-STATUSes."""
-        lines: list[bytes] = []
+        lines: dict[str, list[bytes]] = {}  # by stage table: a txn across tables has one per table
         ends: dict[TopicPartition, int] = {}
         with self._lock:
             for tp in group:
@@ -265,20 +265,24 @@ class Fleet:
                 values = read.values[begin - read.base :]
                 ends[tp] = begin + len(values)
                 prefix = b'{"_topic":"%s","_partition":%d,"_offset":' % (tp.topic.encode(), tp.partition)
-                lines.extend(prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values))
+                lines.setdefault(start.stage_table_of(tp.topic), []).extend(
+                    prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values)
+                )
         errors: tuple[str, ...] = ()
-        if lines:
-            ends_key = ",".join(f"{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
-            token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, len(lines))
+        for stage_table, body in lines.items():
+            if not body:
+                continue
+            ends_key = ",".join(f"{tp.topic}:{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
+            token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, len(body))
             try:
                 self._client().raw_insert(
-                    start.stage_table,
-                    insert_block=b"\n".join(lines),
+                    stage_table,
+                    insert_block=b"\n".join(body),
                     fmt="JSONEachRow",
                     settings={"insert_deduplication_token": f"{token}/{ends_key}", "async_insert": 0},
                 )
                 self.counts.inserts += 1
-                self.counts.rows_staged += len(lines)
+                self.counts.rows_staged += len(body)
             except Exception as exc:  # e.g. the stage table of an aborted txn: report, as a participant does
                 self.counts.insert_errors += 1
                 errors = (f"{type(exc).__name__}: {exc}",)

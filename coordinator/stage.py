@@ -181,6 +181,19 @@ class StageTables:
             self._definition()
         return bool(self._replicated)
 
+    def qualified(self, table: str) -> str:
+        """``table`` of this target's database, quoted for SQL."""
+        return self._q(table)
+
+    @property
+    def metadata_known(self) -> bool:
+        """Whether the last stage table checked had the metadata columns (False also when none was yet)."""
+        return self._metadata is True
+
+    def sync(self, stage: str) -> None:
+        """``_sync``: fetch what other replicas have of ``stage`` before it is read."""
+        self._sync(stage)
+
     def _sync(self, stage: str) -> None:
         """On a replicated target, fetch every part of ``stage`` other replicas have (a no-op on a
         single server). A missing stage table is left for the caller's reads to report."""

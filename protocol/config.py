@@ -60,6 +60,14 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         (``pipeline.topics`` into ``clickhouse.target_table``) as one route."""
         return self.route or (RouteSection(topics=self.pipeline.topics, table=self.clickhouse.target_table),)
 
+    def for_table(self, table: str) -> PipelineConfig:
+        """This config in the one-table form for ``table`` (its routes' topics into it): for the checks
+        made of one target table at a time (``chtxn doctor``)."""
+        topics = tuple(dict.fromkeys(t for r in self.routes if r.table == table for t in r.topics))
+        pipeline = msgspec.structs.replace(self.pipeline, topics=topics)
+        clickhouse = msgspec.structs.replace(self.clickhouse, target_table=table)
+        return msgspec.structs.replace(self, pipeline=pipeline, clickhouse=clickhouse, route=())
+
     @property
     def source_topics(self) -> tuple[str, ...]:
         """Every topic name or ``re:`` pattern of the routes, each once, in order."""

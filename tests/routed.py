@@ -19,9 +19,14 @@ from protocol.messages import TopicPartition
 from tests.pipelines import TARGET_DDL, Pipeline
 
 
-def make_routed_pipeline(stack, tmp_path: Path, name: str, *, tables: int = 3, partitions: int = 2) -> Pipeline:
-    """A fresh pipeline routing topic ``<name>_t<i>`` into table ``t<i>`` of its own database."""
+def make_routed_pipeline(
+    stack, tmp_path: Path, name: str, *, tables: int = 3, partitions: int = 2, pattern_table: str = ""
+) -> Pipeline:
+    """A fresh pipeline routing topic ``<name>_t<i>`` into table ``t<i>`` of its own database; with
+    ``pattern_table``, also every topic matching ``<name>_late_.*`` into that table (none exists yet)."""
     routes = "".join(f'\n[[route]]\ntopics = ["{name}_t{i}"]\ntable = "t{i}"\n' for i in range(tables))
+    if pattern_table:
+        routes += f'\n[[route]]\ntopics = ["re:{name}_late_.*"]\ntable = "{pattern_table}"\n'
     text = (
         f'[pipeline]\nname = "{name}"\n\n[kafka]\nbootstrap_servers = "{stack.kafka_bootstrap}"\n\n'
         f'[clickhouse]\nurl = "{stack.clickhouse_url}"\ndatabase = "{name}"\n\n'
@@ -74,7 +79,7 @@ def oracle_per_table(pipeline: Pipeline) -> dict[str, DeepReport]:
     """docs/architecture.md §11 in each table: every offset of the topics routed to it, committed once."""
     ledger = LedgerHistory.of(pipeline.cfg, pipeline.client())
     commits, audit = ledger.commits(), ledger.audit()
-    topics = {tp.topic for tp in pipeline.partitions}
+    topics = {tp.topic for tp in pipeline.partitions} | {r.topic for c in commits for r in c.ranges}
     by_table = routing.table_map(sorted(topics), pipeline.cfg.routes)
     return {
         table: verify_deep(
