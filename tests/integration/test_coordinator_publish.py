@@ -277,8 +277,10 @@ def test_a_coordinator_with_a_missing_target_exits_before_it_claims_an_epoch(sta
         timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        f"chtxn: target table {pipeline.cfg.clickhouse.database}.nosuch does not exist"
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"chtxn: target table {pipeline.cfg.clickhouse.database}.nosuch does not exist")
     ), proc.stderr
     assert pipeline.ledger().max_epoch() == 0, "the coordinator claimed an epoch before checking its target"
 
