@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, str(exc), 1)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # SIGPIPE blocked by whoever started us: the reader of stdout is gone all the same
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE
     except Exception as exc:
         if (kafka := _kafka_failure(exc)) is not None:
             refused = kafka.startswith(_REFUSED)  # a config error, as the participant job says it
