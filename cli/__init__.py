@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from importlib import metadata
@@ -93,9 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, str(exc), 1)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # SIGPIPE blocked by whoever started us: the reader of stdout is gone all the same
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE
     except Exception as exc:
         if (kafka := _kafka_failure(exc)) is not None:
-            return _fail(args, kafka, 1)
+            refused = kafka.startswith(_REFUSED)  # a config error, as the participant job says it
+            return _fail(args, f"config error: {kafka}" if refused else kafka, 2 if refused else 1)
         return _fail(args, f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1)
 
 
@@ -104,6 +109,9 @@ def _run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     _quiet_clients(args)
+    if args.command not in SERVICE_COMMANDS:
+        # ``chtxn txn list | head``: the reader has all it wanted; end quietly, as cat does
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     for var, close in config.unknown_variables(os.environ):
         hint = f"; did you mean {close}?" if close else ""
         print(f"chtxn: warning: {var} is not a variable chtxn reads, ignored{hint}", file=sys.stderr)
@@ -142,6 +150,9 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
+_REFUSED = "the Kafka client refused its configuration"
+
+
 def _kafka_failure(exc: Exception) -> str | None:
     """The message for an error librdkafka raised (a client refusing ``[kafka.properties]``), or None."""
     from confluent_kafka import KafkaError, KafkaException
@@ -152,7 +163,7 @@ def _kafka_failure(exc: Exception) -> str | None:
     if not isinstance(error, KafkaError):
         return f"Kafka: {exc}"
     if error.code() == KafkaError._INVALID_ARG:
-        return f"the Kafka client refused its configuration: {error.str()}; check [kafka.properties]"
+        return f"{_REFUSED}: {error.str()}; check [kafka.properties]"
     return f"Kafka: {error.name()}: {error.str()}; check kafka.bootstrap_servers and that the broker is running"
 
 

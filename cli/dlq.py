@@ -24,9 +24,6 @@ from protocol.config import load_config
 from protocol.dead_letters import PublishedLetter
 from protocol.errors import SetupError
 
-#: Characters of an error shown in ``list``'s table (the other formats and ``show`` give it whole).
-ERROR_CHARS = 100
-
 #: The columns of a letter in ``list`` (and of ``show --format tsv``, which adds its contents).
 LETTER_COLUMNS = (
     Column("#", "position"),
@@ -66,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "list",
         help="one line per letter, oldest first",
         description="One line per letter, in publish order: where it sits in the dead-letter topic (#, "
-        "partition:offset, for show), its source record, txn, commit slot, error code and error (cut in the "
-        "table, whole with the other formats).",
+        "partition:offset, for show), its source record, txn, commit slot, error code and error (whole: a "
+        "terminal folds it onto more lines).",
         epilog="Examples:\n  chtxn dlq list --config pipeline.toml --from-end --limit 50\n"
         "  chtxn dlq list --config pipeline.toml --format wide\n"
         "  chtxn dlq list --config pipeline.toml --from-end --limit 50 --json",
@@ -115,7 +112,7 @@ def run_list(args: argparse.Namespace) -> int:
     which = "latest" if args.from_end else "oldest"
     table = Sheet(f"{which} {len(letters)} letters in {cfg.dead_letter_topic}", LETTER_COLUMNS)
     for x in letters:
-        table.add(*_letter_cells(x, whole=args.format != "table"))
+        table.add(*_letter_cells(x))
     out.sheet(table)
     return 0
 
@@ -149,7 +146,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.format == "tsv":
         table = Sheet("", LETTER_COLUMNS + CONTENT_COLUMNS)
         for x in letters:
-            table.add(*_letter_cells(x, whole=True), *_content_cells(x))
+            table.add(*_letter_cells(x), *_content_cells(x))
         out.sheet(table)
         return 0
     for x in letters:
@@ -202,9 +199,8 @@ def _bytes(name: str, raw: bytes | None) -> dict[str, str | None]:
     return {name: raw.decode("utf-8", "replace"), f"{name}_base64": base64.b64encode(raw).decode()}
 
 
-def _letter_cells(x: PublishedLetter, *, whole: bool) -> tuple[Cell, ...]:
-    """The cells of ``x`` under ``LETTER_COLUMNS``; the error cut to ``ERROR_CHARS`` unless ``whole``."""
-    error = x.error if whole or len(x.error) <= ERROR_CHARS else x.error[: ERROR_CHARS - 3] + "..."
+def _letter_cells(x: PublishedLetter) -> tuple[Cell, ...]:
+    """The cells of ``x`` under ``LETTER_COLUMNS``, the error whole (a terminal folds it onto more lines)."""
     return (
         _where(x),
         x.topic,
@@ -214,7 +210,7 @@ def _letter_cells(x: PublishedLetter, *, whole: bool) -> tuple[Cell, ...]:
         x.txn,
         str(x.commit_seq or ""),
         str(x.error_code),
-        error,
+        x.error,
     )
 
 

@@ -19,17 +19,17 @@ from typing import Any, Literal
 import msgspec
 from clickhouse_connect.driver.client import Client
 from confluent_kafka.admin import AdminClient
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
+from cli.output import Column, Output, Sheet, Styled
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
 from coordinator.ledger_store import LedgerStore
 from protocol import dead_letters, ledger, ledger_claims, secrets, topic_patterns
 from protocol.config import PipelineConfig, load_config
-from protocol.errors import ClickHouseError, SetupError
+from protocol.errors import ChtxnError, ClickHouseError, SetupError
 
 _UNKNOWN_DATABASE = 81
 
@@ -87,6 +87,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+#: The columns of ``init``'s table: one line per topic or table checked or made.
+ITEM_COLUMNS = (
+    Column("what", "what"),
+    Column("name", "name"),
+    Column("result", "result"),
+    Column("detail", "detail", fold=10),
+)
+
+
+class InitFailed(ChtxnError):
+    """A check failed: nothing was created (or a creation failed); the problems are listed above."""
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     items: list[Item] = []
@@ -109,8 +122,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(report)).decode())
     else:
-        _print(Console(), report)
-    return 0 if report.ok else 1
+        _print(Output("table"), report)
+    if not report.ok:
+        more = len(problems) - 2  # the last one says that nothing was created
+        raise InitFailed(
+            f"{problems[0]}" + (f" (and {more} more problem{'s' * (more != 1)} above)" if more > 0 else "")
+        )
+    return 0
 
 
 def _check_kafka(
@@ -250,20 +268,18 @@ def _create_tables(cfg: PipelineConfig, client: RecordingClient, items: list[Ite
         items.append(Item(kind="clickhouse table", name=name, status=status, detail=detail, ddl=ran))
 
 
-def _print(console: Console, report: Report) -> None:
-    table = Table(title=f"chtxn init: pipeline {report.pipeline}")
-    for column in ("what", "name", "result", "detail"):
-        table.add_column(column)
+def _print(out: Output, report: Report) -> None:
+    sheet = Sheet(f"chtxn init: pipeline {report.pipeline}", ITEM_COLUMNS)
     colours = {"created": "green", "found": "cyan"}
     for item in report.items:
         detail = item.detail if item.status not in ("unreachable",) else ""
-        table.add_row(item.kind, item.name, f"[{colours.get(item.status, 'red')}]{item.status}[/]", detail)
-    console.print(table)
+        sheet.add(item.kind, item.name, Styled(item.status, colours.get(item.status, "red")), detail)
+    out.sheet(sheet)
     if report.ddl:
-        console.print("DDL run:")
+        out.note("DDL run:")
         for statement in report.ddl:
-            console.print(f"{statement};", soft_wrap=True, markup=False, highlight=False)
+            out.note(escape(f"{statement};"))
     for problem in report.problems:
-        console.print(f"[red]problem:[/] {problem}", soft_wrap=True)
+        out.note(f"[red]problem:[/] {escape(problem)}")
     if report.ok:
-        console.print("[green]ready[/]: start the coordinator with chtxn coordinator --config <file>")
+        out.note("[green]ready[/]: start the coordinator with chtxn coordinator --config <file>")

@@ -6,7 +6,9 @@ Run N replicas; exactly one leads at a time. A standby that hears nothing from a
 and becomes a standby again. ClickHouse or Kafka failures never end the service: it backs off
 and tries again. What it is doing is told to ``readiness`` (``/ready`` on the metrics port).
 
-A standby says it stands by with a STANDBY-HEARTBEAT every ``leader_lease_s / 3``
+A standby logs one "standing by" line naming the leader it waits on (again when another one leads),
+and checks its target before it may claim a lease (a wrong ``target_table`` exits without fencing
+the running leader). It says it stands by with a STANDBY-HEARTBEAT every ``leader_lease_s / 3``
 (``coordinator.lease.StandbyBeat``), and a last one saying ``leaving`` when it is stopped, so that
 ``chtxn status`` lists it; while it leads, its leader's heartbeat says so instead.
 """
@@ -28,6 +30,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
 from coordinator.stage import StageTables
 from coordinator.stage_set import StageSet
+from coordinator.target_checks import check_target
 from protocol import secrets
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError, SetupError
@@ -86,6 +89,9 @@ class CoordinatorService:
     def _run_once(self, stop: threading.Event) -> None:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
+        # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
+        for target in self.cfg.tables:
+            check_target(stages.client, database=stages.database, target=target, publish_mode=stages.publish_mode)
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",
@@ -100,9 +106,16 @@ class CoordinatorService:
         led = 0  # the epoch this replica led last, if it did
         try:
             ping_at = self.clock() + STANDBY_PING_S
+            standing_by = ""  # the leader this standby said it stands by for, once
             while not stop.is_set():
                 for message in control.poll(timeout=0.05):
                     watch.observe(message, self.clock())
+                if watch.leader and watch.leader != standing_by and not watch.expired(self.clock()):
+                    standing_by = watch.leader
+                    log.warning(
+                        "standing by",
+                        extra={"leader": watch.leader, "epoch": watch.epoch, "coordinator": self.id},
+                    )
                 beat.beat(max(watch.epoch, led))
                 if self.clock() >= ping_at:
                     ping_at = self.clock() + STANDBY_PING_S
@@ -116,6 +129,7 @@ class CoordinatorService:
                 self._lead(epoch, control, ledger, stages, stop)
                 led = epoch
                 watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+                standing_by = ""
                 self.readiness.standby()
         finally:
             beat.close(max(watch.epoch, led), leaving=stop.is_set())

@@ -285,7 +285,8 @@ def _first_line(error: BaseException | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job; the exit code is ``participant.job_errors.ExitCode``, and an error ends it with
-    one line ``chtxn: <message>`` on stderr."""
+    one line ``chtxn: <message>`` on stderr, spark-submit's when it runs the job
+    (``participant.driver_stderr``), as are the job's log lines."""
     parser = argparse.ArgumentParser(
         prog="participant/job.py",
         description="The chtxn participant Spark job. Exit codes: 0 stopped, 1 internal error, 2 config error, "
@@ -300,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         default=STARTUP_TIMEOUT_S,
         help=f"seconds every task has to start after a submission (default: {STARTUP_TIMEOUT_S:g})",
     )
-    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\.")  # pyspark on pandas 3
+    from participant.driver_stderr import use_jvm_stderr
+
+    use_jvm_stderr()  # spark-submit merges this process's stderr into its stdout: Spark's stderr instead
+    args = parser.parse_args(argv)
     from clients.logs import quiet_libraries, setup_logging
     from participant.job_errors import ExitCode, describe, exit_code
     from protocol import secrets

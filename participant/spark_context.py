@@ -33,7 +33,8 @@ STANDALONE_REGISTRATION_S = 30.0
 
 #: The driver JVM's log4j2 configuration: WARN and up; a failed task (reported by the executor and
 #: by the scheduler, each with the JVM's stack) in one line each, its stack left out: the driver
-#: prints chtxn's own line for the cause.
+#: prints chtxn's own line for the cause. The same for Spark's RPC connections and its standalone
+#: client (a ``spark://`` address answered by another server: each attempt a line, not a stack).
 LOG4J2 = r"""# chtxn participant job: Spark at WARN; a failed task's report without its JVM stack
 rootLogger.level = warn
 rootLogger.appenderRef.console.ref = console
@@ -57,6 +58,12 @@ logger.tasks.appenderRef.brief.ref = brief
 logger.listeners.name = org.apache.spark.TaskContextImpl
 logger.listeners.additivity = false
 logger.listeners.appenderRef.brief.ref = brief
+logger.network.name = org.apache.spark.network
+logger.network.additivity = false
+logger.network.appenderRef.brief.ref = brief
+logger.standalone.name = org.apache.spark.deploy.client
+logger.standalone.additivity = false
+logger.standalone.appenderRef.brief.ref = brief
 logger.jetty.name = org.sparkproject.jetty
 logger.jetty.level = warn
 logger.native.name = org.apache.hadoop.util.NativeCodeLoader

@@ -115,7 +115,7 @@ def summarize(rows: Sequence[LedgerRow]) -> TxnSummary:
         commit_ms=_ms(ended_at, committed_at),
         publish_ms=_ms(committed_at, published_at),
         total_ms=_ms(started_at, finished),
-        reason=ended_by.reason if ended_by else "",
+        reason=ended_by.reason if ended_by else (committed.reason if committed and is_reset(committed) else ""),
         events=events,
         gaps=tuple(g for r in rows if r.event is LedgerEvent.GAP for g in r.ranges),
     )

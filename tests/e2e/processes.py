@@ -27,15 +27,20 @@ class Processes:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, *argv: str, env: dict[str, str] | None = None, stdout_apart: bool = False
+    ) -> subprocess.Popen:
+        """``python -m cli <argv> --config <pipeline>``: its stdout and stderr in ``<name>.log``; with
+        ``stdout_apart``, its stderr alone there and its stdout in ``<name>.stdout`` (``stdout(name)``)."""
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 -- closed with the process
+        out = open(self.logs / f"{name}.stdout", "a") if stdout_apart else log  # noqa: SIM115 -- as log
         env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_COORDINATOR_ID": name, **(env or {})}
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli", *argv, "--config", str(self.pipeline.config_path)],
             cwd=REPO,
             env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=out,
+            stderr=log if stdout_apart else subprocess.STDOUT,
             start_new_session=True,
         )
         self.procs[name] = proc
@@ -44,8 +49,12 @@ class Processes:
     def coordinator(self, name: str = "coordinator") -> subprocess.Popen:
         return self.start(name, "coordinator")
 
-    def participants(self, slots: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return self.start("participant", "participant", "--master", f"local[{slots},4]", env=env)
+    def participants(
+        self, slots: int, env: dict[str, str] | None = None, stdout_apart: bool = False
+    ) -> subprocess.Popen:
+        return self.start(
+            "participant", "participant", "--master", f"local[{slots},4]", env=env, stdout_apart=stdout_apart
+        )
 
     def kill(self, name: str) -> None:
         os.killpg(self.procs[name].pid, signal.SIGKILL)
@@ -58,6 +67,10 @@ class Processes:
 
     def tail(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text()[-4000:]
+
+    def stdout(self, name: str) -> str:
+        """The stdout of a process started with ``stdout_apart``."""
+        return (self.logs / f"{name}.stdout").read_text()
 
     def stop_all(self) -> None:
         for proc in self.procs.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,11 +82,12 @@ def test_an_unknown_log_level_is_a_usage_error(config: Path) -> None:
 def test_a_property_librdkafka_refuses(config: Path) -> None:
     with config.open("a") as fh:
         fh.write('[kafka.properties]\n"no.such.property" = "1"\n')
-    line = failure_line(chtxn("init", "--config", str(config)))
-    assert line == (
-        'chtxn: the Kafka client refused its configuration: No such configuration property: "no.such.property"; '
-        "check [kafka.properties]"
-    )
+    for command in ("init", "status"):  # a config error: exit 2, as the participant job says it
+        line = failure_line(chtxn(command, "--config", str(config)), code=2)
+        assert line == (
+            "chtxn: config error: the Kafka client refused its configuration: No such configuration property: "
+            '"no.such.property"; check [kafka.properties]'
+        )
 
 
 def test_an_unreachable_spark_master(config: Path) -> None:
@@ -185,3 +187,26 @@ def test_init_refuses_a_wide_control_topic_before_creating(
     problems = json.loads(result.stdout)["problems"]
     assert any("has 2 partitions; chtxn needs exactly 1" in p for p in problems), problems
     assert f"{name}.chtxn-dlq" not in topics_of(kafka_admin)
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["sigpipe", "sigpipe-blocked"])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(blocked: bool) -> None:
+    """``chtxn ... | head -1``: the command dies of SIGPIPE as cat does, or exits 141 when whoever
+    started it blocks SIGPIPE (a CI runner may), with no internal error either way."""
+    how = signal.SIG_BLOCK if blocked else signal.SIG_UNBLOCK  # the child would inherit this process's mask
+
+    def block() -> None:
+        signal.pthread_sigmask(how, [signal.SIGPIPE])
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "completion", "bash"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=block,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    said = proc.stderr.read()
+    assert proc.wait(60) == (128 + signal.SIGPIPE if blocked else -signal.SIGPIPE) and said == "", said

@@ -106,11 +106,19 @@ def test_init_says_what_is_missing(stack, kafka_admin, ch_database: str, target:
     path = write_config(
         tmp_path / "p.toml", stack, ch_database, topics=json.dumps([missing_topic]), target="nosuch_table"
     )
-    result = chtxn("init", "--config", str(path))
+    result = chtxn("init", "--config", str(path), env={"COLUMNS": "80"})
     assert result.returncode == 1
-    out = " ".join(result.stdout.split())  # undo the table's line wrapping
+    out = result.stdout
     assert f"source topic {missing_topic} does not exist" in out and "kafka-topics.sh --create" in out
     assert f"target table {ch_database}.nosuch_table does not exist: create it" in out
+    assert "…" not in out and all(line == line.rstrip() for line in out.splitlines()), "a pipe gets whole lines"
+    assert any(line.split()[:3] == ["clickhouse", "table", f"{ch_database}.nosuch_table"] for line in out.splitlines())
+    [failure] = [line for line in result.stderr.splitlines() if line.startswith("chtxn: ")]
+    assert failure == result.stderr.strip().splitlines()[-1]
+    assert (
+        failure.startswith(f"chtxn: source topic {missing_topic} does not exist")
+        and "(and 1 more problem above)" in failure
+    )
 
 
 def test_init_names_an_unreachable_broker(stack, ch_database: str, tmp_path: Path) -> None:

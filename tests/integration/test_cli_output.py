@@ -202,7 +202,7 @@ def test_dlq_list_and_show_print_whole_lines(letters: Pipeline) -> None:
     assert [rows[p][1:6] for p in ("0:0", "0:1", "0:2")] == [
         [letters.topic, "0", str(offset), "e1_t1", "1"] for offset in (3, 5, 8)
     ]
-    assert rows["0:1"][-1].endswith("...") and LONG_ERROR not in "\n".join(table), "table cuts a long error"
+    assert any(line.endswith(LONG_ERROR) for line in table), "a pipe gets the error whole, on the letter's line"
     wide = whole_lines(chtxn("dlq", "list", "--config", config, "--format", "wide").stdout)
     assert any(line.endswith(LONG_ERROR) for line in wide), "wide gives it whole, on the letter's line"
 

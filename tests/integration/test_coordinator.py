@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -211,6 +212,12 @@ def test_standby_takes_over_after_leader_sigkill(stack, tmp_path):
             procs["a"] = spawn_coordinator(pipeline, "replica-a")
             wait_until(lambda: pipeline.target_count() == produced, 60, "first batch published")
             procs["b"] = spawn_coordinator(pipeline, "replica-b")
+            said: list[dict] = []
+            reader = threading.Thread(target=lambda: said.extend(_json_lines(procs["b"].stdout)), daemon=True)
+            reader.start()
+            # A standby says what it waits on, once it has heard the leader.
+            wait_until(lambda: any(m["msg"] == "standing by" for m in said), 30, "replica-b standing by")
+            assert next(m for m in said if m["msg"] == "standing by")["leader"] == "replica-a"
             ledger = pipeline.ledger()
             leader_epoch = ledger.max_epoch()
             leader = ledger.epoch_owner(leader_epoch)
@@ -232,6 +239,12 @@ def test_standby_takes_over_after_leader_sigkill(stack, tmp_path):
                 proc.terminate()
                 proc.wait(30)
     assert_exactly_once(pipeline, produced)
+
+
+def _json_lines(stream) -> Iterator[dict]:
+    for line in stream:
+        if line.startswith("{"):
+            yield json.loads(line)
 
 
 @pytest.mark.parametrize("partitions", [2])

@@ -264,6 +264,27 @@ def test_chtxn_coordinator_exits_1_naming_the_view(stack, tmp_path):
     assert 'set transaction.publish_mode = "insert-select"' in proc.stderr
 
 
+def test_a_coordinator_with_a_missing_target_exits_before_it_claims_an_epoch(stack, tmp_path):
+    """Its config is checked against the server before the lease: a wrong target_table must not
+    take the real pipeline's lease (a new epoch fences the running leader) on its way out."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("wrongtarget"))
+    proc = subprocess.run(
+        [str(CHTXN), "coordinator", "--config", str(pipeline.config_path)],
+        env={**os.environ, "PYTHONPATH": str(REPO), "CHTXN_CLICKHOUSE_TARGET_TABLE": "nosuch"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"chtxn: target table {pipeline.cfg.clickhouse.database}.nosuch does not exist")
+    ), proc.stderr
+    assert pipeline.ledger().max_epoch() == 0, "the coordinator claimed an epoch before checking its target"
+
+
 # ---- 3. orphan stage tables at take-over ----------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from protocol import naming
 from protocol.coordinator_events import Ready, Received, StepDown
 from protocol.ledger import LedgerEvent
 from protocol.ledger_resets import describe, is_reset, reset_row
-from protocol.ledger_view import audit
+from protocol.ledger_view import audit, summarize
 from protocol.messages import Reset, TopicPartition
 from tests.pure.coordinator_driver import HEAD, HEAD_SEQ, INITIAL, P0, P1, PIPE, T0, Driver, beats, create
 from tests.pure.test_ledger import commit, rng
@@ -35,6 +35,8 @@ def test_a_reset_row_is_a_commit_of_no_rows_named_for_its_slot() -> None:
     assert row.txn == naming.reset_txn(3) == "reset_s3" and not is_reset(commit(3, rng(0, 0, 10)))
     assert [(r.start, r.end, r.rows) for r in row.ranges] == [(100, 40, 0)]
     assert describe(row) == "offset reset --to-offset 40: replay by bob in commit slot 3: src/0 100 -> 40"
+    summary = summarize([row])  # what txn list and txn show print of it
+    assert (summary.state, summary.reason, summary.coordinator) == ("COMMITTED", row.reason, "bob")
 
 
 def test_the_audit_accepts_a_rewind_and_a_skip_by_a_reset_and_nothing_else() -> None:
