@@ -19,6 +19,18 @@ from tests.integration.test_coordinator_publish import ServiceThread
 from tests.pipelines import make_pipeline
 
 
+def hold_new_records_and_pause(pipeline, participants, held, cut, first: int) -> tuple[int, int]:
+    """Produce 200 records after the committed ends ``cut``, wait until a commit holding them is held
+    at ``leader.before-commit`` (``held``, armed by the caller, who releases it), then pause the
+    pipeline; returns the records produced and the commit slot the held commit claims."""
+    more = pipeline.produce(200, start_id=first)
+    wait_until(lambda: any(s.end_offset > cut[s.tp] for s in participants.statuses), 60, "new records staged")
+    assert held.reached.wait(60), "no commit reached the failpoint"
+    slot = pipeline.ledger().commits()[-1].commit_seq + 1
+    assert run_chtxn("pause", "--config", str(pipeline.config_path)).returncode == 0
+    return more, slot
+
+
 @pytest.mark.parametrize("commit_point", ["token", "keeper"])
 def test_a_reset_takes_the_slot_of_a_held_commit_and_the_rewound_records_are_committed_once_more(
     request, tmp_path, commit_point
@@ -33,11 +45,7 @@ def test_a_reset_takes_the_slot_of_a_held_commit_and_the_rewound_records_are_com
         cut = {r.tp: r.end for c in ledger.commits() for r in c.ranges}
         held = failpoints.arm("leader.before-commit", "pause*1", who="c1")
         try:
-            more = pipeline.produce(200, start_id=first)
-            wait_until(lambda: any(s.end_offset > cut[s.tp] for s in participants.statuses), 60, "new records staged")
-            assert held.reached.wait(60), "no commit reached the failpoint"
-            slot = ledger.commits()[-1].commit_seq + 1  # the slot the held commit claims
-            assert run_chtxn("pause", "--config", config).returncode == 0
+            more, slot = hold_new_records_and_pause(pipeline, participants, held, cut, first)
             reset = run_chtxn("reset", "--config", config, "--all-partitions", "--to-earliest", "--json")
             assert reset.returncode == 0, reset.stderr
             assert json.loads(reset.stdout)["commit_seq"] == slot, "the reset did not take the held commit's slot"
@@ -82,11 +90,7 @@ def test_a_commit_that_lands_before_the_resets_claim_pushes_the_reset_to_the_nex
         reading = failpoints.arm("reset.before-claim", "pause*1", who="ops")
         done: list[ResetDone] = []
         try:
-            more = pipeline.produce(200, start_id=first)
-            wait_until(lambda: any(s.end_offset > cut[s.tp] for s in participants.statuses), 60, "new records staged")
-            assert held.reached.wait(60), "no commit reached the failpoint"
-            slot = ledger.commits()[-1].commit_seq + 1
-            assert run_chtxn("pause", "--config", config).returncode == 0
+            more, slot = hold_new_records_and_pause(pipeline, participants, held, cut, first)
             store = LedgerStore.of(pipeline.cfg, pipeline.client())
             to = ResetTo(to="earliest")
             offsets = targets(pipeline.cfg, store, pipeline.partitions, to)
