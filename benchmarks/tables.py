@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=30.0, help="measured seconds per run (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="commits before the window opens (default 3)")
     parser.add_argument("--interval", type=float, default=1.0, help="transaction.interval_s (default 1.0)")
+    parser.add_argument(
+        "--one-table",
+        action="store_true",
+        help="the control: the same N topics, all routed to one table (what the partitions cost, without the tables)",
+    )
     parser.add_argument("--dir", default=".chtxn/bench-tables", help="working directory (wiped at start)")
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")
     args = parser.parse_args(argv)
@@ -98,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": round(time.monotonic() - t0, 1),
         "git": git_state(),
-        "settings": {k: getattr(args, k) for k in ("tables", "tasks", "rate", "window", "warmup", "interval")},
+        "settings": {
+            k: getattr(args, k) for k in ("tables", "tasks", "rate", "window", "warmup", "interval", "one_table")
+        },
         "machine": {
             "cores": os.cpu_count(),
             "python": platform.python_version(),
@@ -106,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_after": list(os.getloadavg()),
         },
         "runs": [
-            {**run.flat(), "tables": run.partitions // PARTITIONS_PER_TABLE, "statements_per_txn": s} for run, s in runs
+            {
+                **run.flat(),
+                "topics": run.partitions // PARTITIONS_PER_TABLE,
+                "tables": 1 if args.one_table else run.partitions // PARTITIONS_PER_TABLE,
+                "statements_per_txn": s,
+            }
+            for run, s in runs
         ],
     }
     out = Path(args.results) / f"tables-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int) -> tuple[RunFigures, float]:
     """One pipeline of ``n`` tables under the paced load: set up, warm up, measure, stop, read back."""
     name = f"t{n}"
-    cfg = prepare(stack, work, name, n, args.interval)
+    cfg = prepare(stack, work, name, n, args.interval, one_table=args.one_table)
     topics = [f"{name}_src{i}" for i in range(n)]
     partitions = [TopicPartition(topic=t, partition=p) for t in topics for p in range(PARTITIONS_PER_TABLE)]
     groups = tasks_of(partitions, args.tasks)
@@ -181,9 +194,16 @@ def _queries(client: object) -> int:
     return int(client.command("SELECT value FROM system.events WHERE event = 'Query'"))  # type: ignore[attr-defined]
 
 
-def prepare(stack: EmbeddedStack, work: Path, name: str, n: int, interval_s: float) -> PipelineConfig:
-    """A fresh pipeline ``name`` of ``n`` routes: topics, database, tables, ledger, config file."""
-    routes = "".join(f'\n[[route]]\ntopics = ["{name}_src{i}"]\ntable = "events{i}"\n' for i in range(n))
+def prepare(
+    stack: EmbeddedStack, work: Path, name: str, n: int, interval_s: float, *, one_table: bool = False
+) -> PipelineConfig:
+    """A fresh pipeline ``name`` of ``n`` routes (``one_table``: one route of the ``n`` topics): topics,
+    database, tables, ledger, config file."""
+    if one_table:
+        topics_list = ", ".join(f'"{name}_src{i}"' for i in range(n))
+        routes = f'\n[[route]]\ntopics = [{topics_list}]\ntable = "events0"\n'
+    else:
+        routes = "".join(f'\n[[route]]\ntopics = ["{name}_src{i}"]\ntable = "events{i}"\n' for i in range(n))
     path = work / f"{name}.toml"
     path.write_text(
         PIPELINE_TOML.format(
@@ -211,17 +231,16 @@ def _pct(values: list[float], q: float) -> float:
 
 def line(run: RunFigures, statements: float) -> str:
     return (
-        f"{run.partitions // PARTITIONS_PER_TABLE} tables: {run.txns} txns, {run.rows / run.window_s:,.0f} rows/s, "
+        f"{run.partitions // PARTITIONS_PER_TABLE} topics: {run.txns} txns, {run.rows / run.window_s:,.0f} rows/s, "
         f"END->commit p50 {_pct(run.commit_ms, 50):.0f} ms p95 {_pct(run.commit_ms, 95):.0f} ms, "
         f"{run.cpu_ms_per_txn or 0:.0f} ms CPU/txn, {statements:.1f} statements/txn, {run.aborts} aborts"
     )
 
 
 def table(runs: list[tuple[RunFigures, float]], args: argparse.Namespace) -> Table:
-    t = Table(
-        title=f"one txn across N tables, {PARTITIONS_PER_TABLE} partitions each, {args.rate:,.0f} events/s in all"
-    )
-    for header in ("tables", "txns/s", "rows/s", "END->commit p50", "p95", "coord CPU/txn", "statements/txn", "aborts"):
+    into = "all into one table" if args.one_table else "each into a table of its own"
+    t = Table(title=f"N topics of {PARTITIONS_PER_TABLE} partitions, {into}, {args.rate:,.0f} events/s in all")
+    for header in ("topics", "txns/s", "rows/s", "END->commit p50", "p95", "coord CPU/txn", "statements/txn", "aborts"):
         t.add_column(header, justify="right")
     for run, statements in runs:
         t.add_row(

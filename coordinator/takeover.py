@@ -97,7 +97,7 @@ def take_over(
         elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
             publish(
                 txn_id,
-                table,
+                summary.stage_table or table,  # the stage tables it committed (``table``: every table's)
                 partial(
                     ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch, coordinator=coordinator
                 ),

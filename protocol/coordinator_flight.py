@@ -172,7 +172,7 @@ class Flight:
         actions += self.maybe_start(now)
         leader = self.leader
         if leader.ready and not leader.stopping and leader.partitions:
-            actions += self.ahead.prepare(now)  # commit step 2, one txn ahead
+            actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
         if leader.stopping and not self.txns:
             actions.append(Stopped())
         return actions
@@ -231,6 +231,19 @@ class Flight:
         nxt.holders = holders
         self.liveness.hold(holders)
         return nxt
+
+    def _tables_due(self) -> tuple[str, ...] | None:
+        """The tables the next txn stages into, in route order (None: the one-table form's one table):
+        those with a partition whose log end, as its holder last saw it, is past its committed offset
+        (or not known yet). A table none of whose records wait gets no stage table, and its
+        partitions stage nothing in the txn: an idle table costs a txn no statement. Its first records
+        wait for the txn after the one under way when they arrive."""
+        if not self.outbox.many:
+            return None
+        partitions = self.leader.partitions
+        lag = self.liveness.lag(partitions, self.leader.base)
+        due = set(self.outbox.tables_of({tp.topic for tp in partitions if lag.get(tp, 1) > 0}).values())
+        return tuple(table for table in self.outbox.tables if table in due)
 
     def maybe_start(self, now: float) -> list[Action]:
         """A START on its own: the first txn, after an abort, or after an END that went alone."""

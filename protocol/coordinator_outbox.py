@@ -4,7 +4,7 @@ its pipeline, epoch and coordinator id, so participants can fence a leader of an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from protocol import naming, routing
 from protocol.coordinator_events import Offsets, Txn
@@ -25,7 +25,15 @@ class Outbox:
     def __init__(self, *, pipeline: str, epoch: int, coordinator: str, routes: Sequence[routing.Route] = ()) -> None:
         self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
         self.routes = tuple(routes)
-        self.many = len({r.table for r in self.routes}) > 1  # a txn spans several tables
+        self.tables = tuple(dict.fromkeys(r.table for r in self.routes))
+        self.many = len(self.tables) > 1  # a txn spans several tables
+        self._table_of: dict[str, str] = {}  # topic -> its table, as the routes say (fixed for the leader)
+
+    def tables_of(self, topics: Iterable[str]) -> dict[str, str]:
+        """Each of ``topics`` with its route's table (``routing.table_map``, remembered per topic)."""
+        if new := sorted(set(topics) - self._table_of.keys()):
+            self._table_of.update(routing.table_map(new, self.routes))
+        return {topic: self._table_of[topic] for topic in topics if topic in self._table_of}
 
     def start(self, txn: Txn, chunk_rows: int) -> StartCommit:
         """Commit step 3's START: where each partition starts, who holds it, the chunk size to cut."""
@@ -42,13 +50,11 @@ class Outbox:
         )
 
     def _stage_tables(self, txn: Txn) -> tuple[TopicStage, ...]:
-        """Each topic of ``txn``'s stage table, in its route's table (the partitions were listed, so
-        every topic goes to one table)."""
-        tables = routing.table_map(sorted({tp.topic for tp in txn.start}), self.routes)
-        return tuple(
-            TopicStage(topic=topic, stage_table=naming.stage_table(table, self.pipeline, txn.id))
-            for topic, table in tables.items()
-        )
+        """Each topic of ``txn``'s stage table in its route's table, "" where that table has none in
+        this txn (the partitions were listed, so every topic goes to one table)."""
+        stages = {naming.table_of_stage(s, self.pipeline, txn.id): s for s in naming.split_stages(txn.stage_table)}
+        tables = self.tables_of(sorted({tp.topic for tp in txn.start}))
+        return tuple(TopicStage(topic=topic, stage_table=stages.get(table, "")) for topic, table in tables.items())
 
     def end(self, txn: Txn, next_start: StartCommit | None) -> EndCommit:
         """Commit step 3's END, carrying the START of the txn chained to it, if any."""

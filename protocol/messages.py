@@ -81,7 +81,9 @@ class PartitionHolder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TopicStage(msgspec.Struct, frozen=True, kw_only=True):
-    """Where one topic's records are staged in a txn across several tables (``[[route]]``)."""
+    """Where one topic's records are staged in a txn across several tables (``[[route]]``); "" when
+    its table has no stage table in this txn (no records were waiting): its partitions stage nothing
+    and report ending where they started."""
 
     topic: str
     stage_table: str
@@ -94,7 +96,8 @@ class StartCommit(_Control, frozen=True, tag="start-commit"):
     this txn; any other live copy of the participant stands down (empty: no fencing, old leaders).
 
     ``stage_tables`` names each topic's stage table when the pipeline routes its topics to several
-    tables (``[[route]]``); ``stage_table`` is then the first table's.
+    tables (``[[route]]``); ``stage_table`` then lists the txn's stage tables, comma-separated
+    (``naming.txn_stages``), which is no table a participant could insert into.
 
     ``chunk_rows`` caps this txn's chunks below the participant's own ``chunk_rows`` (0: no cap;
     older leaders never set it). It is fixed for the whole txn, so chunks still depend only on
