@@ -247,6 +247,7 @@ class StageTables:
         if stage not in shapes or has_metadata(shapes[stage]) != per_partition:
             return self._check_slowly(stage)
         altered = difference(shapes[stage], shapes.get(self.target))
+        self._metadata = per_partition
         if not per_partition:
             return StageCheck(altered, sum(int(r[2]) for r in rows if r[0] == "n"), None)
         partitions = partition_stats([r[1:] for r in rows if r[0] == "s"])

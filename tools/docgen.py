@@ -62,8 +62,10 @@ SECTION_PROSE: dict[str, str] = {
     "route": (
         "Many tables per pipeline, with one commit point across them: each `[[route]]` sends the records "
         "of its topics to its table. Use it instead of `pipeline.topics` with `clickhouse.target_table` "
-        "(the one-table form, which is one route). A txn stages into one stage table per table that "
-        "receives rows, and its one COMMITTED ledger row commits them all.\n\n"
+        "(the one-table form, which is one route). A txn stages into one stage table per table with "
+        "records waiting (an idle table costs a txn nothing; its first records after idling wait one txn "
+        "longer), and its one COMMITTED ledger row commits them all. What a reader of two tables can see "
+        "between their publishes is in docs/architecture.md, section 12.\n\n"
         '```toml\n[[route]]\ntopics = ["orders", "re:orders-eu-.*"]\ntable = "orders"\n\n'
         '[[route]]\ntopics = ["clicks"]\ntable = "clicks"\n```'
     ),
