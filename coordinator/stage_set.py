@@ -28,7 +28,8 @@ from clients import failpoints
 from clients.clickhouse import error_code
 from coordinator.stage import Definition, PublishReads, StageCheck, StageTables
 from protocol import naming
-from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
+from protocol.chcodes import SYNTAX_ERROR, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
+from protocol.replicated_ddl import drop_tables_sql
 from protocol.table_shape import (
     SHAPES_SQL,
     TABLE_DEFINITIONS_SQL,
@@ -55,6 +56,7 @@ class StageSet:
         # what callers read of a StageTables: the client, the database, the pipeline, how it publishes
         self.client, self.database = first.client, first.database
         self.pipeline, self.publish_mode = first.pipeline, first.publish_mode
+        self._multi_drop: bool | None = None  # whether the server drops several tables in one statement
 
     def stages(self, stages: str) -> dict[str, str]:
         """``stages`` (``naming.txn_stages``) by target table, in route order."""
@@ -195,6 +197,19 @@ class StageSet:
     # ---- clean-up ---------------------------------------------------------------------------
 
     def drop(self, stages: str) -> None:
+        """Drop the stage tables named: in one ``DROP TABLE a, b, ...`` (ClickHouse 24.2+) on a single
+        server, one statement each on a cluster or an older server."""
+        named = self.stages(stages)
+        one = next(iter(self.tables.values()))
+        if len(named) > 1 and not one.cluster and self._multi_drop is not False:
+            try:
+                self.client.command(drop_tables_sql([self.tables[t].qualified(n) for t, n in named.items()]))
+                self._multi_drop = True
+                return
+            except Exception as exc:
+                if error_code(exc) != SYNTAX_ERROR or self._multi_drop:
+                    raise
+                self._multi_drop = False
         self._each(stages, StageTables.drop)
 
     def drop_all(self, stages: str) -> None:

@@ -234,15 +234,14 @@ class Flight:
 
     def _tables_due(self) -> tuple[str, ...] | None:
         """The tables the next txn stages into, in route order (None: the one-table form's one table):
-        those with a partition whose log end, as its holder last saw it, is past its committed offset
-        (or not known yet). A table none of whose records wait gets no stage table, and its
+        those with a partition its holder read past its committed offset, or whose log end is past it
+        (or not known yet: ``Liveness.waiting``). A table none of whose records wait gets no stage table, and its
         partitions stage nothing in the txn: an idle table costs a txn no statement. Its first records
         wait for the txn after the one under way when they arrive."""
         if not self.outbox.many:
             return None
-        partitions = self.leader.partitions
-        lag = self.liveness.lag(partitions, self.leader.base)
-        due = set(self.outbox.tables_of({tp.topic for tp in partitions if lag.get(tp, 1) > 0}).values())
+        waiting = self.liveness.waiting(self.leader.partitions, self.leader.base)
+        due = set(self.outbox.tables_of({tp.topic for tp in waiting}).values())
         return tuple(table for table in self.outbox.tables if table in due)
 
     def maybe_start(self, now: float) -> list[Action]:

@@ -115,3 +115,23 @@ def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_starte
 
 def _end(txn: str) -> EndCommit:
     return EndCommit(pipeline=PIPE, epoch=EPOCH, txn=txn, sender="c")
+
+
+def test_records_wait_in_a_partition_its_holder_read_past_the_committed_offset_even_with_a_stale_log_end() -> None:
+    from protocol.coordinator_liveness import Liveness
+
+    liveness = Liveness(heartbeat_timeout_s=3.0)
+
+    def told(tp: TopicPartition, position: int, log_end: int) -> None:
+        place = PartitionPosition(topic=tp.topic, partition=tp.partition, position=position, log_end=log_end)
+        liveness.heard(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p", partitions=(place,)), 0.0)
+
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS, CLICKS}  # nothing told yet
+    told(ORDERS, 40, 40)
+    told(CLICKS, 10, -1)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {CLICKS}  # clicks' log end is not known
+    told(CLICKS, 13, 10)  # the cached watermark trails what was read
+    told(ORDERS, 40, 41)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS, CLICKS}
+    told(CLICKS, 10, 10)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS}
