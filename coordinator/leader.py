@@ -36,6 +36,7 @@ from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
+from protocol import routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
     AbortTxn,
@@ -316,6 +317,10 @@ class Leader:
             txn = action.txn
             self.metrics.committed()
             self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
+            by_topic = routing.table_map(sorted({tp.topic for tp in txn.statuses}), self.cfg.routes)
+            for tp, ws in txn.statuses.items():
+                if ws.rows:
+                    self.metrics.table_rows.labels(self.cfg.name, by_topic[tp.topic]).inc(ws.rows)
             self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
             self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))
             ended = self._ack_at.pop(txn.id, None)

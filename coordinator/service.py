@@ -57,7 +57,7 @@ class CoordinatorService:
         self.cfg = cfg
         self.id = cfg.coordinator_id
         self.clock = clock
-        self.metrics = metrics or CoordinatorMetrics(cfg.name)
+        self.metrics = metrics or CoordinatorMetrics(cfg.name, cfg.tables)
         self.readiness = Readiness()
         self.epoch = 0  # the epoch this replica leads, 0 as standby
         self.leaderships = 0

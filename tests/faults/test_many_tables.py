@@ -9,6 +9,7 @@ failpoints hold a leader at a chosen step. Every test ends with the exactly-once
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import sys
 
 from clients import failpoints
 from protocol import naming
-from tests.helpers import REPO, unique_name, wait_until
+from tests.helpers import REPO, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
@@ -99,7 +100,7 @@ def test_a_table_with_no_records_waiting_gets_no_stage_table_and_its_first_recor
         """Committed txns, seals left out."""
         return [c for c in pipeline.ledger().commits() if naming.parse_txn_id(c.txn)[1]]
 
-    with coordinator(pipeline), participants(pipeline, tasks=2):
+    with coordinator(pipeline) as service, participants(pipeline, tasks=2):
         wait_until(landed, WAIT_S, "t0's records committed")
         seen = len(commits())
         wait_until(lambda: len(commits()) >= seen + 6, WAIT_S, "six more txns, every table idle")
@@ -110,10 +111,23 @@ def test_a_table_with_no_records_waiting_gets_no_stage_table_and_its_first_recor
         quiet = len(commits()) - 3
         produced["t2"] = produce_to(pipeline, f"{name}_t2", 200)
         wait_until(landed, WAIT_S, "t2's records committed")
+        status = json.loads(run_chtxn("status", "--config", str(pipeline.config_path), "--json").stdout)
+        metric = service.metrics.registry.get_sample_value
+    # per table: status (the pipeline's own partitions and commits), the metric, txn show
+    assert {t["table"]: (t["partitions"], t["lag"]) for t in status["tables"]} == {t: (2, 0) for t in produced}
+    assert {p["table"] for p in status["partitions"]} == set(produced)
+    assert status["tables"][1]["rows_per_s"] in (0.0, None), status["tables"]
+    assert {t: metric("chtxn_table_rows_committed_total", {"pipeline": name, "table": t}) for t in produced} == {
+        t: float(n) for t, n in produced.items()
+    }
     with_rows = [c for c in commits() if c.total_rows]
     assert with_rows[-1].target == "t2" and naming.split_stages(with_rows[-1].stage_table) == [
         naming.stage_table("t2", name, with_rows[-1].txn)
     ]
+    shown = json.loads(
+        run_chtxn("txn", "show", with_rows[-1].txn, "--config", str(pipeline.config_path), "--json").stdout
+    )
+    assert shown["rows_by_table"] == {"t0": 0, "t1": 0, "t2": with_rows[-1].total_rows}
     later = commits()[quiet:]
     assert not any("t1" in c.target.split(",") for c in later), [(c.txn, c.target, c.total_rows) for c in later]
     assert_exactly_once_per_table(pipeline, produced)
