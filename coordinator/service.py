@@ -91,7 +91,9 @@ class CoordinatorService:
         ledger.ensure_tables()
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
         for target in self.cfg.tables:
-            check_target(stages.client, database=stages.database, target=target, publish_mode=stages.publish_mode)
+            check_target(
+                stages.client, database=stages.database, target=target, publish_mode=self.cfg.publish_mode_of(target)
+            )
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",
@@ -193,7 +195,7 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
                 database=ch.database,
                 target=table,
                 pipeline=cfg.name,
-                publish_mode=cfg.transaction.publish_mode,
+                publish_mode=cfg.publish_mode_of(table),
                 copy_settings={"os_thread_priority": 0} if renice else {},
                 cluster=ch.cluster,
             )

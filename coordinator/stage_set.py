@@ -53,9 +53,9 @@ class StageSet:
         self.tables = dict(tables)
         self.coordinator = coordinator
         first = next(iter(self.tables.values()))
-        # what callers read of a StageTables: the client, the database, the pipeline, how it publishes
+        # what callers read of a StageTables: the client, the database, the pipeline
         self.client, self.database = first.client, first.database
-        self.pipeline, self.publish_mode = first.pipeline, first.publish_mode
+        self.pipeline = first.pipeline
         self._multi_drop: bool | None = None  # whether the server drops several tables in one statement
 
     def stages(self, stages: str) -> dict[str, str]:

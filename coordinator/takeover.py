@@ -57,7 +57,11 @@ def take_over(
     failpoints.hit("leader.before-take-over", coordinator)
     for target in cfg.tables:  # Take-over step 1: check the target tables
         retry(f"check the target table {target}")(
-            check_target, stages.client, database=stages.database, target=target, publish_mode=stages.publish_mode
+            check_target,
+            stages.client,
+            database=stages.database,
+            target=target,
+            publish_mode=cfg.publish_mode_of(target),
         )
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()

@@ -16,6 +16,7 @@ import difflib
 import os
 import socket
 from collections.abc import Callable, Mapping
+from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
@@ -66,7 +67,16 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         topics = tuple(dict.fromkeys(t for r in self.routes if r.table == table for t in r.topics))
         pipeline = msgspec.structs.replace(self.pipeline, topics=topics)
         clickhouse = msgspec.structs.replace(self.clickhouse, target_table=table)
-        return msgspec.structs.replace(self, pipeline=pipeline, clickhouse=clickhouse, route=())
+        transaction = msgspec.structs.replace(self.transaction, publish_mode=self.publish_mode_of(table))
+        return msgspec.structs.replace(
+            self, pipeline=pipeline, clickhouse=clickhouse, transaction=transaction, route=()
+        )
+
+    def publish_mode_of(self, table: str) -> Literal["move", "insert-select"]:
+        """How ``table``'s rows are published: its routes' ``publish_mode``, else ``transaction.publish_mode``."""
+        return next((r.publish_mode for r in self.route if r.table == table and r.publish_mode), None) or (
+            self.transaction.publish_mode
+        )
 
     @property
     def source_topics(self) -> tuple[str, ...]:
@@ -223,6 +233,9 @@ def _validate(config: PipelineConfig) -> None:
                 raise bad(key, spec, f"not a regular expression after re: ({exc})") from None
             if hit := [t for t in (config.control_topic, config.dead_letter_topic) if pattern.fullmatch(t)]:
                 raise bad(key, spec, f"matches {hit[0]}, the pipeline's own control or dead-letter topic: narrow it")
+    for table in config.tables:
+        if len(modes := {r.publish_mode for r in config.route if r.table == table and r.publish_mode}) > 1:
+            raise bad("route", table, f"its routes set different publish_mode values ({', '.join(sorted(modes))})")
     for topic in topic_patterns.names(config.source_topics):
         if len(claimed := routing.tables_of(topic, config.routes)) > 1:
             raise bad(where, topic, f"goes to more than one table ({', '.join(claimed)}): route each topic once")

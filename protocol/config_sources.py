@@ -54,7 +54,12 @@ def settings(cfg: PipelineConfig, text: str, environ: Mapping[str, str]) -> list
     for section, fields in effective.items():
         if section == "route":  # ``[[route]]``: one setting per route, from the file
             found += [
-                Setting(key=f"route[{i}]", value=f"{', '.join(r['topics'])} -> {r['table']}", source=FILE)
+                Setting(
+                    key=f"route[{i}]",
+                    value=f"{', '.join(r['topics'])} -> {r['table']}"
+                    + (f" ({r['publish_mode']})" if r.get("publish_mode") else ""),
+                    source=FILE,
+                )
                 for i, r in enumerate(fields)
             ]
             continue

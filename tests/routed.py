@@ -20,11 +20,24 @@ from tests.pipelines import TARGET_DDL, Pipeline
 
 
 def make_routed_pipeline(
-    stack, tmp_path: Path, name: str, *, tables: int = 3, partitions: int = 2, pattern_table: str = ""
+    stack,
+    tmp_path: Path,
+    name: str,
+    *,
+    tables: int = 3,
+    partitions: int = 2,
+    pattern_table: str = "",
+    insert_select: tuple[str, ...] = (),
 ) -> Pipeline:
     """A fresh pipeline routing topic ``<name>_t<i>`` into table ``t<i>`` of its own database; with
-    ``pattern_table``, also every topic matching ``<name>_late_.*`` into that table (none exists yet)."""
-    routes = "".join(f'\n[[route]]\ntopics = ["{name}_t{i}"]\ntable = "t{i}"\n' for i in range(tables))
+    ``pattern_table``, also every topic matching ``<name>_late_.*`` into that table (none exists yet);
+    the tables in ``insert_select`` are published by insert-select (their routes say so, and they
+    deduplicate), the others by move."""
+
+    def mode(table: str) -> str:
+        return 'publish_mode = "insert-select"\n' if table in insert_select else ""
+
+    routes = "".join(f'\n[[route]]\ntopics = ["{name}_t{i}"]\ntable = "t{i}"\n{mode(f"t{i}")}' for i in range(tables))
     if pattern_table:
         routes += f'\n[[route]]\ntopics = ["re:{name}_late_.*"]\ntable = "{pattern_table}"\n'
     text = (
@@ -45,7 +58,8 @@ def make_routed_pipeline(
     client = clickhouse_connect.get_client(host=host, port=int(port))
     client.command(f"CREATE DATABASE IF NOT EXISTS `{name}`")
     for table in cfg.tables:
-        client.command(TARGET_DDL.format(db=f"`{name}`", table=f"`{table}`"))
+        dedup = "\nSETTINGS non_replicated_deduplication_window = 1000" if table in insert_select else ""
+        client.command(TARGET_DDL.rstrip().format(db=f"`{name}`", table=f"`{table}`") + dedup)
     LedgerStore.of(cfg, client).ensure_tables()
     tps = [TopicPartition(topic=t, partition=p) for t in topics for p in range(partitions)]
     return Pipeline(cfg, path, tps)

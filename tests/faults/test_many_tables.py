@@ -154,3 +154,37 @@ def test_one_tables_stage_table_failing_step_5_aborts_the_txn_in_every_table(sta
     aborted = {t.txn: t.reason for t in pipeline.ledger().history(limit=100, state="ABORTED")}
     assert "does not exist" in aborted.get(k, ""), aborted
     assert_exactly_once_per_table(pipeline, produced)
+
+
+def test_a_table_with_a_view_is_published_by_insert_select_and_the_others_by_move(stack, tmp_path):
+    """Per-table publish modes (``[[route]] publish_mode``): t1 has a materialized view, which fires
+    on INSERT only; its route takes insert-select while t0 keeps move. The view counts every row once,
+    also when the leader dies between the two tables' publishes and the next one publishes t1."""
+    pipeline = make_routed_pipeline(stack, tmp_path, unique_name("mtmode"), tables=2, insert_select=("t1",))
+    db = f"`{pipeline.cfg.clickhouse.database}`"
+    client = pipeline.client()
+    client.command(
+        f"CREATE TABLE {db}.t1_counts (_partition Int32, rows UInt64) ENGINE = MergeTree ORDER BY _partition "
+        "SETTINGS non_replicated_deduplication_window = 1000"
+    )
+    client.command(
+        f"CREATE MATERIALIZED VIEW {db}.t1_mv TO {db}.t1_counts AS "
+        f"SELECT _partition, count() AS rows FROM {db}.t1 GROUP BY _partition"
+    )
+    produced = {t: produce_to(pipeline, f"{pipeline.cfg.name}_{t}", 400) for t in ("t0", "t1")}
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), leaders(e1, e2):
+        between = failpoints.arm("leader.between-table-publishes", "pause*1", who="E1")
+        e1.start()
+        assert between.reached.wait(WAIT_S), "E1 never published a first table"
+        assert table_count(pipeline, "t0") > 0 and table_count(pipeline, "t1") == 0
+        e2.start()  # rolls t1 forward by insert-select; E1, released, finds it done
+        wait_until(
+            lambda: all(table_count(pipeline, t) == n for t, n in produced.items()), WAIT_S, "every record committed"
+        )
+        failpoints.release("leader.between-table-publishes")
+        wait_until(lambda: isinstance(e1.outcome, str), WAIT_S, "E1 stepped down")
+    assert_exactly_once_per_table(pipeline, produced)
+    counted = int(client.command(f"SELECT sum(rows) FROM {db}.t1_counts"))
+    assert counted == produced["t1"], f"the view on t1 counted {counted} rows, t1 holds {produced['t1']}"
+    assert stage_tables_left(pipeline) == []

@@ -59,3 +59,14 @@ def test_a_topic_two_tables_patterns_match_is_refused_when_the_partitions_are_li
     cfg = parse_config(ROUTED + '[[route]]\ntopics = ["re:.*-eu-.*"]\ntable = "eu"\n', {})
     with pytest.raises(SetupError, match="topic orders-eu-1 matches the routes of 2 tables \\(orders, eu\\)"):
         routing.table_map(["orders-eu-1"], cfg.routes)
+
+
+def test_a_route_publishes_its_table_its_own_way_and_routes_of_one_table_must_agree() -> None:
+    cfg = parse_config(ROUTED.replace('table = "clicks"', 'table = "clicks"\npublish_mode = "insert-select"'), {})
+    assert (cfg.publish_mode_of("orders"), cfg.publish_mode_of("clicks")) == ("move", "insert-select")
+    assert cfg.for_table("clicks").transaction.publish_mode == "insert-select"
+    err = error_of(
+        ROUTED + '[[route]]\ntopics = ["orders-us"]\ntable = "orders"\npublish_mode = "insert-select"\n'
+        '[[route]]\ntopics = ["orders-ca"]\ntable = "orders"\npublish_mode = "move"\n'
+    )
+    assert err.key == "route" and "different publish_mode values (insert-select, move)" in str(err), str(err)
