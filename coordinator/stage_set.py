@@ -61,9 +61,10 @@ class StageSet:
     def stages(self, stages: str) -> dict[str, str]:
         """``stages`` (``naming.txn_stages``) by target table, in route order."""
         found: dict[str, str] = {}
+        marker = f"{naming.STAGE_MARKER}{self.pipeline}__"
         for name in naming.split_stages(stages):
-            table = next((t for t in self.tables if naming.txn_of_stage_table(t, self.pipeline, name)), None)
-            if table is None:
+            table = name[: name.rfind(marker)] if marker in name else ""
+            if table not in self.tables or not naming.txn_of_stage_table(table, self.pipeline, name):
                 raise ValueError(
                     f"{name} is not a stage table of pipeline {self.pipeline} into {', '.join(self.tables)}"
                 )

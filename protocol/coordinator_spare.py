@@ -40,10 +40,14 @@ class StageAhead:
         """A spare exists and its stage table was created: a START may take it."""
         return self.spare is not None and self.spare.ready
 
+    def wants(self, now: float) -> bool:
+        """``prepare`` would ask for a stage table now: none is kept and no failed creation waits."""
+        return self.spare is None and now >= self._not_before
+
     def prepare(self, now: float, tables: Sequence[str] | None = None) -> list[Action]:
         """Ask for the next txn's stage table, unless one is kept or a failed creation waits to retry.
         ``tables``: the target tables that get one (``[[route]]``; None: the one target)."""
-        if self.spare is not None or now < self._not_before:
+        if not self.wants(now):
             return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
