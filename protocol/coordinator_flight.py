@@ -174,9 +174,9 @@ class Flight:
                 actions.append(Publish(txn))
         actions += self.maybe_start(now)
         leader = self.leader
-        if leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now):
-            if not self._deferring_spare():
-                actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
+        wanted = leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now)
+        if wanted and not self._deferring_spare():
+            actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
         if leader.stopping and not self.txns:
             actions.append(Stopped())
         return actions
