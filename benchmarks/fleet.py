@@ -266,6 +266,9 @@ class Fleet:
         with self._lock:
             for tp in group:
                 read, begin = self._read[tp], offsets[tp]
+                if not start.stage_table_of(tp.topic):  # its table has no stage table in this txn: held
+                    ends[tp] = begin
+                    continue
                 if begin < read.base:  # not held any more (cannot happen while ACKs trim only below commits)
                     ends[tp] = begin
                     continue
