@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The phases between a txn's END and its commit point.
-BETWEEN_END_AND_COMMIT = (Phase.ENDING, Phase.COMPLETE, Phase.VERIFYING, Phase.COMMITTING)
-
 
 class Leader(Protocol):
     """What the flight reads of its leader (``CoordinatorState``)."""
@@ -174,8 +171,7 @@ class Flight:
                 actions.append(Publish(txn))
         actions += self.maybe_start(now)
         leader = self.leader
-        wanted = leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now)
-        if wanted and not self._deferring_spare():
+        if leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now):
             actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
         if leader.stopping and not self.txns:
             actions.append(Stopped())
@@ -235,13 +231,6 @@ class Flight:
         nxt.holders = holders
         self.liveness.hold(holders)
         return nxt
-
-    def _deferring_spare(self) -> bool:
-        """A txn across tables makes its stage tables (a statement per table) only once no txn is
-        between its END and its commit: while one is, its holders insert their last chunks and step 5
-        reads, and the next txn's tables can wait until it committed (the START they are for is an
-        interval away). One table's stage table is made at once, as before."""
-        return self.outbox.many and any(t.phase in BETWEEN_END_AND_COMMIT for t in self.txns)
 
     def _tables_due(self) -> tuple[str, ...] | None:
         """The tables the next txn stages into, in route order (None: the one-table form's one table):
