@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
@@ -188,7 +189,15 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
         checkpoint_every=co.ledger_checkpoint_every,
         retention_s=co.ledger_retention_days * 86400,
     )
-    stages = StageSet(
+    stages = stage_set(cfg, client, copy_settings={"os_thread_priority": 0} if renice else {})
+    return ledger, stages
+
+
+def stage_set(cfg: PipelineConfig, client: Any, *, copy_settings: dict[str, Any] | None = None) -> StageSet:
+    """The stage tables of every target table of ``cfg``, each published its own way
+    (``PipelineConfig.publish_mode_of``), on ``client``."""
+    ch = cfg.clickhouse
+    return StageSet(
         {
             table: StageTables(
                 client,
@@ -196,11 +205,10 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
                 target=table,
                 pipeline=cfg.name,
                 publish_mode=cfg.publish_mode_of(table),
-                copy_settings={"os_thread_priority": 0} if renice else {},
+                copy_settings=copy_settings,
                 cluster=ch.cluster,
             )
             for table in cfg.tables
         },
         coordinator=cfg.coordinator_id,
     )
-    return ledger, stages

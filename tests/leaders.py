@@ -6,10 +6,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgspec
+
 from clients import failpoints
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.service import stage_set
 from coordinator.stage import StageTables
 from coordinator.stage_set import StageSet
 from tests.pipelines import Pipeline
@@ -66,11 +69,10 @@ class LeaderThread:
 
 def stage_tables(pipeline: Pipeline, coordinator: str = "") -> StageSet:
     """The stage tables of every target table of the pipeline, as the coordinator service makes them."""
-    cfg, client = pipeline.cfg, pipeline.client()
-    return StageSet(
-        {t: StageTables(client, database=cfg.clickhouse.database, target=t, pipeline=cfg.name) for t in cfg.tables},
-        coordinator=coordinator,
+    cfg = msgspec.structs.replace(
+        pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator)
     )
+    return stage_set(cfg, pipeline.client())
 
 
 @contextmanager
