@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: Insert workers: how many tasks stage at the same time (real tasks run in parallel).
 STAGING_WORKERS = 4
+#: Inserts one task makes at once, into the stage tables of several tables (a real task's ``Stager``
+#: pool: ``participant.runner.TaskRunner``'s 2 workers).
+INSERTS_PER_TASK = 2
 
 
 @dataclass
@@ -107,6 +110,9 @@ class Fleet:
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(max_workers=STAGING_WORKERS, thread_name_prefix="fleet-stage")
+        self._inserts = ThreadPoolExecutor(
+            max_workers=STAGING_WORKERS * INSERTS_PER_TASK, thread_name_prefix="fleet-insert"
+        )
         base = {"bootstrap.servers": cfg.kafka.bootstrap_servers}
         self._producer = Producer({**base, "linger.ms": 2})
 
@@ -124,6 +130,7 @@ class Fleet:
         for thread in self._threads:
             thread.join(30)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._inserts.shutdown(wait=True, cancel_futures=True)
         self._producer.flush(10)
 
     def _guard(self, target: Callable[[], object]) -> None:
@@ -254,34 +261,51 @@ class Fleet:
         self, start: StartCommit, sender: str, group: list[TopicPartition], offsets: dict[TopicPartition, int]
     ) -> None:
         """One task at END: its partitions' records from START on, as one insert; then WRITE-STATUSes."""
-        lines: list[bytes] = []
+        lines: dict[str, list[bytes]] = {}  # by stage table: a txn across tables has one per table
         ends: dict[TopicPartition, int] = {}
         with self._lock:
             for tp in group:
                 read, begin = self._read[tp], offsets[tp]
+                if not start.stage_table_of(tp.topic):  # its table has no stage table in this txn: held
+                    ends[tp] = begin
+                    continue
                 if begin < read.base:  # not held any more (cannot happen while ACKs trim only below commits)
                     ends[tp] = begin
                     continue
                 values = read.values[begin - read.base :]
                 ends[tp] = begin + len(values)
                 prefix = b'{"_topic":"%s","_partition":%d,"_offset":' % (tp.topic.encode(), tp.partition)
-                lines.extend(prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values))
-        errors: tuple[str, ...] = ()
-        if lines:
-            ends_key = ",".join(f"{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
-            token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, len(lines))
+                lines.setdefault(start.stage_table_of(tp.topic), []).extend(
+                    prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values)
+                )
+        ends_key = ",".join(f"{tp.topic}:{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
+        token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, 0)
+
+        def insert(stage_table: str, body: list[bytes]) -> str:
+            """One stage table's insert; the error, "" when none."""
             try:
                 self._client().raw_insert(
-                    start.stage_table,
-                    insert_block=b"\n".join(lines),
+                    stage_table,
+                    insert_block=b"\n".join(body),
                     fmt="JSONEachRow",
-                    settings={"insert_deduplication_token": f"{token}/{ends_key}", "async_insert": 0},
+                    settings={"insert_deduplication_token": f"{token}/{stage_table}/{ends_key}", "async_insert": 0},
                 )
-                self.counts.inserts += 1
-                self.counts.rows_staged += len(lines)
             except Exception as exc:  # e.g. the stage table of an aborted txn: report, as a participant does
-                self.counts.insert_errors += 1
-                errors = (f"{type(exc).__name__}: {exc}",)
+                with self._lock:
+                    self.counts.insert_errors += 1
+                return f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                self.counts.inserts += 1
+                self.counts.rows_staged += len(body)
+            return ""
+
+        # one insert per stage table (a txn across tables has one per table), as many at once as a task's pool
+        bodies = [(table, body) for table, body in lines.items() if body]
+        if len(bodies) == 1:
+            found = [insert(*bodies[0])]
+        else:
+            found = [f.result() for f in [self._inserts.submit(insert, t, b) for t, b in bodies]]
+        errors: tuple[str, ...] = tuple(e for e in found if e)[:1]
         for tp in group:
             begin = offsets[tp]
             self._send(

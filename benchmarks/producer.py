@@ -48,6 +48,7 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
             "on_delivery": delivered,
         }
     )
+    topics = topic.split(",")  # several: the events go round-robin over them
     pool = [body[1:] for _, body in events(POOL)]  # each '{' ... '}' without its '{'
     keys = [str(i).encode() for i in range(KEYS)]
     head = b'{"' + PRODUCED_AT.encode() + b'":'
@@ -66,7 +67,7 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
             value = prefix + pool[sent % POOL]
             while True:
                 try:
-                    producer.produce(topic, value=value, key=keys[sent % KEYS])
+                    producer.produce(topics[sent % len(topics)], value=value, key=keys[sent % KEYS])
                     break
                 except BufferError:
                     producer.poll(0.01)
@@ -88,7 +89,7 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.producer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--topic", required=True, help="a topic, or several separated by commas (round-robin)")
     parser.add_argument("--rate", type=float, required=True, help="events per second")
     parser.add_argument("--seconds", type=float, required=True)
     args = parser.parse_args(argv)

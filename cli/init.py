@@ -145,7 +145,7 @@ def _check_kafka(
         return None
     widest = 1
     existing = [name for name, found in topics.items() if found.error is None and found.partitions]
-    for topic in topic_patterns.matching(cfg.pipeline.topics, existing):
+    for topic in topic_patterns.matching(cfg.source_topics, existing):
         found = topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             message = (
@@ -215,28 +215,30 @@ def _check_clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str
             items.append(Item(kind="clickhouse database", name=ch.database, status="missing"))
             problems.append(
                 f"ClickHouse database {ch.database} does not exist at {secrets.mask_url(ch.url)}: create it "
-                f"(CREATE DATABASE {ch.database}) and the target table {ch.target_table} in it"
+                f"(CREATE DATABASE {ch.database}) and the target tables {', '.join(cfg.tables)} in it"
             )
         else:
             items.append(Item(kind="clickhouse database", name=ch.url, status="unreachable", detail=str(exc)))
             problems.append(str(exc))
         return None
     items.append(Item(kind="clickhouse database", name=ch.database, status="found"))
-    name = f"{ch.database}.{ch.target_table}"
-    try:
-        exists = retrying(3, "check the target table")(
-            client.command, f"EXISTS TABLE `{ch.database}`.`{ch.target_table}`"
-        )
-    except ClickHouseError as exc:
-        problems.append(str(exc))
-        return client
-    if int(exists) == 1:
-        items.append(Item(kind="clickhouse table", name=name, status="found", detail="target table"))
-    else:
+    for table in cfg.tables:
+        name = f"{ch.database}.{table}"
+        try:
+            exists = retrying(3, f"check the target table {table}")(
+                client.command, f"EXISTS TABLE `{ch.database}`.`{table}`"
+            )
+        except ClickHouseError as exc:
+            problems.append(str(exc))
+            return client
+        if int(exists) == 1:
+            items.append(Item(kind="clickhouse table", name=name, status="found", detail="target table"))
+            continue
         items.append(Item(kind="clickhouse table", name=name, status="missing", detail="target table"))
+        fix = "fix the table of its [[route]]" if cfg.route else "fix clickhouse.target_table"
         problems.append(
             f"target table {name} does not exist: create it (CREATE TABLE {name} (...) ENGINE = MergeTree "
-            "ORDER BY ...) or fix clickhouse.target_table; chtxn stages into clones of it"
+            f"ORDER BY ...) or {fix}; chtxn stages into clones of it"
         )
     return client
 

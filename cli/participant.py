@@ -236,7 +236,7 @@ def default_master(cfg: PipelineConfig, partitions: list[TopicPartition] | None 
         tasks = cfg.participant.task_slots
     else:
         if partitions is None:
-            partitions = partitions_of(admin(cfg), cfg.pipeline.topics, bootstrap=cfg.kafka.bootstrap_servers)
+            partitions = partitions_of(admin(cfg), cfg.source_topics, bootstrap=cfg.kafka.bootstrap_servers)
         tasks = max(1, min(len(partitions), os.cpu_count() or 1))
     return f"local[{tasks},{LOCAL_TASK_ATTEMPTS}]"
 

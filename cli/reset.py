@@ -184,12 +184,12 @@ def _partitions(cfg: PipelineConfig, args: argparse.Namespace) -> list[TopicPart
     for spec in args.partition:
         topic, slash, number = spec.rpartition("/")
         if not slash:
-            if len(cfg.pipeline.topics) != 1 or topic_patterns.is_pattern(cfg.pipeline.topics[0]):
+            if len(cfg.source_topics) != 1 or topic_patterns.is_pattern(cfg.source_topics[0]):
                 raise ConfigError(
                     f"--partition {spec}: the pipeline reads more than one topic; write TOPIC/N",
                     key="--partition",
                 )
-            topic = cfg.pipeline.topics[0]
+            topic = cfg.source_topics[0]
         if not number.isdigit():
             raise ConfigError(f"--partition {spec}: write TOPIC/N, e.g. orders/0", key="--partition")
         picked.append(TopicPartition(topic=topic, partition=int(number)))

@@ -23,11 +23,12 @@ from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.ledger_history import LedgerHistory
-from protocol import codec, naming, pipeline_health
+from protocol import codec, naming, pipeline_health, routing
 from protocol.config import PipelineConfig, load_config
 from protocol.doctor_facts import Check
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import LedgerEvent
+from protocol.ledger_view import TxnSummary
 from protocol.messages import Heartbeat, LeaderHeartbeat, StandbyHeartbeat, TopicPartition
 from protocol.pipeline_health import Heard, Replica
 from protocol.standby_replicas import STANDBY, with_standbys
@@ -45,6 +46,17 @@ class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):
     log_end: int  # the offset the next record will get (clients.log_ends)
     lag: int | None
     participant: str  # "" when no live participant holds it
+    table: str  # the target table its route sends it to
+
+
+class TableStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One target table of the pipeline: its own partitions and commits (``[[route]]``: rows other
+    pipelines write into a shared table are not counted)."""
+
+    table: str
+    partitions: int
+    lag: int | None  # records of its partitions not yet committed; None when one was never committed
+    rows_per_s: float | None  # its rows committed per second, over the same commits as the pipeline's
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +80,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     paused_reason: str
     paused_at: float  # unix seconds of the pause; 0.0 when not paused
     partitions: tuple[PartitionStatus, ...]
+    tables: tuple[TableStatus, ...]
     checks: tuple[Check, ...]
     failed: tuple[str, ...]  # the names of the checks that failed
     healthy: bool  # no check failed (a warning does not fail)
@@ -126,11 +139,12 @@ def collect(
         **{"group.id": naming.status_group(cfg.name), **CONSUMER_PROPERTIES}
     )
     try:
-        partitions = kafka_clients.partitions_of(consumer, cfg.pipeline.topics, timeout_s, cfg.kafka.bootstrap_servers)
+        partitions = kafka_clients.partitions_of(consumer, cfg.source_topics, timeout_s, cfg.kafka.bootstrap_servers)
         leaders, standbys, holders = _heartbeats(cfg, consumer, now, timeout_s)
         ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s)
     finally:
         consumer.close()
+    routed = routing.table_map(sorted({tp.topic for tp in partitions}), cfg.routes)
     rows = [
         PartitionStatus(
             topic=tp.topic,
@@ -139,6 +153,7 @@ def collect(
             log_end=(end := ends[(tp.topic, tp.partition)]),
             lag=max(0, end - head[tp]) if tp in head else None,
             participant=holders.get(tp, ""),
+            table=routed.get(tp.topic, ""),
         )
         for tp in partitions
     ]
@@ -148,7 +163,7 @@ def collect(
     every = with_standbys(found, standbys, lease_s=lease_s)
     committed_at = (last.committed_at or last.event_time) if last else 0.0
     age = round(max(0.0, now - committed_at), 1) if committed_at else None
-    rate, window = pipeline_health.rows_per_s(commits)
+    rate, window = pipeline_health.rows_per_s([(c.committed_at, c.total_rows) for c in commits])
     tx = cfg.transaction
     checks = (
         pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch),
@@ -183,20 +198,43 @@ def collect(
         paused_reason=pause.reason if paused and pause else "",
         paused_at=(pause.started_at or pause.event_time) if paused and pause else 0.0,
         partitions=tuple(rows),
+        tables=_tables(cfg, rows, commits),
         checks=checks,
         failed=failed,
         healthy=not failed,
     )
 
 
-def _latest_commits(ledger: LedgerHistory, count: int) -> list[tuple[float, int]]:
-    """(commit time, rows) of the latest ``count`` committed txns among the latest txns (aborted
-    ones and seals come between them: three times as many txns are read)."""
+def _latest_commits(ledger: LedgerHistory, count: int) -> list[TxnSummary]:
+    """The latest ``count`` committed txns among the latest txns, oldest first (aborted ones and seals
+    come between them: three times as many txns are read)."""
     if count < 2:
         return []
     txns = ledger.latest_txns(limit=3 * count)
-    done = sorted((t.committed_at, t.total_rows) for t in txns if t.committed_at and t.commit_seq)
-    return done[-count:]
+    return sorted((t for t in txns if t.committed_at and t.commit_seq), key=lambda t: t.committed_at)[-count:]
+
+
+def _tables(cfg: PipelineConfig, rows: list[PartitionStatus], commits: list[TxnSummary]) -> tuple[TableStatus, ...]:
+    """Each table's partitions, lag and rate: its rows in the pipeline's latest commits, by the topics
+    routed to it."""
+    by_topic = routing.table_map(
+        sorted({r.topic for r in rows} | {g.topic for c in commits for g in c.ranges}), cfg.routes
+    )
+    found = []
+    for table in cfg.tables:
+        lags = [r.lag for r in rows if r.table == table]
+        rate, _ = pipeline_health.rows_per_s(
+            [(c.committed_at, sum(g.rows for g in c.ranges if by_topic.get(g.topic) == table)) for c in commits]
+        )
+        found.append(
+            TableStatus(
+                table=table,
+                partitions=len(lags),
+                lag=None if None in lags else sum(lag for lag in lags if lag is not None),
+                rows_per_s=None if rate is None else round(rate, 1),
+            )
+        )
+    return tuple(found)
 
 
 def _heartbeats(
@@ -264,6 +302,13 @@ PARTITION_COLUMNS = (
     Column("log end", "log_end", right=True),
     Column("lag", "lag", right=True),
     Column("participant", "participant"),
+    Column("table", "table"),
+)
+TABLE_COLUMNS = (
+    Column("table", "table"),
+    Column("partitions", "partitions", right=True),
+    Column("lag", "lag", right=True),
+    Column("rows/s", "rows_per_s", right=True),
 )
 REPLICA_COLUMNS = (
     Column("coordinator", "id"),
@@ -317,6 +362,12 @@ def run(args: argparse.Namespace) -> int:
         for c in status.checks:
             checks.add(c.name, Styled(c.status, _STYLES[c.status]), c.found, c.fix or "-")
         out.sheet(checks)
+        if len(status.tables) > 1:  # [[route]]: each table of the pipeline, its partitions only
+            tables = Sheet("target tables (this pipeline's partitions and commits)", TABLE_COLUMNS)
+            for t in status.tables:
+                lag = "-" if t.lag is None else str(t.lag)
+                tables.add(t.table, str(t.partitions), lag, "-" if t.rows_per_s is None else f"{t.rows_per_s:g}")
+            out.sheet(tables)
     table = Sheet("source partitions", PARTITION_COLUMNS)
     for p in status.partitions:
         table.add(
@@ -326,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
             str(p.log_end),
             "-" if p.lag is None else str(p.lag),
             p.participant or Styled("none live", "red"),
+            p.table,
         )
     out.sheet(table)
     return 0 if status.healthy else 1

@@ -20,7 +20,7 @@ from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
-from protocol import ledger, ledger_sql
+from protocol import ledger, ledger_sql, routing
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
@@ -202,8 +202,10 @@ def run_show(args: argparse.Namespace) -> int:
         raise _missing_ledger(exc, cfg, args.config) from None
     if summary is None:
         raise SetupError(f"no ledger rows for txn {args.txn!r} in pipeline {cfg.name}: list txns with chtxn txn list")
+    by_table = rows_by_table(cfg, summary)
     if args.format == "json":
-        print(msgspec.json.format(msgspec.json.encode(summary)).decode())
+        document = {**msgspec.to_builtins(summary), "rows_by_table": by_table}
+        print(msgspec.json.format(msgspec.json.encode(document)).decode())
         return 0
     out = Output(args.format)
     if args.format == "tsv":
@@ -211,8 +213,14 @@ def run_show(args: argparse.Namespace) -> int:
         sheet.add(*txn_cells(summary))
         out.sheet(sheet)
         return 0
-    _print_summary(out, summary)
+    _print_summary(out, summary, by_table if len(cfg.tables) > 1 else None)
     return 0
+
+
+def rows_by_table(cfg: PipelineConfig, summary: TxnSummary) -> dict[str, int]:
+    """The rows ``summary``'s txn staged, per target table of the pipeline (by the routes of its topics)."""
+    by_topic = routing.table_map(sorted({r.topic for r in summary.ranges}), cfg.routes)
+    return {table: sum(r.rows for r in summary.ranges if by_topic.get(r.topic) == table) for table in cfg.tables}
 
 
 def txn_cells(s: TxnSummary) -> tuple[Cell, ...]:
@@ -236,7 +244,9 @@ def txn_cells(s: TxnSummary) -> tuple[Cell, ...]:
     )
 
 
-def _print_summary(out: Output, s: TxnSummary) -> None:
+def _print_summary(out: Output, s: TxnSummary, by_table: dict[str, int] | None = None) -> None:
+    """``by_table``: the rows per table, shown for a pipeline of several tables."""
+    tables = ", ".join(f"{table} {rows}" for table, rows in (by_table or {}).items())
     out.facts(
         [
             ("txn", s.txn),
@@ -246,7 +256,7 @@ def _print_summary(out: Output, s: TxnSummary) -> None:
             ("coordinator", s.coordinator),
             ("target", s.target),
             ("stage table", s.stage_table),
-            ("rows", str(s.total_rows)),
+            ("rows", str(s.total_rows) + (f" ({tables})" if tables else "")),
             ("bytes", str(s.total_bytes)),
             ("dead letters", str(s.dead_letters)),
             ("started", _time(s.started_at)),

@@ -13,7 +13,7 @@ from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
 from clients.clickhouse import make_client, retrying
-from coordinator.verify import dead_letter_offsets, own_topics, verify_deep
+from coordinator.verify import DeepReport, dead_letter_offsets, merged, verify_tables
 from protocol.config import load_config
 from protocol.errors import SetupError
 
@@ -43,45 +43,48 @@ def run(args: argparse.Namespace) -> int:
     ledger = open_ledger(cfg)
     anomalies = ledger.audit()
     report = None
+    reports: dict[str, DeepReport] = {}
     if args.deep:
         start, commits, _ = ledger.retained_chain()
         client = make_client(cfg.clickhouse)
-        _check_metadata_columns(client, cfg.clickhouse.database, cfg.clickhouse.target_table)
-        report = verify_deep(
+        for target in cfg.tables:
+            _check_metadata_columns(client, cfg.clickhouse.database, target)
+        reports = verify_tables(
             client,
-            cfg.clickhouse.database,
-            cfg.clickhouse.target_table,
+            cfg,
             commits,
             dead_letter_offsets(cfg),
             anomalies,
-            topics=own_topics(cfg, commits),
             checked_from={r.tp: r.end for r in start.ranges} if start else None,
         )
+        report = merged(reports)
         anomalies = list(report.anomalies)
     ok = not anomalies
     if args.format == "json":
-        print(msgspec.json.encode({"ok": ok, "anomalies": anomalies, "deep": report}).decode())
+        tables = reports if report is not None else None
+        print(msgspec.json.encode({"ok": ok, "anomalies": anomalies, "deep": report, "tables": tables}).decode())
         return 0 if ok else 1
     out = Output(args.format)
     noted = anomalies
     if report is not None:
-        table = Sheet(f"exactly-once check of {cfg.clickhouse.database}.{cfg.clickhouse.target_table}", CHECK_COLUMNS)
-        for c in report.partitions:
-            table.add(
-                c.topic,
-                str(c.partition),
-                str(c.committed_from),
-                str(c.committed_to),
-                str(c.expected_rows),
-                str(c.rows),
-                str(c.distinct_offsets),
-                str(c.duplicates),
-                str(c.replayed),
-                str(c.outside),
-                str(c.dead_letters),
-                Styled("yes", "green") if c.ok else Styled("NO", "red"),
-            )
-        out.sheet(table)
+        for target, one in reports.items():
+            table = Sheet(f"exactly-once check of {cfg.clickhouse.database}.{target}", CHECK_COLUMNS)
+            for c in one.partitions:
+                table.add(
+                    c.topic,
+                    str(c.partition),
+                    str(c.committed_from),
+                    str(c.committed_to),
+                    str(c.expected_rows),
+                    str(c.rows),
+                    str(c.distinct_offsets),
+                    str(c.duplicates),
+                    str(c.replayed),
+                    str(c.outside),
+                    str(c.dead_letters),
+                    Styled("yes", "green") if c.ok else Styled("NO", "red"),
+                )
+            out.sheet(table)
     elif args.format == "tsv":
         listed = Sheet("", [Column("anomaly", "anomaly")])
         for anomaly in anomalies:

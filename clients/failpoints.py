@@ -45,6 +45,7 @@ POINTS: dict[str, str] = {
     "leader.after-commit": "the COMMITTED row is ours; before ACK-COMMIT goes out",
     "leader.before-publish": "ACK-COMMIT sent; before the stage table is moved into the target",
     "leader.mid-publish": "some partitions of the stage table are moved, not all",
+    "leader.between-table-publishes": "a txn across several tables: one table's stage table is published, the next is not",
     "leader.before-dead-letters": "the rows are in the target; before the txn's dead letters are published",
     "leader.before-published-row": "the rows are in the target; before the PUBLISHED row",
     "stage.mid-drop": "a published txn's tables are being dropped: the first is gone, the others are not",

@@ -32,10 +32,11 @@ from coordinator.ledger_rows import ledger_row
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
 from coordinator.source_offsets import SourceOffsets
-from coordinator.stage import StageTables
+from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
+from protocol import routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
     AbortTxn,
@@ -83,7 +84,7 @@ class Leader:
         coordinator: str,
         control: ControlChannel,
         ledger: LedgerStore,
-        stages: StageTables,
+        stages: Stages,
         metrics: CoordinatorMetrics,
         clock: Callable[[], float] = time.monotonic,
         kafka: KafkaClientFactory | None = None,
@@ -106,7 +107,12 @@ class Leader:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         )
         self.state = CoordinatorState(
-            pipeline=cfg.name, epoch=epoch, coordinator=coordinator, target=cfg.clickhouse.target_table, timing=timing
+            pipeline=cfg.name,
+            epoch=epoch,
+            coordinator=coordinator,
+            target=cfg.tables[0],
+            timing=timing,
+            routes=cfg.routes,
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)
@@ -311,6 +317,10 @@ class Leader:
             txn = action.txn
             self.metrics.committed()
             self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
+            by_topic = routing.table_map(sorted({tp.topic for tp in txn.statuses}), self.cfg.routes)
+            for tp, ws in txn.statuses.items():
+                if ws.rows:
+                    self.metrics.table_rows.labels(self.cfg.name, by_topic[tp.topic]).inc(ws.rows)
             self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
             self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))
             ended = self._ack_at.pop(txn.id, None)

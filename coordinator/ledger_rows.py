@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from protocol import naming
 from protocol.coordinator_events import Txn
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
@@ -39,7 +40,7 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
         commit_seq=commit_seq,
         coordinator=leader.coordinator,
         claim_id=uuid.uuid4().hex if event is LedgerEvent.COMMITTED else "",
-        target=leader.cfg.clickhouse.target_table,
+        target=",".join(txn_tables(leader.cfg.name, txn.id, txn.stage_table)),
         stage_table=txn.stage_table,
         ranges=ranges,
         total_rows=txn.rows,
@@ -113,3 +114,14 @@ def gap(
         ranges=(PartitionRange(topic=tp.topic, partition=tp.partition, start=head, end=low),),
         reason=f"offsets {head}..{low - 1} of {tp.topic}-{tp.partition} gone before they were committed",
     )
+
+
+def txn_tables(pipeline: str, txn: str, stages: str) -> list[str]:
+    """The target tables ``stages`` (``txn``'s ``naming.txn_stages``) stage into, in their order."""
+    return [t for name in naming.split_stages(stages) if (t := naming.table_of_stage(name, pipeline, txn))]
+
+
+def targets_of(row: LedgerRow) -> list[str]:
+    """The target tables of a txn's row: one, or those of a txn across ``[[route]]`` tables, which
+    its ``target`` column lists separated by commas."""
+    return [t for t in row.target.split(",") if t]

@@ -13,7 +13,7 @@ collectors (``process_*``, ``python_*``), which a registry of our own does not g
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import TypedDict
 
@@ -73,7 +73,8 @@ class _PipelineLabel(TypedDict):
 class CoordinatorMetrics:
     """One registry per service, so tests can run several coordinators in one process."""
 
-    def __init__(self, pipeline: str) -> None:
+    def __init__(self, pipeline: str, tables: Sequence[str] = ()) -> None:
+        """``tables``: the pipeline's target tables, whose series exist from the start."""
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -105,6 +106,12 @@ class CoordinatorMetrics:
             registry=self.registry,
         )
         self.rows = Counter("chtxn_rows_committed", "Rows committed", **labels)
+        self.table_rows = Counter(
+            "chtxn_table_rows_committed",
+            "Rows committed into each target table (this pipeline's rows only)",
+            ["pipeline", "table"],
+            registry=self.registry,
+        )
         self.bytes = Counter("chtxn_bytes_committed", "Bytes of records committed", **labels)
         self.lost = Counter(
             "chtxn_lost_transactions", "Committed txns whose stage table was gone at publish (alarm)", **labels
@@ -140,6 +147,8 @@ class CoordinatorMetrics:
             self.transactions.labels(pipeline, outcome)
         for step in LEADER_STEPS.values():
             self.step_seconds.labels(pipeline, step)
+        for table in tables:
+            self.table_rows.labels(pipeline, table)
         for metric in (
             self.last_commit,
             self.commit_latency,

@@ -80,7 +80,7 @@ def targets(
     if unknown := [tp for tp in partitions if tp not in known]:
         raise ResetRefused(
             f"{', '.join(f'{tp.topic}/{tp.partition}' for tp in unknown)}: not a partition of the pipeline's topics "
-            f"({', '.join(cfg.pipeline.topics)}): check --partition"
+            f"({', '.join(cfg.source_topics)}): check --partition"
         )
     low = source.list_offsets(partitions, OffsetSpec.earliest())
     consumer = factory.consumer(**CONSUMER_PROPERTIES, **{"group.id": f"chtxn-reset-{cfg.name}"})

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
@@ -29,6 +30,7 @@ from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
 from coordinator.stage import StageTables
+from coordinator.stage_set import StageSet
 from coordinator.target_checks import check_target
 from protocol import secrets
 from protocol.config import PipelineConfig
@@ -56,7 +58,7 @@ class CoordinatorService:
         self.cfg = cfg
         self.id = cfg.coordinator_id
         self.clock = clock
-        self.metrics = metrics or CoordinatorMetrics(cfg.name)
+        self.metrics = metrics or CoordinatorMetrics(cfg.name, cfg.tables)
         self.readiness = Readiness()
         self.epoch = 0  # the epoch this replica leads, 0 as standby
         self.leaderships = 0
@@ -89,7 +91,10 @@ class CoordinatorService:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
-        check_target(stages.client, database=stages.database, target=stages.target, publish_mode=stages.publish_mode)
+        for target in self.cfg.tables:
+            check_target(
+                stages.client, database=stages.database, target=target, publish_mode=self.cfg.publish_mode_of(target)
+            )
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",
@@ -133,7 +138,7 @@ class CoordinatorService:
             beat.close(max(watch.epoch, led), leaving=stop.is_set())
             control.close()
 
-    def _ping_clickhouse(self, stages: StageTables) -> None:
+    def _ping_clickhouse(self, stages: StageSet) -> None:
         """A standby's check that it could still take over (``/ready``); a failed ping changes nothing else."""
         if stages.client.ping(timeout=PING_TIMEOUT_S):
             self.readiness.clickhouse("")
@@ -142,7 +147,7 @@ class CoordinatorService:
             self.readiness.clickhouse(f"no answer from {url} within {PING_TIMEOUT_S:g} s")
 
     def _lead(
-        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageTables, stop: threading.Event
+        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageSet, stop: threading.Event
     ) -> None:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
         self.epoch = epoch
@@ -170,7 +175,7 @@ class CoordinatorService:
             self.metrics.not_leading()
 
 
-def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
+def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
     """The ledger and the stage tables, on one client whose queries run at
     ``coordinator.clickhouse_nice`` (ClickHouse's ``os_thread_priority``): ahead of the
     participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
@@ -184,13 +189,26 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageTables]:
         checkpoint_every=co.ledger_checkpoint_every,
         retention_s=co.ledger_retention_days * 86400,
     )
-    stages = StageTables(
-        client,
-        database=ch.database,
-        target=ch.target_table,
-        pipeline=cfg.name,
-        publish_mode=cfg.transaction.publish_mode,
-        copy_settings={"os_thread_priority": 0} if renice else {},
-        cluster=ch.cluster,
-    )
+    stages = stage_set(cfg, client, copy_settings={"os_thread_priority": 0} if renice else {})
     return ledger, stages
+
+
+def stage_set(cfg: PipelineConfig, client: Any, *, copy_settings: dict[str, Any] | None = None) -> StageSet:
+    """The stage tables of every target table of ``cfg``, each published its own way
+    (``PipelineConfig.publish_mode_of``), on ``client``."""
+    ch = cfg.clickhouse
+    return StageSet(
+        {
+            table: StageTables(
+                client,
+                database=ch.database,
+                target=table,
+                pipeline=cfg.name,
+                publish_mode=cfg.publish_mode_of(table),
+                copy_settings=copy_settings,
+                cluster=ch.cluster,
+            )
+            for table in cfg.tables
+        },
+        coordinator=cfg.coordinator_id,
+    )

@@ -15,6 +15,7 @@ from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from coordinator import ledger_rows
 from coordinator.ledger_store import LedgerStore
+from protocol import routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import GapFound, PartitionsChanged
 from protocol.coordinator_state import CoordinatorState
@@ -34,10 +35,13 @@ class SourceOffsets:
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
 
     def partitions(self) -> list[TopicPartition]:
-        """Every partition of the source topics, sorted."""
-        return kafka_clients.partitions_of(
-            self._admin, self.cfg.pipeline.topics, bootstrap=self.cfg.kafka.bootstrap_servers
+        """Every partition of the source topics, sorted; ``SetupError`` naming a topic that the routes
+        of two tables match."""
+        found = kafka_clients.partitions_of(
+            self._admin, self.cfg.source_topics, bootstrap=self.cfg.kafka.bootstrap_servers
         )
+        routing.table_map(sorted({tp.topic for tp in found}), self.cfg.routes)
+        return found
 
     def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded
@@ -108,7 +112,7 @@ class SourceOffsets:
                     head,
                     low,
                     pipeline=self.cfg.name,
-                    target=self.cfg.clickhouse.target_table,
+                    target=",".join(self.cfg.tables),
                     epoch=self.epoch,
                     coordinator=self.coordinator,
                 )

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from clients import failpoints
 from clients.clickhouse import error_code
 from protocol import naming, replicated_ddl
-from protocol.chcodes import INCOMPATIBLE_COLUMNS, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
+from protocol.chcodes import INCOMPATIBLE_COLUMNS, SYNTAX_ERROR, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.coordinator_events import PartitionStats
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
@@ -74,6 +74,13 @@ ALIGN_ATTEMPTS = 3
 STAGE_DEDUP_WINDOW = 100_000
 #: Seconds a replicated stage table remembers a block (the server's default is an hour since 25.10).
 STAGE_DEDUP_WINDOW_S = 7 * 86400
+
+
+#: (engine, engine_full, UUID or "", database engine) of a target table (``TABLE_DEFINITION_SQL``).
+Definition = tuple[str, str, str, str]
+#: What publish reads first: the shapes of the stage table and the target, the rows the stage table
+#: holds, and its partition ids (None when read the long way).
+PublishReads = tuple[dict[str, Shape], int, list[str] | None]
 
 
 class StageTableMissing(ChtxnError):
@@ -117,33 +124,48 @@ class StageTables:
         self.cluster = cluster
         self._metadata: bool | None = None  # whether the last stage table checked had the metadata columns
         self._replicated: bool | None = None  # whether the target keeps its parts in Keeper, once read
+        self._settings_in_create: bool | None = None  # whether the server takes CREATE ... AS t SETTINGS
 
     def _q(self, table: str) -> str:
         return f"{ident(self.database)}.{ident(table)}"
 
     # ---- commit step 2 ----------------------------------------------------------------------
 
-    def create(self, stage: str) -> None:
+    def create(self, stage: str, definition: Definition | None = None) -> None:
         """A clone of the target (columns, keys, storage policy, indices, projections), with dedup
         on; the plain MergeTree of the target's family when the target's engine merges rows away;
-        a Keeper path of its own when the target is replicated (module docstring)."""
-        self._create_like_target(stage)
-
-    def _create_like_target(self, stage: str) -> None:
-        self.client.command(self.create_sql(stage))
-        if not self._replicated:
-            self.client.command(
-                f"ALTER TABLE {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
-                f"MODIFY SETTING non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
-            )
-
-    def create_sql(self, stage: str) -> str:
-        """The ``CREATE TABLE`` of stage table ``stage`` (idempotent); reads the target's definition."""
-        found = self._definition()
+        a Keeper path of its own when the target is replicated (module docstring). ``definition``:
+        the target's, when the caller read it (``StageSet`` reads every table's in one query)."""
+        found = self._definition() if definition is None else self._learn(definition)
         if found is None:
             raise SetupError(f"table {self.database}.{self.target} does not exist")
+        clause = self._engine_clause(stage, found)
+        create = (
+            f"CREATE TABLE IF NOT EXISTS {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
+            f"AS {self._q(self.target)}{clause}"
+        )
+        if self._replicated:
+            self.client.command(create)
+            return
+        dedup = f"non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+        if not clause and self._settings_in_create is not False:
+            try:  # one statement: the clone's settings with the window added (ClickHouse 26.9 merges them)
+                self.client.command(f"{create} SETTINGS {dedup}")
+                self._settings_in_create = True
+                return
+            except Exception as exc:
+                if error_code(exc) != SYNTAX_ERROR or self._settings_in_create:
+                    raise
+                self._settings_in_create = False  # an older server: a statement of its own, as below
+        self.client.command(create)
+        self.client.command(
+            f"ALTER TABLE {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} MODIFY SETTING {dedup}"
+        )
+
+    def _engine_clause(self, stage: str, found: Definition) -> str:
+        """`` ENGINE = ...`` of stage table ``stage`` when it cannot be the target's (replicated, or
+        merging rows away), else ""."""
         engine, engine_full, uuid, database_engine = found
-        clause = ""
         if self._replicated:
             text = replicated_ddl.stage_engine(
                 engine_full,
@@ -157,22 +179,19 @@ class StageTables:
                     "replicated_deduplication_window_seconds": STAGE_DEDUP_WINDOW_S,
                 },
             )
-            clause = f" ENGINE = {text}"
-        elif merges_rows(engine):
-            clause = f" ENGINE = {engine_clause_as(engine_full, engine)}"
-        return (
-            f"CREATE TABLE IF NOT EXISTS {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
-            f"AS {self._q(self.target)}{clause}"
-        )
+            return f" ENGINE = {text}"
+        if merges_rows(engine):
+            return f" ENGINE = {engine_clause_as(engine_full, engine)}"
+        return ""
 
-    def _definition(self) -> tuple[str, str, str, str] | None:
+    def _definition(self) -> Definition | None:
         """(engine, engine_full, UUID, database engine) of the target, None when it is gone."""
         rows = self.client.query(TABLE_DEFINITION_SQL, parameters={"db": self.database, "t": self.target}).result_rows
-        if not rows:
-            return None
-        engine, engine_full, uuid, database_engine = rows[0]
-        self._replicated = bool(replicated_ddl.family(engine))
-        return engine, engine_full, uuid, database_engine
+        return self._learn(tuple(rows[0])) if rows else None
+
+    def _learn(self, definition: Definition) -> Definition:
+        self._replicated = bool(replicated_ddl.family(definition[0]))
+        return definition
 
     def _is_replicated(self) -> bool:
         """Whether the target keeps its parts in Keeper (read once, unless ``create`` read it; a
@@ -180,6 +199,19 @@ class StageTables:
         if self._replicated is None:
             self._definition()
         return bool(self._replicated)
+
+    def qualified(self, table: str) -> str:
+        """``table`` of this target's database, quoted for SQL."""
+        return self._q(table)
+
+    @property
+    def metadata_known(self) -> bool:
+        """Whether the last stage table checked had the metadata columns (False also when none was yet)."""
+        return self._metadata is True
+
+    def sync(self, stage: str) -> None:
+        """``_sync``: fetch what other replicas have of ``stage`` before it is read."""
+        self._sync(stage)
 
     def _sync(self, stage: str) -> None:
         """On a replicated target, fetch every part of ``stage`` other replicas have (a no-op on a
@@ -215,6 +247,7 @@ class StageTables:
         if stage not in shapes or has_metadata(shapes[stage]) != per_partition:
             return self._check_slowly(stage)
         altered = difference(shapes[stage], shapes.get(self.target))
+        self._metadata = per_partition
         if not per_partition:
             return StageCheck(altered, sum(int(r[2]) for r in rows if r[0] == "n"), None)
         partitions = partition_stats([r[1:] for r in rows if r[0] == "s"])
@@ -250,7 +283,9 @@ class StageTables:
 
     # ---- commit step 7 ----------------------------------------------------------------------
 
-    def publish(self, stage: str, txn: str, on_move: Any = None) -> int:
+    def publish(
+        self, stage: str, txn: str, on_move: Any = None, *, reads: PublishReads | None = None, verify: bool = True
+    ) -> int:
         """Put the stage table's rows into the target; returns the rows the stage table held.
 
         Safe to repeat at any point (a partition already moved is gone from the stage table; the
@@ -259,10 +294,12 @@ class StageTables:
         the stage table does not exist. ``on_move`` is called between partition moves (failpoints).
         A target ALTERed before or during the moves is followed (``_align``) up to
         ``ALIGN_ATTEMPTS`` times in one call; a target that keeps changing fails the call, which
-        the caller retries.
+        the caller retries. ``reads``: ``_publish_reads``' answer when the caller read it (``StageSet``
+        reads every table's in one query); ``verify`` False leaves the check that nothing is left in the
+        stage table to the caller (``StageSet`` makes it for every table in one query).
         """
         self._sync(stage)
-        shapes, rows, partition_ids = self._publish_reads(stage, txn)
+        shapes, rows, partition_ids = self._publish_reads(stage, txn) if reads is None else reads
         if self.publish_mode == "insert-select":
             self._insert_select(self.target, stage, naming.publish_token(self.pipeline, txn))
             return rows
@@ -273,7 +310,7 @@ class StageTables:
                 self._align(stage, shapes[stage], shapes.get(self.target))
                 partition_ids = None
             try:
-                self._move_all(stage, on_move, partition_ids)
+                self._move_all(stage, on_move, partition_ids, verify=verify)
                 return rows
             except Exception as exc:
                 if error_code(exc) != INCOMPATIBLE_COLUMNS or attempt == ALIGN_ATTEMPTS:
@@ -313,7 +350,7 @@ class StageTables:
         rows = self.client.query(COLUMN_DEFS_SQL, parameters={"db": self.database, "t": table}).result_rows
         return [tuple(r) for r in rows]  # rows of four strings
 
-    def _publish_reads(self, stage: str, txn: str) -> tuple[dict[str, Shape], int, list[str] | None]:
+    def _publish_reads(self, stage: str, txn: str) -> PublishReads:
         """Before publishing, in one query: the shapes of ``stage`` and the target, the rows
         ``stage`` holds and its partition ids (None when read the long way)."""
         try:
@@ -333,8 +370,12 @@ class StageTables:
             raise StageTableMissing(f"stage table {self.database}.{stage} of committed txn {txn} does not exist")
         return shapes, self.count(stage) if count is None else count, partition_ids
 
-    def _move_all(self, source: str, on_move: Any = None, partition_ids: list[str] | None = None) -> None:
+    def _move_all(
+        self, source: str, on_move: Any = None, partition_ids: list[str] | None = None, *, verify: bool = True
+    ) -> None:
         ids = self._partition_ids(source) if partition_ids is None else partition_ids
+        if not ids and partition_ids is not None:
+            return  # read empty just before: nothing to move, nothing to check
         for i, partition_id in enumerate(ids):
             if i and on_move is not None:
                 on_move()
@@ -344,8 +385,7 @@ class StageTables:
                 f"ALTER TABLE {self._q(source)} MOVE PARTITION ID '{partition_id}' TO TABLE {self._q(self.target)}",
                 settings={"alter_sync": 1},
             )
-        left = self.count(source)
-        if left:
+        if verify and (left := self.count(source)):
             raise RuntimeError(f"table {source} still holds {left} rows after moving every partition")
 
     def _insert_select(self, into: str, source: str, token: str) -> None:

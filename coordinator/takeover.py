@@ -22,10 +22,10 @@ from typing import Any
 from clients import failpoints
 from coordinator import ledger_rows
 from coordinator.ledger_store import LedgerStore
-from coordinator.stage import StageTables
+from coordinator.stage_set import Stages
 from coordinator.target_checks import check_target
 from protocol.config import PipelineConfig
-from protocol.errors import ChtxnError
+from protocol.errors import ChtxnError, SetupError
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 
@@ -45,7 +45,7 @@ def take_over(
     epoch: int,
     coordinator: str,
     ledger: LedgerStore,
-    stages: StageTables,
+    stages: Stages,
     retry: Callable[[str], Any],
     publish: PublishStep,
     progress: Callable[[], None],
@@ -55,9 +55,14 @@ def take_over(
     ``progress()`` is called after each txn rolled forward and each stage table handled (a long
     take-over is progress: the lease holds)."""
     failpoints.hit("leader.before-take-over", coordinator)
-    retry("check the target table")(  # Take-over step 1: check the target table
-        check_target, stages.client, database=stages.database, target=stages.target, publish_mode=stages.publish_mode
-    )
+    for target in cfg.tables:  # Take-over step 1: check the target tables
+        retry(f"check the target table {target}")(
+            check_target,
+            stages.client,
+            database=stages.database,
+            target=target,
+            publish_mode=cfg.publish_mode_of(target),
+        )
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
         newest = ledger.max_epoch()  # read after the head: a newer seal in it shows here too
@@ -77,7 +82,13 @@ def take_over(
     seal = ledger.commit_at(head_seq + 1)
     assert seal is not None
     ledger.append(ledger_rows.published_from(seal, epoch=epoch, coordinator=coordinator))
-    for row in ledger.committed_unpublished():  # Take-over step 3: roll forward, in commit order
+    unpublished = ledger.committed_unpublished()
+    if missing := sorted({t for row in unpublished for t in ledger_rows.targets_of(row)} - set(cfg.tables)):
+        raise SetupError(
+            f"committed txns still to publish go to {', '.join(missing)}, which no route of the config names: "
+            "put the tables back in [[route]] until chtxn status shows nothing to publish"
+        )
+    for row in unpublished:  # Take-over step 3: roll forward, in commit order
         log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
         publish(
             row.txn, row.stage_table, partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator)
@@ -90,7 +101,7 @@ def take_over(
         elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
             publish(
                 txn_id,
-                table,
+                summary.stage_table or table,  # the stage tables it committed (``table``: every table's)
                 partial(
                     ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch, coordinator=coordinator
                 ),
@@ -108,7 +119,7 @@ def take_over(
                     txn_id,
                     table,
                     pipeline=cfg.name,
-                    target=cfg.clickhouse.target_table,
+                    target=",".join(cfg.tables),
                     epoch=epoch,
                     coordinator=coordinator,
                 )
@@ -117,7 +128,7 @@ def take_over(
     return head_seq + 1, head
 
 
-def _rows_in(stages: StageTables, table: str) -> int:
+def _rows_in(stages: Stages, table: str) -> int:
     """Rows in stage table ``table``; 0 when it is gone (only its side tables were left)."""
     return stages.count(table) if stages.exists(table) else 0
 

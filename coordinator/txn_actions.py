@@ -14,7 +14,7 @@ from typing import Any
 from coordinator.ledger_rows import ledger_row
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage import StageTables
+from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown
 from coordinator.txn_publisher import TxnPublisher
 from protocol.config import PipelineConfig
@@ -50,7 +50,7 @@ class TxnActions:
         coordinator: str,
         clock: Callable[[], float],
         ledger: LedgerStore,
-        stages: StageTables,
+        stages: Stages,
         metrics: CoordinatorMetrics,
         retry: Callable[[str], Any],
         publisher: TxnPublisher,

@@ -17,7 +17,8 @@ from clients import failpoints
 from coordinator.dead_letter_publisher import DeadLetterPublisher, NewerLeader
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage import StageTableMissing, StageTables
+from coordinator.stage import StageTableMissing
+from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.errors import ClickHouseError
@@ -35,7 +36,7 @@ class TxnPublisher:
         pipeline: str,
         *,
         coordinator: str,
-        stages: StageTables,
+        stages: Stages,
         ledger: LedgerStore,
         dead_letters: DeadLetterPublisher,
         metrics: CoordinatorMetrics,

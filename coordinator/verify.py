@@ -16,6 +16,7 @@ import msgspec
 
 from clients import kafka as kafka_clients
 from coordinator.dead_letter_view import DeadLetterReader, offsets_of
+from protocol import routing, topic_patterns
 from protocol.errors import SetupError
 from protocol.ledger import LedgerRow
 from protocol.ledger_resets import is_reset
@@ -60,7 +61,47 @@ def own_topics(cfg: Any, commits: list[LedgerRow]) -> set[str]:
     """The topics whose rows in the target are this pipeline's to check: its source topics and every
     topic its commits name. Another pipeline's rows in a shared target are its own to check (two
     pipelines reading one topic into one table store its records twice, by design)."""
-    return set(cfg.pipeline.topics) | {r.topic for row in commits for r in row.ranges}
+    return set(topic_patterns.names(cfg.source_topics)) | {r.topic for row in commits for r in row.ranges}
+
+
+def verify_tables(
+    client: Any,
+    cfg: Any,
+    commits: list[LedgerRow],
+    dead_letters: dict[TopicPartition, set[int]] | None = None,
+    chain_anomalies: list[str] | None = None,
+    checked_from: dict[TopicPartition, int] | None = None,
+) -> dict[str, DeepReport]:
+    """``verify_deep`` of every target table of the pipeline, each against the commits of the topics
+    its route sends there (``protocol.routing``); the chain's anomalies go with the first table's."""
+    topics = own_topics(cfg, commits)
+    routed = routing.table_map(sorted(topics), cfg.routes)
+    reports = {}
+    for i, table in enumerate(cfg.tables):
+        mine = {t for t, to in routed.items() if to == table}
+        reports[table] = verify_deep(
+            client,
+            cfg.clickhouse.database,
+            table,
+            commits,
+            dead_letters,
+            chain_anomalies if i == 0 else None,
+            topics=mine,
+            checked_from=checked_from,
+        )
+    return reports
+
+
+def merged(reports: dict[str, DeepReport]) -> DeepReport:
+    """One report of several tables' (the anomalies of each named by its table when there are several)."""
+    if len(reports) == 1:
+        return next(iter(reports.values()))
+    return DeepReport(
+        ok=all(r.ok for r in reports.values()),
+        partitions=tuple(c for r in reports.values() for c in r.partitions),
+        anomalies=tuple(f"{t}: {a}" for t, r in reports.items() for a in r.anomalies),
+        rows_in_target=sum(r.rows_in_target for r in reports.values()),
+    )
 
 
 def verify_deep(

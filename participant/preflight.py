@@ -44,7 +44,7 @@ def preflight(
 
     def kafka() -> list[TopicPartition]:
         bootstrap = cfg.kafka.bootstrap_servers
-        partitions = partitions_of(admin, cfg.pipeline.topics, bootstrap=bootstrap)
+        partitions = partitions_of(admin, cfg.source_topics, bootstrap=bootstrap)
         check_control_topic(admin, cfg.control_topic, bootstrap=bootstrap)
         return partitions
 
@@ -68,14 +68,14 @@ def kafka_admin(cfg: PipelineConfig) -> Any:  # an AdminClient
 
 
 def check_clickhouse(cfg: PipelineConfig) -> bool:
-    """The target table exists and the participants can fill it (``participant.stager.check_target``)."""
+    """Every target table exists and the participants can fill it (``participant.stager.check_target``)."""
     from participant.stager import Stager, check_target
 
     client = make_client(cfg.clickhouse)
     try:
-        check_target(
-            Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1), cfg.clickhouse.target_table
-        )
+        stager = Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1)
+        for table in cfg.tables:
+            check_target(stager, table)
     finally:
         client.close()
     return True
@@ -95,7 +95,7 @@ class Watch:
         from participant.outage import is_outage
 
         try:
-            found = partitions_of(self.admin, self.cfg.pipeline.topics, bootstrap=self.cfg.kafka.bootstrap_servers)
+            found = partitions_of(self.admin, self.cfg.source_topics, bootstrap=self.cfg.kafka.bootstrap_servers)
         except Exception as exc:
             if not is_outage(exc):
                 raise

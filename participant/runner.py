@@ -187,7 +187,8 @@ class _Loop:
     def start(self) -> None:
         """Check what the task needs, then listen to the control topic from its end."""
         cfg = self.cfg
-        check_target(self.stager, cfg.clickhouse.target_table)
+        for table in cfg.tables:
+            check_target(self.stager, table)
         check_control_topic(self.control.consumer, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
         _, high = self.control.consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
         self.control.assign(high)

@@ -29,6 +29,8 @@ import enum
 #: Codes callers name: a table that does not exist, and a column (identifier) that does not.
 UNKNOWN_IDENTIFIER = 47
 UNKNOWN_TABLE = 60
+#: A statement the server cannot parse: an older server than the syntax chtxn tries first.
+SYNTAX_ERROR = 62
 #: MOVE PARTITION between tables of different columns ("Tables have different structure").
 INCOMPATIBLE_COLUMNS = 122
 

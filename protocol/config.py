@@ -16,11 +16,12 @@ import difflib
 import os
 import socket
 from collections.abc import Callable, Mapping
+from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import insert_settings, secrets, topic_patterns
+from protocol import insert_settings, routing, secrets, topic_patterns
 from protocol.chunking import JSON_OBJECT_FORMATS
 from protocol.config_sections import (
     ClickHouseSection,
@@ -29,6 +30,7 @@ from protocol.config_sections import (
     LedgerSection,
     ParticipantSection,
     PipelineSection,
+    RouteSection,
     SchemaSection,
     TransactionSection,
 )
@@ -47,10 +49,44 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     participant: ParticipantSection = ParticipantSection()
     schema: SchemaSection = SchemaSection()
     coordinator: CoordinatorSection = CoordinatorSection()
+    route: tuple[RouteSection, ...] = ()  # ``[[route]]``: empty in the one-table form
 
     @property
     def name(self) -> str:
         return self.pipeline.name
+
+    @property
+    def routes(self) -> tuple[RouteSection, ...]:
+        """Where each topic's records go: the ``[[route]]`` tables, or the one-table form
+        (``pipeline.topics`` into ``clickhouse.target_table``) as one route."""
+        return self.route or (RouteSection(topics=self.pipeline.topics, table=self.clickhouse.target_table),)
+
+    def for_table(self, table: str) -> PipelineConfig:
+        """This config in the one-table form for ``table`` (its routes' topics into it): for the checks
+        made of one target table at a time (``chtxn doctor``)."""
+        topics = tuple(dict.fromkeys(t for r in self.routes if r.table == table for t in r.topics))
+        pipeline = msgspec.structs.replace(self.pipeline, topics=topics)
+        clickhouse = msgspec.structs.replace(self.clickhouse, target_table=table)
+        transaction = msgspec.structs.replace(self.transaction, publish_mode=self.publish_mode_of(table))
+        return msgspec.structs.replace(
+            self, pipeline=pipeline, clickhouse=clickhouse, transaction=transaction, route=()
+        )
+
+    def publish_mode_of(self, table: str) -> Literal["move", "insert-select"]:
+        """How ``table``'s rows are published: its routes' ``publish_mode``, else ``transaction.publish_mode``."""
+        return next((r.publish_mode for r in self.route if r.table == table and r.publish_mode), None) or (
+            self.transaction.publish_mode
+        )
+
+    @property
+    def source_topics(self) -> tuple[str, ...]:
+        """Every topic name or ``re:`` pattern of the routes, each once, in order."""
+        return tuple(dict.fromkeys(t for r in self.routes for t in r.topics))
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Every target table of the routes, each once, in order."""
+        return tuple(dict.fromkeys(r.table for r in self.routes))
 
     @property
     def control_topic(self) -> str:
@@ -74,8 +110,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _SECTIONS: dict[str, type[msgspec.Struct]] = {
-    name: msgspec.structs.fields(PipelineConfig)[i].type for i, name in enumerate(PipelineConfig.__struct_fields__)
-}
+    f.name: f.type for f in msgspec.structs.fields(PipelineConfig) if isinstance(f.type, type)
+}  # ``route``, an array of tables, is not a section: it is never set from the environment
 
 
 #: ``CHTXN_*`` variables chtxn or its tools read that are not config overrides (``unknown_variables``).
@@ -169,29 +205,48 @@ def _validate(config: PipelineConfig) -> None:
     p, ch, tx, pa = config.pipeline, config.clickhouse, config.transaction, config.participant
     if not p.name or not re.match(_IDENT, p.name):
         raise bad("pipeline.name", p.name, "required; letters, digits and '_' only, not starting with a digit")
-    if not p.topics:
+    if config.route and (p.topics or ch.target_table):
+        key = "pipeline.topics" if p.topics else "clickhouse.target_table"
+        raise bad(
+            key,
+            p.topics or ch.target_table,
+            "set either [[route]] tables or pipeline.topics with "
+            "clickhouse.target_table (the one-table form), not both",
+        )
+    where = "route" if config.route else "pipeline.topics"
+    if not config.route and not p.topics:
         raise bad("pipeline.topics", list(p.topics), "list at least one source topic")
-    for topic in (*topic_patterns.names(p.topics), config.control_topic, config.dead_letter_topic):
+    for i, route in enumerate(config.route):
+        if not route.topics:
+            raise bad(f"route[{i}].topics", list(route.topics), "list at least one source topic of this route")
+        if not route.table or not re.match(_IDENT, route.table):
+            raise bad(f"route[{i}].table", route.table, "required; a plain table name in clickhouse.database")
+    for i, route in enumerate(config.routes):
+        key = f"route[{i}].topics" if config.route else "pipeline.topics"
+        for topic in topic_patterns.names(route.topics):
+            if not re.match(_TOPIC, topic):
+                raise bad(key, topic, "not a valid Kafka topic name (or re:<regex> for every topic it matches)")
+        for spec in filter(topic_patterns.is_pattern, route.topics):
+            try:
+                pattern = topic_patterns.compile_pattern(spec)
+            except re.error as exc:
+                raise bad(key, spec, f"not a regular expression after re: ({exc})") from None
+            if hit := [t for t in (config.control_topic, config.dead_letter_topic) if pattern.fullmatch(t)]:
+                raise bad(key, spec, f"matches {hit[0]}, the pipeline's own control or dead-letter topic: narrow it")
+    for table in config.tables:
+        if len(modes := {r.publish_mode for r in config.route if r.table == table and r.publish_mode}) > 1:
+            raise bad("route", table, f"its routes set different publish_mode values ({', '.join(sorted(modes))})")
+    for topic in topic_patterns.names(config.source_topics):
+        if len(claimed := routing.tables_of(topic, config.routes)) > 1:
+            raise bad(where, topic, f"goes to more than one table ({', '.join(claimed)}): route each topic once")
+    for topic in (config.control_topic, config.dead_letter_topic):
         if not re.match(_TOPIC, topic):
-            raise bad(
-                "pipeline.topics", topic, "not a valid Kafka topic name (or re:<regex> for every topic it matches)"
-            )
-    for spec in filter(topic_patterns.is_pattern, p.topics):
-        try:
-            pattern = topic_patterns.compile_pattern(spec)
-        except re.error as exc:
-            raise bad("pipeline.topics", spec, f"not a regular expression after re: ({exc})") from None
-        if hit := [t for t in (config.control_topic, config.dead_letter_topic) if pattern.fullmatch(t)]:
-            raise bad(
-                "pipeline.topics",
-                spec,
-                f"matches {hit[0]}, the pipeline's own control or dead-letter topic: narrow the expression",
-            )
-    if config.control_topic in p.topics or config.dead_letter_topic in p.topics:
+            raise bad("pipeline.control_topic", topic, "not a valid Kafka topic name")
+    if {config.control_topic, config.dead_letter_topic} & set(config.source_topics):
         raise bad(
             "pipeline.control_topic", config.control_topic, "control and dead-letter topics must not be source topics"
         )
-    if not ch.target_table or not re.match(_IDENT, ch.target_table):
+    if not config.route and (not ch.target_table or not re.match(_IDENT, ch.target_table)):
         raise bad("clickhouse.target_table", ch.target_table, "required; a plain table name in clickhouse.database")
     if not re.match(_IDENT, ch.database):
         raise bad("clickhouse.database", ch.database, "letters, digits and '_' only")

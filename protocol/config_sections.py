@@ -44,6 +44,19 @@ class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         "reports it."))] = "fail"
 
 
+class RouteSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One ``[[route]]``: the topics whose records go to ``table``."""
+
+    topics: Annotated[tuple[str, ...], Meta(description=(
+        "Required. Topic names, or re:<regex> for every topic whose whole name matches, as in `pipeline.topics`. A "
+        "topic matched by no route, or by two, is an error naming it."))] = ()
+    table: Annotated[str, Meta(description="Required. The target table of these topics, in `clickhouse.database`.")] = ""
+    publish_mode: Annotated[Literal["", "move", "insert-select"], Meta(description=(
+        "How this table's rows are published, as `transaction.publish_mode` (empty: that setting): a table with "
+        "materialized views takes `insert-select` while the others keep `move`. Routes of one table must agree."
+    ))] = ""
+
+
 class KafkaSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     bootstrap_servers: Annotated[str, Meta(description="Comma-separated `host:port` list.")] = "localhost:9092"
     properties: Annotated[dict[str, str], Meta(

@@ -52,6 +52,17 @@ def settings(cfg: PipelineConfig, text: str, environ: Mapping[str, str]) -> list
     parts = urlsplit(url) if isinstance(url, str) else None
     found: list[Setting] = []
     for section, fields in effective.items():
+        if section == "route":  # ``[[route]]``: one setting per route, from the file
+            found += [
+                Setting(
+                    key=f"route[{i}]",
+                    value=f"{', '.join(r['topics'])} -> {r['table']}"
+                    + (f" ({r['publish_mode']})" if r.get("publish_mode") else ""),
+                    source=FILE,
+                )
+                for i, r in enumerate(fields)
+            ]
+            continue
         for field, value in fields.items():
             key = f"{section}.{field}"
             source = _source(key, tree, environ, variables)

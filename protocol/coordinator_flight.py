@@ -171,8 +171,8 @@ class Flight:
                 actions.append(Publish(txn))
         actions += self.maybe_start(now)
         leader = self.leader
-        if leader.ready and not leader.stopping and leader.partitions:
-            actions += self.ahead.prepare(now)  # commit step 2, one txn ahead
+        if leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now):
+            actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
         if leader.stopping and not self.txns:
             actions.append(Stopped())
         return actions
@@ -231,6 +231,18 @@ class Flight:
         nxt.holders = holders
         self.liveness.hold(holders)
         return nxt
+
+    def _tables_due(self) -> tuple[str, ...] | None:
+        """The tables the next txn stages into, in route order (None: the one-table form's one table):
+        those with a partition its holder read past its committed offset, or whose log end is past it
+        (or not known yet: ``Liveness.waiting``). A table none of whose records wait gets no stage table, and its
+        partitions stage nothing in the txn: an idle table costs a txn no statement. Its first records
+        wait for the txn after the one under way when they arrive."""
+        if not self.outbox.many:
+            return None
+        waiting = self.liveness.waiting(self.leader.partitions, self.leader.base)
+        due = set(self.outbox.tables_of({tp.topic for tp in waiting}).values())
+        return tuple(table for table in self.outbox.tables if table in due)
 
     def maybe_start(self, now: float) -> list[Action]:
         """A START on its own: the first txn, after an abort, or after an END that went alone."""

@@ -72,7 +72,7 @@ def _check_order(state: CoordinatorState) -> None:
         if b <= a:
             raise _broken(later.id, f"txns in chain order, after {earlier.id}", f"{[t.id for t in state.txns]}")
     if state.spare is not None:
-        if state.spare.stage_table != naming.stage_table(state.target, state.pipeline, state.spare.txn):
+        if not _names_its_stages(state, state.spare.txn, state.spare.stage_table):
             raise _broken(state.spare.txn, "the spare's stage table named after it", state.spare.stage_table)
         if seqs and _seq(state, state.spare.txn) <= seqs[-1]:
             raise _broken(state.spare.txn, f"a spare newer than every txn (newest {state.txns[-1].id})", "an older one")
@@ -101,8 +101,17 @@ def _check_order(state: CoordinatorState) -> None:
             raise _broken(newer.id, f"it pipelined after {older.id}", f"after {newer.after}")
 
 
+def _names_its_stages(state: CoordinatorState, txn: str, stages: str) -> bool:
+    """Whether ``stages`` names stage tables of ``txn`` only: the one target's (the one-table form), or
+    those of some of the routes' tables, each once, in route order."""
+    if not state.outbox.many:
+        return stages == naming.stage_table(state.target, state.pipeline, txn)
+    tables = [naming.table_of_stage(name, state.pipeline, txn) for name in naming.split_stages(stages)]
+    return tables == [t for t in state.outbox.tables if t in tables]
+
+
 def _check_txn(state: CoordinatorState, txn: Txn) -> None:
-    if txn.stage_table != naming.stage_table(state.target, state.pipeline, txn.id):
+    if not _names_its_stages(state, txn.id, txn.stage_table):
         raise _broken(txn.id, "its stage table named after it", txn.stage_table)
     if not set(txn.holders) <= set(txn.start) or not set(txn.statuses) <= set(txn.start):
         raise _broken(

@@ -164,6 +164,21 @@ class Liveness:
             if c.sender == txn.holders.get(tp) and c.log_end >= 0 and c.position >= 0
         }
 
+    def waiting(
+        self, partitions: Iterable[TopicPartition], base: Callable[[TopicPartition], int]
+    ) -> set[TopicPartition]:
+        """Those of ``partitions`` that may have records past ``base`` (their committed offset): as its
+        freshest copy tells, the holder read past it or sees the log end past it, or the log end is
+        not known (no heartbeat yet, or none told it). The position counts as well as the log end: a
+        holder's log end is the watermark its consumer cached, which can trail the records it read."""
+        found = set()
+        for tp in partitions:
+            copies = self.copies.get(tp)
+            live = max(copies.values(), key=lambda c: c.seen_at) if copies else None
+            if live is None or live.log_end < 0 or max(live.log_end, live.position) > base(tp):
+                found.add(tp)
+        return found
+
     def lag(
         self, partitions: Iterable[TopicPartition], base: Callable[[TopicPartition], int]
     ) -> dict[TopicPartition, int]:

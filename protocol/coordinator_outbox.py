@@ -4,15 +4,36 @@ its pipeline, epoch and coordinator id, so participants can fence a leader of an
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
+from protocol import naming, routing
 from protocol.coordinator_events import Offsets, Txn
-from protocol.messages import Abort, AckCommit, EndCommit, PartitionHolder, PartitionOffset, StartCommit
+from protocol.messages import (
+    Abort,
+    AckCommit,
+    EndCommit,
+    PartitionHolder,
+    PartitionOffset,
+    StartCommit,
+    TopicStage,
+)
 
 
 class Outbox:
     """Builds the messages of one leader (``pipeline``, ``epoch``, ``coordinator``); sends nothing."""
 
-    def __init__(self, *, pipeline: str, epoch: int, coordinator: str) -> None:
+    def __init__(self, *, pipeline: str, epoch: int, coordinator: str, routes: Sequence[routing.Route] = ()) -> None:
         self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
+        self.routes = tuple(routes)
+        self.tables = tuple(dict.fromkeys(r.table for r in self.routes))
+        self.many = len(self.tables) > 1  # a txn spans several tables
+        self._table_of: dict[str, str] = {}  # topic -> its table, as the routes say (fixed for the leader)
+
+    def tables_of(self, topics: Iterable[str]) -> dict[str, str]:
+        """Each of ``topics`` with its route's table (``routing.table_map``, remembered per topic)."""
+        if new := sorted(set(topics) - self._table_of.keys()):
+            self._table_of.update(routing.table_map(new, self.routes))
+        return {topic: self._table_of[topic] for topic in topics if topic in self._table_of}
 
     def start(self, txn: Txn, chunk_rows: int) -> StartCommit:
         """Commit step 3's START: where each partition starts, who holds it, the chunk size to cut."""
@@ -25,7 +46,15 @@ class Outbox:
             offsets=_offsets(txn.start),
             holders=holders,
             chunk_rows=chunk_rows,
+            stage_tables=self._stage_tables(txn) if self.many else (),
         )
+
+    def _stage_tables(self, txn: Txn) -> tuple[TopicStage, ...]:
+        """Each topic of ``txn``'s stage table in its route's table, "" where that table has none in
+        this txn (the partitions were listed, so every topic goes to one table)."""
+        stages = {naming.table_of_stage(s, self.pipeline, txn.id): s for s in naming.split_stages(txn.stage_table)}
+        tables = self.tables_of(sorted({tp.topic for tp in txn.start}))
+        return tuple(TopicStage(topic=topic, stage_table=stages.get(table, "")) for topic, table in tables.items())
 
     def end(self, txn: Txn, next_start: StartCommit | None) -> EndCommit:
         """Commit step 3's END, carrying the START of the txn chained to it, if any."""

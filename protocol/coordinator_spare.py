@@ -9,6 +9,7 @@ that exists. A creation that failed is tried again ``retry_s`` later; a spare dr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol import naming
@@ -20,7 +21,7 @@ class Spare:
     """The next txn's stage table, created ahead of its START."""
 
     txn: str
-    stage_table: str
+    stage_table: str  # ``naming.txn_stages``: one table's, or several comma-separated, or none ("")
     ready: bool = False
 
 
@@ -39,13 +40,20 @@ class StageAhead:
         """A spare exists and its stage table was created: a START may take it."""
         return self.spare is not None and self.spare.ready
 
-    def prepare(self, now: float) -> list[Action]:
-        """Ask for the next txn's stage table, unless one is kept or a failed creation waits to retry."""
-        if self.spare is not None or now < self._not_before:
+    def wants(self, now: float) -> bool:
+        """``prepare`` would ask for a stage table now: none is kept and no failed creation waits."""
+        return self.spare is None and now >= self._not_before
+
+    def prepare(self, now: float, tables: Sequence[str] | None = None) -> list[Action]:
+        """Ask for the next txn's stage table, unless one is kept or a failed creation waits to retry.
+        ``tables``: the target tables that get one (``[[route]]``; None: the one target)."""
+        if not self.wants(now):
             return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
-        self.spare = Spare(txn_id, naming.stage_table(self.target, self.pipeline, txn_id))
+        self.spare = Spare(
+            txn_id, naming.txn_stages((self.target,) if tables is None else tables, self.pipeline, txn_id)
+        )
         return [CreateStage(self.spare.txn, self.spare.stage_table)]
 
     def created(self, event: StageCreated, now: float) -> None:

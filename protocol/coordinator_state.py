@@ -47,11 +47,11 @@ one concept each: ``coordinator_flight`` (the txns in flight and the driver of e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocol import coordinator_invariants
+from protocol import coordinator_invariants, routing
 from protocol.coordinator_events import (
     AbortKind,
     Action,
@@ -96,7 +96,16 @@ class Timing:
 class CoordinatorState:
     """The leader's view of its transactions. Construct on winning an epoch; feed ``Ready`` first."""
 
-    def __init__(self, *, pipeline: str, epoch: int, coordinator: str, target: str, timing: Timing) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        epoch: int,
+        coordinator: str,
+        target: str,
+        timing: Timing,
+        routes: Sequence[routing.Route] = (),
+    ) -> None:
         self.pipeline = pipeline
         self.epoch = epoch
         self.coordinator = coordinator
@@ -113,7 +122,7 @@ class CoordinatorState:
         self.ignored = 0  # stale-epoch and foreign messages skipped
         self.liveness = Liveness(timing.heartbeat_timeout_s)
         self.ahead = StageAhead(pipeline=pipeline, epoch=epoch, target=target, retry_s=timing.publish_retry_s)
-        self.outbox = Outbox(pipeline=pipeline, epoch=epoch, coordinator=coordinator)
+        self.outbox = Outbox(pipeline=pipeline, epoch=epoch, coordinator=coordinator, routes=routes)
         self.flight = Flight(self, timing, liveness=self.liveness, ahead=self.ahead, outbox=self.outbox)
 
     # ---- public -----------------------------------------------------------------------

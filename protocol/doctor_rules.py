@@ -164,7 +164,7 @@ def control_topic_check(cfg: PipelineConfig, kafka: KafkaFacts) -> Check:
 
 
 def source_topics_check(cfg: PipelineConfig, kafka: KafkaFacts) -> Check:
-    topics = topic_patterns.matching(cfg.pipeline.topics, kafka.topics)
+    topics = topic_patterns.matching(cfg.source_topics, kafka.topics)
     missing = [t for t in topics if t not in kafka.topics]
     found = ", ".join(f"{t} ({kafka.topics[t]} partitions)" for t in topics if t in kafka.topics)
     if missing:

@@ -80,11 +80,24 @@ class PartitionHolder(msgspec.Struct, frozen=True, kw_only=True):
     sender: str
 
 
+class TopicStage(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one topic's records are staged in a txn across several tables (``[[route]]``); "" when
+    its table has no stage table in this txn (no records were waiting): its partitions stage nothing
+    and report ending where they started."""
+
+    topic: str
+    stage_table: str
+
+
 class StartCommit(_Control, frozen=True, tag="start-commit"):
     """Coordinator -> all: stage records from these offsets into ``stage_table``.
 
     ``holders`` fences participants: when it names a partition, only that sender stages it in
     this txn; any other live copy of the participant stands down (empty: no fencing, old leaders).
+
+    ``stage_tables`` names each topic's stage table when the pipeline routes its topics to several
+    tables (``[[route]]``); ``stage_table`` then lists the txn's stage tables, comma-separated
+    (``naming.txn_stages``), which is no table a participant could insert into.
 
     ``chunk_rows`` caps this txn's chunks below the participant's own ``chunk_rows`` (0: no cap;
     older leaders never set it). It is fixed for the whole txn, so chunks still depend only on
@@ -95,6 +108,12 @@ class StartCommit(_Control, frozen=True, tag="start-commit"):
     offsets: tuple[PartitionOffset, ...]
     holders: tuple[PartitionHolder, ...] = ()
     chunk_rows: int = 0
+    stage_tables: tuple[TopicStage, ...] = ()
+
+    def stage_table_of(self, topic: str) -> str:
+        """Where ``topic``'s records go in this txn: its table's stage table when the txn spans several
+        tables (``stage_tables``, empty in the one-table form and from older leaders), else ``stage_table``."""
+        return next((s.stage_table for s in self.stage_tables if s.topic == topic), self.stage_table)
 
 
 class EndCommit(_Control, frozen=True, tag="end-commit"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Iterable
 
 STAGE_MARKER = "__chtxn_"
 RESTAGE_SUFFIX = "__restage"
@@ -43,6 +44,24 @@ def stage_table(target: str, pipeline: str, txn: str) -> str:
     """``<target>__chtxn_<pipeline>__<txn>``: scoped by pipeline, so pipelines sharing a target
     never touch each other's stage tables."""
     return f"{target}{STAGE_MARKER}{pipeline}__{txn}"
+
+
+def txn_stages(tables: Iterable[str], pipeline: str, txn: str) -> str:
+    """The stage tables of ``txn`` in ``tables``, comma-separated: how a txn across several tables
+    (``[[route]]``) names its stage tables in its messages, its ledger rows and the leader's actions.
+    One table's is its ``stage_table``; "" when no table receives rows in the txn."""
+    return ",".join(stage_table(table, pipeline, txn) for table in tables)
+
+
+def split_stages(stages: str) -> list[str]:
+    """The stage table names in ``txn_stages``' text."""
+    return [name for name in stages.split(",") if name]
+
+
+def table_of_stage(stage: str, pipeline: str, txn: str) -> str | None:
+    """The target table stage table ``stage`` of ``txn`` belongs to, None if it is not one of its."""
+    suffix = f"{STAGE_MARKER}{pipeline}__{txn}"
+    return stage[: -len(suffix)] or None if stage.endswith(suffix) else None
 
 
 def restage_table(stage: str) -> str:

@@ -59,7 +59,9 @@ class Partitions:
     def consuming(self) -> bool:
         """Some partition is read into a txn and has room left in it."""
         return any(
-            p.open is not None and p.open.status is Status.STAGING and not p.open.full for p in self.parts.values()
+            p.open is not None
+            and (p.open.status is Status.HELD or (p.open.status is Status.STAGING and not p.open.full))
+            for p in self.parts.values()
         )
 
     @property
@@ -132,8 +134,19 @@ class Partitions:
             chunk_bytes=self.chunk_bytes,
         )
         share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
+        stage_table = m.stage_table_of(p.tp.topic)
         p.open = Stint(
-            txn=m.txn, epoch=m.epoch, stage_table=m.stage_table, start_offset=offset, builder=builder, share=share
+            txn=m.txn,
+            epoch=m.epoch,
+            stage_table=stage_table,
+            start_offset=offset,
+            builder=builder,
+            share=share,
+            # No stage table for its table in this txn: the coordinator saw no records waiting when it
+            # made them. It goes on fetching (so its log end stays fresh in heartbeats: the next txn
+            # gets a stage table once records arrive), stages nothing, and its WRITE-STATUS ends where
+            # it started; records read meanwhile are read again from there by the next START.
+            status=Status.STAGING if stage_table else Status.HELD,
         )
 
     def end(self, txn: str) -> tuple[list[Action], dict[TopicPartition, int]]:

@@ -18,6 +18,9 @@ from protocol.participant_events import Action, StageChunk
 
 class Status(enum.Enum):
     STAGING = "staging"  # consuming into the txn
+    HELD = (
+        "held"  # its table has no stage table in the txn (``[[route]]``): reads nothing into it, ends where it started
+    )
     FAILED = "failed"  # a chunk failed: paused, waiting for END to report the error
     ENDING = "ending"  # END seen, waiting for in-flight chunks before WRITE-STATUS
 

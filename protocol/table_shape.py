@@ -12,6 +12,7 @@ keys and settings (``engine_clause_as``; for a replicated or shared target
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from protocol.chunking import METADATA_COLUMNS
@@ -183,6 +184,12 @@ TABLE_DEFINITION_SQL = (
     "(SELECT any(engine) FROM system.databases WHERE name = {db:String}) "
     "FROM system.tables WHERE database = {db:String} AND name = {t:String}"
 )
+#: (name, engine, engine_full, UUID, database engine) of the tables ``{names}`` of database ``{db}``.
+TABLE_DEFINITIONS_SQL = (
+    "SELECT name, engine, engine_full, if(uuid = toUUID('00000000-0000-0000-0000-000000000000'), '', toString(uuid)), "
+    "(SELECT any(engine) FROM system.databases WHERE name = {db:String}) "
+    "FROM system.tables WHERE database = {db:String} AND name IN {names:Array(String)}"
+)
 #: 1 if table ``{t}`` exists in database ``{db}``, else 0.
 TABLE_EXISTS_SQL = "SELECT count() FROM system.tables WHERE database = {db:String} AND name = {t:String}"
 #: The tables of database ``{db}`` whose names start with ``{p}``, by name.
@@ -219,6 +226,26 @@ def staged_sql(stage: str, *, per_partition: bool) -> str:
             f"toString(max(_offset)) FROM {stage} GROUP BY _topic, _partition"
         )
     return f"SELECT 'n', '', toString(count()), '', '', '' FROM {stage}"
+
+
+def publish_reads_of_sql(stages: Mapping[str, str]) -> str:
+    """``publish_reads_sql`` of several stage tables at once (``{names}``: theirs and their targets'):
+    ``SHAPES_SQL``, then each stage table's rows ('n', name, rows, ...) and the partition ids of its
+    active parts ('p', id, name, ...). ``stages``: unqualified name -> qualified name; the names are
+    plain identifiers (``protocol.naming``), safe to quote."""
+    rows = " UNION ALL ".join(
+        f"SELECT 'n', '{name}', toString(count()), '', '', '' FROM {qualified}" for name, qualified in stages.items()
+    )
+    return (
+        f"{SHAPES_SQL} UNION ALL {rows} "
+        "UNION ALL SELECT DISTINCT 'p', partition_id, table, '', '', '' FROM system.parts "
+        "WHERE database = {db:String} AND table IN {stages:Array(String)} AND active"
+    )
+
+
+def counts_sql(tables: Sequence[str]) -> str:
+    """(rows,) of each of the qualified ``tables``, in their order."""
+    return " UNION ALL ".join(f"SELECT {i}, count() FROM {table}" for i, table in enumerate(tables))
 
 
 def partition_rows_sql(stage: str) -> str:

@@ -6,11 +6,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgspec
+
 from clients import failpoints
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.service import stage_set
 from coordinator.stage import StageTables
+from coordinator.stage_set import StageSet
 from tests.pipelines import Pipeline
 
 
@@ -23,11 +27,11 @@ class LeaderThread:
         epoch: int,
         name: str,
         *,
-        stages: StageTables | None = None,
+        stages: StageTables | StageSet | None = None,
         leader_class: type[Leader] = Leader,
     ) -> None:
         self.pipeline, self.epoch, self.name, self.leader_class = pipeline, epoch, name, leader_class
-        self.stages = stages or stage_tables(pipeline)
+        self.stages = stages or stage_tables(pipeline, name)
         self.stop = threading.Event()
         self.outcome: str | BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"leader-{name}", daemon=True)
@@ -63,11 +67,12 @@ class LeaderThread:
         return self.outcome
 
 
-def stage_tables(pipeline: Pipeline) -> StageTables:
-    cfg = pipeline.cfg
-    return StageTables(
-        pipeline.client(), database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name
+def stage_tables(pipeline: Pipeline, coordinator: str = "") -> StageSet:
+    """The stage tables of every target table of the pipeline, as the coordinator service makes them."""
+    cfg = msgspec.structs.replace(
+        pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator)
     )
+    return stage_set(cfg, pipeline.client())
 
 
 @contextmanager

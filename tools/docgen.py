@@ -59,6 +59,16 @@ def banner(source: str) -> str:
 # ---- the configuration reference -------------------------------------------------------------
 
 SECTION_PROSE: dict[str, str] = {
+    "route": (
+        "Many tables per pipeline, with one commit point across them: each `[[route]]` sends the records "
+        "of its topics to its table. Use it instead of `pipeline.topics` with `clickhouse.target_table` "
+        "(the one-table form, which is one route). A txn stages into one stage table per table with "
+        "records waiting (an idle table costs a txn nothing; its first records after idling wait one txn "
+        "longer), and its one COMMITTED ledger row commits them all. What a reader of two tables can see "
+        "between their publishes is in docs/architecture.md, section 12.\n\n"
+        '```toml\n[[route]]\ntopics = ["orders", "re:orders-eu-.*"]\ntable = "orders"\n\n'
+        '[[route]]\ntopics = ["clicks"]\ntable = "clicks"\n```'
+    ),
     "pipeline": (
         "What the pipeline reads and where its control messages and dead letters go. The name "
         "scopes everything the pipeline creates (ledger rows, stage tables, tokens, consumer "
@@ -112,6 +122,9 @@ VALIDATION_RULES = (
     "`pipeline.topics` lists at least one topic; every topic name is a valid Kafka topic name, and "
     "neither the control topic nor the dead-letter topic is a source topic.",
     "`clickhouse.target_table` is required: a plain table name in `clickhouse.database`.",
+    "With `[[route]]` tables instead, `pipeline.topics` and `clickhouse.target_table` are not set; every "
+    "route has topics and a plain table name, and a named topic goes to one table only (a topic that "
+    "the patterns of two tables' routes match is refused when the partitions are listed).",
     "`clickhouse.url` starts with `http://` or `https://`; `clickhouse.input_format` is a format name.",
     "Intervals, timeouts, counts and sizes are greater than 0 (`participant.task_slots` and "
     "`coordinator.metrics_port` may be 0).",
@@ -128,9 +141,17 @@ VALIDATION_RULES = (
 
 
 def config_sections() -> dict[str, type]:
+    """The TOML sections of ``PipelineConfig`` (``[[route]]``, an array of tables, is not one)."""
     from protocol.config import PipelineConfig
 
-    return {f.name: f.type for f in msgspec.structs.fields(PipelineConfig)}
+    return {f.name: f.type for f in msgspec.structs.fields(PipelineConfig) if isinstance(f.type, type)}
+
+
+def documented_sections() -> dict[str, type]:
+    """The sections and ``[[route]]`` (the struct of one route), as the configuration page lists them."""
+    from protocol.config_sections import RouteSection
+
+    return {**config_sections(), "route": RouteSection}
 
 
 def field_docs(cls: type) -> dict[str, tuple[str, str]]:
@@ -211,7 +232,7 @@ def sentence(text: str) -> str:
 
 
 def configuration_page() -> str:
-    sections = config_sections()
+    sections = documented_sections()
     out = [
         banner("protocol/config_sections.py"),
         "",
@@ -250,7 +271,9 @@ def configuration_page() -> str:
         for field in msgspec.structs.fields(cls):
             note, brief = docs[field.name]
             description = " ".join(p for p in (md(note), md(sentence(_quoted_as_code(brief)))) if p)
-            if is_table(field):
+            if section == "route":
+                env = "file only"
+            elif is_table(field):
                 env = "file only (a table)"
             else:
                 env = f"`{env_var(section, field.name)}`"
@@ -261,7 +284,7 @@ def configuration_page() -> str:
             )
         out += [
             "",
-            f"## `[{section}]`",
+            f"## `[[{section}]]`" if section == "route" else f"## `[{section}]`",
             "",
             SECTION_PROSE.get(section, ""),
             "",

@@ -143,8 +143,22 @@ class ScriptedParticipants:
 
     def _stage(self, start: StartCommit, tp: TopicPartition, begin: int) -> WriteStatus:
         """Stage every record from ``begin`` to the end of the partition (partition EOF, not
-        ListOffsets: Tansu's ListOffsets(latest) lags behind the real end)."""
+        ListOffsets: Tansu's ListOffsets(latest) lags behind the real end); nothing when the START
+        gives the partition's table no stage table (``[[route]]``)."""
         lines: list[bytes] = []
+        if not start.stage_table_of(tp.topic):
+            return WriteStatus(
+                pipeline=self.cfg.name,
+                epoch=start.epoch,
+                txn=start.txn,
+                sender=self.sender,
+                topic=tp.topic,
+                partition=tp.partition,
+                start_offset=begin,
+                end_offset=begin,
+                rows=0,
+                chunks=0,
+            )
         self._data.assign([KafkaTP(tp.topic, tp.partition, begin)])
         at_end = False
         while not at_end:
@@ -172,7 +186,7 @@ class ScriptedParticipants:
             token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
             try:
                 self._ch.raw_insert(
-                    start.stage_table,
+                    start.stage_table_of(tp.topic),
                     insert_block=b"\n".join(lines),
                     fmt="JSONEachRow",
                     settings={"insert_deduplication_token": token, "async_insert": 0},

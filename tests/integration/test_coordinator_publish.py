@@ -26,6 +26,7 @@ from coordinator.leader import Leader
 from coordinator.metrics import LEADER_STEPS
 from coordinator.service import CoordinatorService
 from coordinator.stage import StageTables
+from coordinator.stage_set import StageSet
 from protocol import naming
 from protocol.config import PipelineConfig
 from protocol.errors import SetupError
@@ -142,15 +143,12 @@ class CrashBeforeDrop(StageTables):
 
 
 class CrashingPublishLeader(Leader):
-    def __init__(self, cfg: PipelineConfig, *, stages: StageTables, **kwargs: object) -> None:
-        stages = CrashBeforeDrop(
-            stages.client,
-            database=stages.database,
-            target=stages.target,
-            pipeline=stages.pipeline,
-            publish_mode=stages.publish_mode,
+    def __init__(self, cfg: PipelineConfig, *, stages: StageSet, **kwargs: object) -> None:
+        (table, one), *_ = stages.tables.items()
+        crashing = CrashBeforeDrop(
+            one.client, database=one.database, target=one.target, pipeline=one.pipeline, publish_mode=one.publish_mode
         )
-        super().__init__(cfg, stages=stages, **kwargs)
+        super().__init__(cfg, stages=StageSet({table: crashing}), **kwargs)
 
 
 def test_insert_select_fires_the_views_and_a_repeated_publish_stores_rows_once(stack, tmp_path):

@@ -22,6 +22,7 @@ from protocol.messages import (
     Reset,
     StandbyHeartbeat,
     StartCommit,
+    TopicStage,
     WriteStatus,
 )
 
@@ -33,6 +34,10 @@ SAMPLES: dict[str, ControlMessage] = {
         txn="e3_t17",
         sender="coord-a",
         stage_table="events__chtxn_e3_t17",
+        stage_tables=(
+            TopicStage(topic="src", stage_table="events__chtxn_e3_t17"),
+            TopicStage(topic="clicks", stage_table="clicks__chtxn_e3_t17"),
+        ),
         offsets=(
             PartitionOffset(topic="src", partition=0, offset=100),
             PartitionOffset(topic="src", partition=1, offset=7),

@@ -56,7 +56,14 @@ def test_every_golden_fixture_still_decodes(fixture: str) -> None:
 
 def test_a_start_commit_of_an_old_leader_has_no_holders_and_fences_nobody() -> None:
     old = decode(golden("start-commit.v1.hex"))
-    assert old == msgspec.structs.replace(SAMPLES["start-commit"], holders=(), chunk_rows=0)
+    assert old == msgspec.structs.replace(SAMPLES["start-commit"], holders=(), chunk_rows=0, stage_tables=())
+
+
+def test_a_start_commit_of_a_leader_older_than_routes_stages_every_topic_into_stage_table() -> None:
+    old = decode(golden("start-commit.v3.hex"))
+    assert old.stage_tables == () and old.stage_table_of("clicks") == old.stage_table == "events__chtxn_e3_t17"
+    new = SAMPLES["start-commit"]
+    assert new.stage_table_of("clicks") == "clicks__chtxn_e3_t17" and new.stage_table_of("other") == new.stage_table
 
 
 def test_a_heartbeat_of_a_participant_older_than_figures_carries_none() -> None:

@@ -103,8 +103,11 @@ def test_the_documented_environment_variables_are_the_ones_the_config_reads() ->
 def test_the_complete_example_is_a_valid_config_with_the_defaults() -> None:
     from protocol.config import PipelineConfig, parse_config
 
-    [example] = fenced_blocks(read("docs/configuration.md"), "toml")
+    *routes, example = fenced_blocks(read("docs/configuration.md"), "toml")  # the complete example is the last
     config = parse_config(example, {}, source="docs/configuration.md")
+    for block in routes:  # the [[route]] example, in a config of its own
+        routed = parse_config('[pipeline]\nname = "orders"\n' + block, {}, source="docs/configuration.md")
+        assert routed.tables == ("orders", "clicks")
     expected = msgspec.convert(
         {"pipeline": {"name": "orders", "topics": ["orders"]}, "clickhouse": {"target_table": "orders"}}, PipelineConfig
     )

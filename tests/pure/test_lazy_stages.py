@@ -1,0 +1,137 @@
+"""A txn across several tables (``[[route]]``) gets a stage table only in the tables with records
+waiting: the leader's choice (from the heartbeats' log ends), the START that says so, and the
+participant that holds a partition of a table without one (stages nothing, ends where it started)."""
+
+from __future__ import annotations
+
+from protocol import naming
+from protocol.config_sections import RouteSection
+from protocol.coordinator_events import CountStage, CreateStage, Ready, Received, StageCreated
+from protocol.coordinator_state import CoordinatorState
+from protocol.messages import (
+    EndCommit,
+    Heartbeat,
+    PartitionOffset,
+    PartitionPosition,
+    StartCommit,
+    TopicPartition,
+    TopicStage,
+)
+from protocol.participant_events import Polled, Received as PReceived, Seek, StageChunk
+from protocol.participant_state import ParticipantState
+from tests.pure.coordinator_driver import TIMING, ws
+from tests.records import Rec
+
+PIPE, EPOCH = "orders", 3  # as ``coordinator_driver``'s ``ws`` sends them
+ORDERS, CLICKS = TopicPartition(topic="orders", partition=0), TopicPartition(topic="clicks", partition=0)
+ROUTES = (RouteSection(topics=("orders",), table="orders"), RouteSection(topics=("clicks",), table="clicks"))
+HEAD = {ORDERS: 40, CLICKS: 10}
+
+
+def stages(n: int, *tables: str) -> str:
+    return naming.txn_stages(tables, PIPE, naming.txn_id(EPOCH, n))
+
+
+def beat(tp: TopicPartition, log_end: int) -> Received:
+    position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end)
+    return Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender=f"p-{tp.topic}", partitions=(position,)))
+
+
+def of(kind: type, actions: list) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_only_tables_with_records_waiting_get_a_stage_table_and_an_idle_one_joins_once_records_arrive() -> None:
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=ROUTES)
+    state.handle(beat(ORDERS, 50), 0.0)  # 10 records past the committed 40
+    state.handle(beat(CLICKS, 10), 0.0)  # nothing past the committed 10
+    first = state.handle(Ready(7, HEAD, {}), 0.0)
+    assert of(CreateStage, first) == [CreateStage(naming.txn_id(EPOCH, 1), stages(1, "orders"))]
+
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.0)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert start.stage_tables == (
+        TopicStage(topic="clicks", stage_table=""),  # held: stages nothing in txn 1
+        TopicStage(topic="orders", stage_table=stages(1, "orders")),
+    )
+    assert {(o.topic, o.offset) for o in start.offsets} == {("orders", 40), ("clicks", 10)}  # every partition is in it
+    assert of(CreateStage, started) == [CreateStage(naming.txn_id(EPOCH, 2), stages(2, "orders"))]  # clicks still idle
+
+    state.handle(StageCreated(naming.txn_id(EPOCH, 2)), 0.1)
+    state.handle(beat(CLICKS, 12), 0.5)  # records arrive in clicks while txn 1 runs
+    state.handle(beat(ORDERS, 50), 0.5)
+    state.handle(beat(ORDERS, 50), 1.1)  # txn 1's END is due
+    done = state.handle(ws(naming.txn_id(EPOCH, 1), CLICKS, 10, 10, 0, sender="p-clicks"), 1.2)
+    done += state.handle(ws(naming.txn_id(EPOCH, 1), ORDERS, 40, 50, 10, sender="p-orders"), 1.2)
+    assert of(CountStage, done) == [CountStage(naming.txn_id(EPOCH, 1), stages(1, "orders"))]
+    # txn 2 starts on its spare (orders only); txn 3's has both tables: clicks has records waiting
+    assert of(CreateStage, done) == [CreateStage(naming.txn_id(EPOCH, 3), stages(3, "orders", "clicks"))]
+
+
+def test_a_table_of_no_route_with_records_makes_no_stage_table_and_no_table_at_all_is_a_txn_of_no_stage() -> None:
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=ROUTES)
+    state.handle(beat(ORDERS, 40), 0.0)
+    state.handle(beat(CLICKS, 10), 0.0)
+    assert of(CreateStage, state.handle(Ready(7, HEAD, {}), 0.0)) == [CreateStage(naming.txn_id(EPOCH, 1), "")]
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.0)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert {s.stage_table for s in start.stage_tables} == {""} and start.stage_table == ""
+
+
+def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_started() -> None:
+    m = ParticipantState(
+        pipeline=PIPE,
+        sender="task-0",
+        partitions=[CLICKS, ORDERS],
+        chunk_rows=2,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+    )
+    start = StartCommit(
+        pipeline=PIPE,
+        epoch=EPOCH,
+        txn="e3_t1",
+        sender="c",
+        stage_table=stages(1, "orders"),
+        offsets=(
+            PartitionOffset(topic="clicks", partition=0, offset=10),
+            PartitionOffset(topic="orders", partition=0, offset=40),
+        ),
+        stage_tables=(
+            TopicStage(topic="clicks", stage_table=""),
+            TopicStage(topic="orders", stage_table=stages(1, "orders")),
+        ),
+    )
+    assert m.handle(PReceived(start), 0) == [Seek("clicks", 0, 10), Seek("orders", 0, 40)]  # both fetch; none paused
+    read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11)] + [Rec("orders", 0, 40, b'{"o":2}')]), 0)
+    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, read)] == []  # one orders record: chunk not cut yet
+    assert m.consuming
+    ended = m.handle(PReceived(_end("e3_t1")), 0)
+    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, ended)] == [(stages(1, "orders"), "orders")]
+    reports = [a.message for a in ended if hasattr(a, "message")]
+    assert [(w.topic, w.start_offset, w.end_offset, w.rows) for w in reports] == [("clicks", 10, 10, 0)]
+    # the chained START of the next txn goes on from 10, where clicks' records were read but not staged
+
+
+def _end(txn: str) -> EndCommit:
+    return EndCommit(pipeline=PIPE, epoch=EPOCH, txn=txn, sender="c")
+
+
+def test_records_wait_in_a_partition_its_holder_read_past_the_committed_offset_even_with_a_stale_log_end() -> None:
+    from protocol.coordinator_liveness import Liveness
+
+    liveness = Liveness(heartbeat_timeout_s=3.0)
+
+    def told(tp: TopicPartition, position: int, log_end: int) -> None:
+        place = PartitionPosition(topic=tp.topic, partition=tp.partition, position=position, log_end=log_end)
+        liveness.heard(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p", partitions=(place,)), 0.0)
+
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS, CLICKS}  # nothing told yet
+    told(ORDERS, 40, 40)
+    told(CLICKS, 10, -1)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {CLICKS}  # clicks' log end is not known
+    told(CLICKS, 13, 10)  # the cached watermark trails what was read
+    told(ORDERS, 40, 41)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS, CLICKS}
+    told(CLICKS, 10, 10)
+    assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS}
