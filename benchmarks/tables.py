@@ -225,7 +225,7 @@ def prepare(
     return cfg
 
 
-def _pct(values: list[float], q: float) -> float:
+def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else (values[0] if values else float("nan"))
 
 
