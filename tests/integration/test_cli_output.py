@@ -186,7 +186,8 @@ def test_status_and_verify_print_whole_partitions_and_offsets(live: Pipeline) ->
     assert replica[1:3] == ["left", "1"] and replica[-2:] == ["s", "ago"], "stopped: it said it left"
     heads = {(tp.partition, 150) for tp in live.partitions}
     rows = [line.split() for line in lines if line.startswith(live.topic + " ")]
-    assert {(int(r[1]), int(r[2])) for r in rows} == heads and all(r[-2:] == ["none", "live"] for r in rows)
+    assert {(int(r[1]), int(r[2])) for r in rows} == heads
+    assert all(r[-3:] == ["none", "live", live.cfg.clickhouse.target_table] for r in rows), rows
 
     verified = whole_lines(chtxn("verify", "--config", config, "--deep").stdout)
     assert verified[0] == f"exactly-once check of {live.cfg.clickhouse.database}.events"
@@ -238,7 +239,8 @@ def test_tsv_has_a_header_and_a_line_per_row(live: Pipeline, letters: Pipeline, 
     assert [(p["topic"], p["partition"], p["committed"]) for p in parts] == [
         (live.topic, str(tp.partition), "150") for tp in live.partitions
     ]
-    assert list(parts[0]) == ["topic", "partition", "committed", "log_end", "lag", "participant"]
+    assert list(parts[0]) == ["topic", "partition", "committed", "log_end", "lag", "participant", "table"]
+    assert {p["table"] for p in parts} == {live.cfg.clickhouse.target_table}
     assert f"pipeline {live.cfg.name}: failed: leader, participants" in status.stderr, "the heading goes to stderr"
     assert "coordinator out-c1: left, epoch 1, " in status.stderr, "and the replicas"
 
