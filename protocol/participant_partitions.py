@@ -57,7 +57,8 @@ class Partitions:
 
     @property
     def consuming(self) -> bool:
-        """Some partition is read into a txn and has room left in it."""
+        """Some partition is read into a txn and has room left in it, or is held (read and its records
+        dropped, so that its log end stays fresh: ``_join``)."""
         return any(
             p.open is not None
             and (p.open.status is Status.HELD or (p.open.status is Status.STAGING and not p.open.full))
