@@ -142,44 +142,9 @@ class ScriptedParticipants:
                 self._send(producer, status)
 
     def _stage(self, start: StartCommit, tp: TopicPartition, begin: int) -> WriteStatus:
-        """Stage every record from ``begin`` to the end of the partition (partition EOF, not
-        ListOffsets: Tansu's ListOffsets(latest) lags behind the real end); nothing when the START
-        gives the partition's table no stage table (``[[route]]``)."""
-        lines: list[bytes] = []
-        if not start.stage_table_of(tp.topic):
-            return WriteStatus(
-                pipeline=self.cfg.name,
-                epoch=start.epoch,
-                txn=start.txn,
-                sender=self.sender,
-                topic=tp.topic,
-                partition=tp.partition,
-                start_offset=begin,
-                end_offset=begin,
-                rows=0,
-                chunks=0,
-            )
-        self._data.assign([KafkaTP(tp.topic, tp.partition, begin)])
-        at_end = False
-        while not at_end:
-            for record in self._data.consume(1000, 1.0):
-                error = record.error()
-                if error is not None:
-                    at_end = at_end or (
-                        error.code() == KafkaError._PARTITION_EOF and record.partition() == tp.partition
-                    )
-                    continue
-                if (
-                    record.topic() == tp.topic
-                    and record.partition() == tp.partition
-                    and record.offset() == begin + len(lines)
-                ):
-                    lines.append(
-                        b'{"_topic":"%s","_partition":%d,"_offset":%d,'
-                        % (tp.topic.encode(), tp.partition, record.offset())
-                        + record.value()[1:]
-                    )
-        self._data.unassign()
+        """Stage every record from ``begin`` to the end of the partition; nothing when the START gives
+        the partition's table no stage table (``[[route]]``)."""
+        lines = self._read(tp, begin) if start.stage_table_of(tp.topic) else []
         high = begin + len(lines)
         errors: tuple[str, ...] = ()
         if lines:
@@ -208,6 +173,33 @@ class ScriptedParticipants:
             chunks=1 if lines else 0,
             errors=errors,
         )
+
+    def _read(self, tp: TopicPartition, begin: int) -> list[bytes]:
+        """Every record of ``tp`` from ``begin`` to the end (partition EOF, not ListOffsets: Tansu's
+        ListOffsets(latest) lags behind the real end), as JSON lines with the metadata columns."""
+        lines: list[bytes] = []
+        self._data.assign([KafkaTP(tp.topic, tp.partition, begin)])
+        at_end = False
+        while not at_end:
+            for record in self._data.consume(1000, 1.0):
+                error = record.error()
+                if error is not None:
+                    at_end = at_end or (
+                        error.code() == KafkaError._PARTITION_EOF and record.partition() == tp.partition
+                    )
+                    continue
+                if (
+                    record.topic() == tp.topic
+                    and record.partition() == tp.partition
+                    and record.offset() == begin + len(lines)
+                ):
+                    lines.append(
+                        b'{"_topic":"%s","_partition":%d,"_offset":%d,'
+                        % (tp.topic.encode(), tp.partition, record.offset())
+                        + record.value()[1:]
+                    )
+        self._data.unassign()
+        return lines
 
     def _send(self, producer: Producer, message: object) -> None:
         producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(message))
