@@ -6,6 +6,9 @@ resume every record not skipped committed exactly once."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
+
+from confluent_kafka import Producer
 
 from protocol.ledger_resets import is_reset
 from tests.helpers import run_chtxn, unique_name, wait_until
@@ -74,3 +77,27 @@ def test_a_skip_to_the_log_end_while_paused_commits_everything_else_exactly_once
     assert int(pipeline.client().command(skipped_ids)) == 0, "a skipped record was committed"
     verified = run_chtxn("verify", "--config", config, "--deep", "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+
+
+def test_to_time_finds_the_first_record_at_or_after_the_time_whatever_the_broker_answers(stack, tmp_path):
+    """The embedded broker answers a look-up by time with offset 0 for any time: the answer is
+    checked against the records' own timestamps, and searched for when it is wrong."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("resettime"))
+    config = str(pipeline.config_path)
+    base_ms = 1_700_000_000_000
+    producer = Producer({"bootstrap.servers": pipeline.cfg.kafka.bootstrap_servers})
+    for i in range(100):  # record i: partition i % 2, offset i // 2, a second after record i - 1
+        producer.produce(pipeline.topic, value=b'{"id": %d}' % i, partition=i % 2, timestamp=base_ms + i * 1000)
+    assert producer.flush(30) == 0
+    assert run_chtxn("pause", "--config", config).returncode == 0
+
+    def planned(when_ms: int) -> dict[str, int]:
+        when = datetime.fromtimestamp(when_ms / 1000, tz=timezone.utc).isoformat()
+        done = run_chtxn("reset", "--config", config, "--all-partitions", "--to-time", when, "--dry-run", "--json")
+        assert done.returncode == 0, done.stderr
+        return {p["partition"].rpartition("/")[2]: p["reset_to"] for p in json.loads(done.stdout)["partitions"]}
+
+    assert planned(base_ms + 60_000) == {"0": 30, "1": 30}
+    assert planned(base_ms + 60_500) == {"0": 31, "1": 30}  # record 61 (partition 1, offset 30), record 62 (0, 31)
+    assert planned(base_ms - 1) == {"0": 0, "1": 0}
+    assert planned(base_ms + 100_000) == {"0": 50, "1": 50}  # nothing that late: the log end
