@@ -1,10 +1,11 @@
 """``chtxn pause`` and ``chtxn resume``: stop the leader starting txns, and start again.
 
-Pause step 1: a PAUSED (or RESUMED) row in the ledger, with who and why: a leader that takes over
-reads the latest one, so a pause survives any number of take-overs. Pause step 2: a ``Pause``
-message on the control topic, so the running leader acts at once: paused, it ends the open txn
-(which commits as usual) and starts none until resumed. The participants read nothing between
-txns, so a paused pipeline reads nothing. ``chtxn status`` shows the pause.
+Pause steps 1 and 2 (``coordinator.pauses``): a marker in the next commit slot, so that the pause or
+resume is ordered against every commit and offset reset, then a PAUSED (or RESUMED) row with who
+and why: a leader that takes over reads the latest, so a pause survives any number of take-overs.
+Pause step 3: a ``Pause`` message on the control topic, so the running leader acts at once: paused,
+it ends the open txn (which commits as usual) and starts none until resumed. The participants read
+nothing between txns, so a paused pipeline reads nothing. ``chtxn status`` shows the pause.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ import argparse
 import getpass
 import os
 import socket
-import time
 
 import msgspec
 
 from cli.config_option import add_config_option
 from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
+from coordinator import pauses
 from coordinator.ledger_store import LedgerStore
 from protocol import codec
 from protocol.config import load_config
 from protocol.errors import ChtxnError
-from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import Pause
 
 SEND_TIMEOUT_S = 10.0
@@ -63,19 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
-    row = LedgerRow(
-        pipeline=cfg.name,
-        txn="",
-        event=LedgerEvent.PAUSED if args.paused else LedgerEvent.RESUMED,
-        epoch=0,
-        coordinator=who,
-        reason=args.reason,
-        started_at=time.time(),  # when asked: two pauses are two rows
-    )
-    LedgerStore.of(cfg, make_client(cfg.clickhouse)).append(row)  # Pause step 1: the ledger
+    ledger = LedgerStore.of(cfg, make_client(cfg.clickhouse))
+    row = pauses.record(ledger, paused=args.paused, who=who, reason=args.reason)  # Pause steps 1 and 2
     message = Pause(pipeline=cfg.name, epoch=0, txn="", sender=who, paused=args.paused, who=who, reason=args.reason)
     producer = KafkaClientFactory(cfg).producer(**{"client.id": "chtxn-pause", "linger.ms": 0})
-    producer.produce(cfg.control_topic, key=cfg.name.encode(), value=codec.encode(message))  # Pause step 2
+    producer.produce(cfg.control_topic, key=cfg.name.encode(), value=codec.encode(message))  # Pause step 3
     if producer.flush(SEND_TIMEOUT_S):
         raise PauseNotSent(
             f"{row.event.value} is recorded in the ledger, but the message to the leader did not reach "
@@ -84,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
         )
     state = "paused" if args.paused else "resumed"
     if args.json:
-        print(msgspec.json.encode({"pipeline": cfg.name, "state": state, "by": who, "reason": args.reason}).decode())
+        print(
+            msgspec.json.encode(
+                {"pipeline": cfg.name, "state": state, "by": who, "reason": args.reason, "commit_seq": row.commit_seq}
+            ).decode()
+        )
     else:
-        print(f"pipeline {cfg.name} {state} by {who}" + (f": {args.reason}" if args.reason else ""))
+        why = f": {args.reason}" if args.reason else ""
+        print(f"pipeline {cfg.name} {state} by {who}{why} (commit slot {row.commit_seq})")
     return 0

@@ -20,7 +20,7 @@ from cli.output import Column, Output, Sheet
 from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
 from coordinator.ledger_store import LedgerStore
-from coordinator.offset_reset import ResetTo, claim, require_paused, targets
+from coordinator.offset_reset import ResetTo, claim, plan, require_paused
 from coordinator.source_offsets import SourceOffsets
 from protocol import codec, topic_patterns
 from protocol.config import PipelineConfig, load_config
@@ -91,18 +91,15 @@ def run(args: argparse.Namespace) -> int:
     who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
     to = _reset_to(args)
     ledger = LedgerStore.of(cfg, make_client(cfg.clickhouse))
-    require_paused(ledger, cfg.name)  # Reset step 1
+    require_paused(ledger, cfg.name)  # Reset step 1, early: nothing else is read for a running pipeline
     partitions = _partitions(cfg, args) if not args.all_partitions else None
     factory = KafkaClientFactory(cfg)
     if partitions is None:
         partitions = SourceOffsets(cfg, factory.admin(), ledger, epoch=0, coordinator=who).partitions()
-    offsets = targets(cfg, ledger, partitions, to)  # Reset step 2
     if args.dry_run:
-        head = ledger.head()[1]
-        initial = ledger.initial_offsets()
-        moves = {f"{tp.topic}/{tp.partition}": (head.get(tp, initial.get(tp, o)), o) for tp, o in offsets.items()}
-        return _report(args, cfg, moves, None, who)
-    done = claim(cfg, ledger, offsets, to, who=who, reason=args.reason)  # Reset step 3
+        found = plan(cfg, ledger, partitions, to)[1]  # Reset steps 1 and 2
+        return _report(args, cfg, {f"{tp.topic}/{tp.partition}": m for tp, m in sorted(found.items())}, None, who)
+    done = claim(cfg, ledger, partitions, to, who=who, reason=args.reason)  # Reset steps 1 to 3
     if done.row is not None:  # Reset step 4: the running leader hands over at once
         message = Reset(
             pipeline=cfg.name,

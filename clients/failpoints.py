@@ -54,7 +54,8 @@ POINTS: dict[str, str] = {
     "embedded broker can, and the reader must read it again",
     "stage.before-insert": "a chunk is about to be inserted into the stage table",
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
-    "reset.before-claim": "an offset reset read the ledger head; before it claims the next commit slot",
+    "reset.before-claim": "an offset reset read the head, the pause and the log; before it claims the next commit slot",
+    "pause.before-claim": "chtxn pause / resume read the ledger head; before its marker claims the next commit slot",
 }
 
 

@@ -36,7 +36,7 @@ from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
-from protocol import routing
+from protocol import ledger_pauses, routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
     AbortTxn,
@@ -309,6 +309,11 @@ class Leader:
         row = ledger_row(self, action.txn, LedgerEvent.COMMITTED, commit_seq=action.commit_seq)
         try:
             won = self.ledger.claim_commit(row)
+            while not won and ledger_pauses.moves_nothing(self.ledger.commit_at(row.commit_seq)):
+                # A pause or a resume took the slot: it moves no offset, so the head this txn
+                # started from is the head before the next slot too.
+                row = ledger_row(self, action.txn, LedgerEvent.COMMITTED, commit_seq=row.commit_seq + 1)
+                won = self.ledger.claim_commit(row)
         except ChtxnError as exc:
             return CommitResult(action.txn.id, None, error=str(exc))
         if won:
@@ -327,5 +332,5 @@ class Leader:
             if ended is not None:
                 self.metrics.commit_latency.labels(self.cfg.name).observe(self.clock() - ended)
             self._ack_at[txn.id] = self.clock()
-            log.info("committed", extra={"txn": txn.id, "commit_seq": action.commit_seq, "rows": txn.rows})
-        return CommitResult(action.txn.id, won)
+            log.info("committed", extra={"txn": txn.id, "commit_seq": row.commit_seq, "rows": txn.rows})
+        return CommitResult(action.txn.id, won, commit_seq=row.commit_seq)

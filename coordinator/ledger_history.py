@@ -29,8 +29,9 @@ def has_content(s: TxnSummary) -> bool:
 
 
 def is_empty_commit(s: TxnSummary) -> bool:
-    """The txn committed neither rows nor dead letters: an idle interval or a seal (not an offset reset)."""
-    return s.state in ("PUBLISHED", "COMMITTED") and not has_content(s) and not naming.is_reset_txn(s.txn)
+    """The txn committed neither rows nor dead letters: an idle interval or a seal (not an offset reset,
+    a pause or a resume)."""
+    return s.state in ("PUBLISHED", "COMMITTED") and not has_content(s) and not naming.is_control_txn(s.txn)
 
 
 #: The Python twins of ``history_txns_sql``'s content filters.

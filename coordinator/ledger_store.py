@@ -35,7 +35,7 @@ import msgspec
 from clients.clickhouse import ClickHouseRetrying, retrying
 from coordinator.commit_point import commit_point as make_commit_point
 from coordinator.ledger_upkeep import LedgerUpkeep
-from protocol import dead_letters, ledger, ledger_checkpoint, ledger_sql, naming
+from protocol import dead_letters, ledger, ledger_checkpoint, ledger_pauses, ledger_sql, naming
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize
@@ -262,9 +262,16 @@ class LedgerStore:
         return ledger.from_result_row(rows[0]) if rows else None
 
     def pause(self) -> LedgerRow | None:
-        """The latest PAUSED or RESUMED row (``chtxn pause`` / ``resume``); None if neither was ever written."""
+        """Whether the pipeline is paused, as the PAUSED or RESUMED row of the latest ``chtxn pause`` /
+        ``resume`` (``protocol.ledger_pauses.latest``); None if neither was ever asked for. A marker
+        that lost its slot (a claim past the deduplication window) counts for nothing."""
         rows = self._query("read whether the pipeline is paused", ledger_sql.latest_pause_sql(self._database))
-        return ledger.from_result_row(rows[0]) if rows else None
+        candidates = [ledger.from_result_row(r) for r in rows]
+        return ledger_pauses.latest(r for r in candidates if not ledger_pauses.is_marker(r) or self._owns_slot(r))
+
+    def _owns_slot(self, row: LedgerRow) -> bool:
+        owner = self.commit_at(row.commit_seq)
+        return owner is not None and owner.txn == row.txn
 
     def epoch_owner(self, epoch: int) -> str | None:
         """The coordinator that claimed ``epoch``, or None if nobody did."""

@@ -1,13 +1,18 @@
 """An offset reset (``chtxn reset``): where each partition goes, and the commit slot that moves it.
 
-Reset step 1: the pipeline must be paused (the ledger's latest PAUSED / RESUMED row), so that no
-txn is reading the partitions while their offsets move.
+Reset steps 1 to 3 run against one ledger head, read first, and all run again when the claim is
+lost, so that a reset is ordered with commits, pauses and resumes by the slot it claims:
+Reset step 1: the pipeline must be paused by a pause that took a commit slot
+(``protocol.ledger_pauses``), so that no txn is reading the partitions while their offsets move.
 Reset step 2: each partition's new offset (``--to-offset``, ``--to-time``, ``--to-earliest`` or
-``--to-latest``), which must lie within the partition's log, [earliest, end].
-Reset step 3: the claim. The ledger head is read and the reset's row (``protocol.ledger_resets``)
-claims slot head + 1 through the commit point, as a txn's commit does: it takes effect exactly
-once, at one place of the chain. A claim lost to a commit that landed first (the paused leader's
-last txn) reads the head again, up to ``CLAIM_TRIES`` times.
+``--to-latest``), which must lie within the partition's log, [earliest, end], looked up after the
+head was read: a commit the head holds never ends past a look-up of the log end. A by-time answer
+is checked against the records' timestamps (``protocol.offset_search``).
+Reset step 3: the claim. The reset's row (``protocol.ledger_resets``) claims slot head + 1 through
+the commit point, as a txn's commit does: it takes effect exactly once, at one place of the chain.
+A claim lost to a commit, a pause or a resume that landed first starts again from step 1 with the
+new head, up to ``CLAIM_TRIES`` times: a resume there refuses the reset, a commit there (the paused
+leader's last txn) is moved from, never over.
 Reset step 4 (``cli.reset``): a ``Reset`` message, so that the running leader hands over at once and
 the take-over starts from the new offsets. Without it, the leader's next claim loses that slot and
 it steps down then: the ledger, not the message, makes the reset safe.
@@ -15,17 +20,21 @@ it steps down then: the ledger, not the message, makes the reset safe.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
+from confluent_kafka import KafkaError, TopicPartition as KafkaTP
 from confluent_kafka.admin import OffsetSpec
 
 from clients import failpoints, kafka as kafka_clients
+from clients.kafka import BrokerUnreachable
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.ledger_store import LedgerStore
 from coordinator.source_offsets import SourceOffsets
+from protocol import ledger_pauses, offset_search
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError
 from protocol.ledger import LedgerEvent, LedgerRow
@@ -36,6 +45,8 @@ from protocol.messages import TopicPartition
 CLAIM_TRIES = 5
 #: How long a broker has to answer each offset lookup.
 LOOKUP_TIMEOUT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class ResetRefused(ChtxnError):
@@ -68,6 +79,11 @@ def require_paused(ledger: LedgerStore, pipeline: str) -> None:
             f"pipeline {pipeline} is not paused: an offset reset moves offsets only while no txn reads them; "
             "run chtxn pause first (and chtxn resume after the reset)"
         )
+    if not ledger_pauses.in_chain(pause):
+        raise ResetRefused(
+            f"pipeline {pipeline} was paused by an older chtxn, whose pause is in no order with commits: "
+            "run chtxn pause again, then the reset"
+        )
 
 
 def targets(
@@ -86,16 +102,16 @@ def targets(
     consumer = factory.consumer(**CONSUMER_PROPERTIES, **{"group.id": f"chtxn-reset-{cfg.name}"})
     try:
         ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s=LOOKUP_TIMEOUT_S)
+        high = {tp: ends[(tp.topic, tp.partition)] for tp in partitions}
+        if to.to == "time":
+            answers = source.list_offsets(partitions, OffsetSpec.for_timestamp(to.value))
+            return {tp: _by_time(consumer, tp, low[tp], high[tp], to.value, answers[tp]) for tp in partitions}
     finally:
         consumer.close()
-    high = {tp: ends[(tp.topic, tp.partition)] for tp in partitions}
     if to.to == "earliest":
         return low
     if to.to == "latest":
         return high
-    if to.to == "time":
-        found = source.list_offsets(partitions, OffsetSpec.for_timestamp(to.value))
-        return {tp: high[tp] if found[tp] < 0 else found[tp] for tp in partitions}  # -1: no record that late
     outside = [tp for tp in partitions if not low[tp] <= to.value <= high[tp]]
     if outside:
         raise ResetRefused(
@@ -106,37 +122,83 @@ def targets(
     return {tp: to.value for tp in partitions}
 
 
+def plan(
+    cfg: PipelineConfig, ledger: LedgerStore, partitions: Sequence[TopicPartition], to: ResetTo
+) -> tuple[int, dict[TopicPartition, tuple[int, int]]]:
+    """Reset steps 1 and 2 against one head: the head's slot, and per partition (committed offset
+    found, offset to set). The head is read first, the pause and the log after it."""
+    head_seq, head = ledger.head()
+    require_paused(ledger, cfg.name)  # Reset step 1
+    offsets = targets(cfg, ledger, partitions, to)  # Reset step 2
+    initial = ledger.initial_offsets()
+    return head_seq, {tp: (head.get(tp, initial.get(tp, offset)), offset) for tp, offset in offsets.items()}
+
+
 def claim(
     cfg: PipelineConfig,
     ledger: LedgerStore,
-    offsets: dict[TopicPartition, int],
+    partitions: Sequence[TopicPartition],
     to: ResetTo,
     *,
     who: str,
     reason: str,
 ) -> ResetDone:
-    """Reset step 3: the reset's row in the next commit slot, unless every partition is there."""
+    """Reset steps 1 to 3: the reset's row in the next commit slot, unless every partition is there."""
     for _ in range(CLAIM_TRIES):
-        head_seq, head = ledger.head()
-        initial = ledger.initial_offsets()
-        found = {tp: head.get(tp, initial.get(tp, offset)) for tp, offset in offsets.items()}
-        moves = {f"{tp.topic}/{tp.partition}": (found[tp], offsets[tp]) for tp in sorted(offsets)}
-        if all(found[tp] == offsets[tp] for tp in offsets):
+        head_seq, found = plan(cfg, ledger, partitions, to)
+        moves = {f"{tp.topic}/{tp.partition}": move for tp, move in sorted(found.items())}
+        if all(start == end for start, end in found.values()):
             return ResetDone(row=None, moves=moves)
         row = reset_row(
             pipeline=cfg.name,
             commit_seq=head_seq + 1,
             epoch=ledger.max_epoch(),
             who=who,
-            moves={tp: (found[tp], offsets[tp]) for tp in offsets},
+            moves=found,
             how=to.describe(),
             reason=reason,
             now=time.time(),
         )
         failpoints.hit("reset.before-claim", who)
-        if ledger.claim_commit(row):
+        if ledger.claim_commit(row):  # Reset step 3
             return ResetDone(row=ledger.commit_at(row.commit_seq) or row, moves=moves)
     raise ResetRefused(
         f"commits kept taking the slot the reset claimed ({CLAIM_TRIES} tries): is the pipeline really paused? "
         "Check chtxn status and run chtxn reset again"
+    )
+
+
+def _by_time(consumer: Any, tp: TopicPartition, low: int, high: int, when_ms: int, answer: int) -> int:
+    """The broker's answer to a look-up by time if the records agree with it, else a search of
+    their timestamps (``protocol.offset_search``)."""
+
+    def first_at(offset: int) -> tuple[int, int] | None:
+        return _first_record_at(consumer, tp, offset)
+
+    if offset_search.answer_holds(first_at, low, high, when_ms, answer):
+        return high if answer < 0 else answer
+    found = offset_search.search(first_at, low, high, when_ms)
+    log.warning(
+        "the broker's offset for a time is not the first record at or after it; searched the log instead",
+        extra={"partition": f"{tp.topic}/{tp.partition}", "broker_answer": answer, "offset": found},
+    )
+    return found
+
+
+def _first_record_at(consumer: Any, tp: TopicPartition, offset: int) -> tuple[int, int] | None:
+    """(offset, timestamp in ms) of the first record at or after ``offset``; None at the log end."""
+    consumer.assign([KafkaTP(tp.topic, tp.partition, offset)])
+    deadline = time.monotonic() + LOOKUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        if message.error() is not None:
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                return None
+            raise BrokerUnreachable(f"cannot read {tp.topic}/{tp.partition} at offset {offset}: {message.error()}")
+        return message.offset(), message.timestamp()[1]
+    raise BrokerUnreachable(
+        f"no answer reading {tp.topic}/{tp.partition} at offset {offset} within {LOOKUP_TIMEOUT_S:g} s: "
+        "is the broker up?"
     )

@@ -267,6 +267,8 @@ class CoordinatorState:
             return self._step_down(f"commit outcome of {txn.id} unknown ({event.error}); re-reading the ledger")
         if not event.won:
             return self._step_down(f"lost commit slot {txn.commit_seq} of {txn.id} to another leader")
+        if event.commit_seq:  # past slots a pause or a resume took
+            txn.commit_seq = event.commit_seq
         self.head_seq = txn.commit_seq
         self.head.update(txn.end)
         # Commit step 7: ACK-COMMIT, then publish (``Flight.advance`` publishes in commit order).

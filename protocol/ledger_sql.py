@@ -102,11 +102,13 @@ def latest_event_sql(database: str, event: LedgerEvent) -> str:
 
 
 def latest_pause_sql(database: str) -> str:
-    """The newest PAUSED or RESUMED row of ``{pipeline:String}``: whether the pipeline is paused."""
+    """The newest PAUSED or RESUMED rows and pause / resume markers (``protocol.ledger_pauses``) of
+    ``{pipeline:String}``, the highest slot first: whether the pipeline is paused."""
     return (
         f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
-        "WHERE pipeline = {pipeline:String} AND event IN ('PAUSED', 'RESUMED') "
-        "ORDER BY event_time DESC, started_at DESC LIMIT 1"
+        "WHERE pipeline = {pipeline:String} AND (event IN ('PAUSED', 'RESUMED') OR (event = 'COMMITTED' "
+        "AND (startsWith(txn, 'pause_s') OR startsWith(txn, 'resume_s')))) "
+        "ORDER BY commit_seq DESC, event_time DESC, started_at DESC LIMIT 4"
     )
 
 
@@ -129,7 +131,8 @@ _HAS_CONTENT = "(max(total_rows) > 0 OR max(dead_letters) > 0)"
 #: An idle interval's commit or a seal; an offset reset (``protocol.ledger_resets``) holds no rows either
 #: but is an operator's act, never folded away.
 _EMPTY_COMMIT = (
-    f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT} AND NOT startsWith(txn, '{naming.RESET_PREFIX}'))"
+    f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT} AND NOT startsWith(txn, '{naming.RESET_PREFIX}') "
+    f"AND NOT startsWith(txn, '{naming.PAUSE_PREFIX}') AND NOT startsWith(txn, '{naming.RESUME_PREFIX}'))"
 )
 
 

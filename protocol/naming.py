@@ -12,6 +12,8 @@ PROBE_SUFFIX = "__probe_"
 _SIDE_RE = re.compile(r"__restage|__probe_[0-9a-f]{8}")
 _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
 RESET_PREFIX = "reset_s"
+PAUSE_PREFIX = "pause_s"
+RESUME_PREFIX = "resume_s"
 
 
 def txn_id(epoch: int, seq: int) -> str:
@@ -31,6 +33,21 @@ def reset_txn(commit_seq: int) -> str:
 
 def is_reset_txn(txn: str) -> bool:
     return txn.startswith(RESET_PREFIX)
+
+
+def pause_txn(commit_seq: int, *, paused: bool) -> str:
+    """The txn id of ``chtxn pause`` (``paused``) or ``chtxn resume`` in commit slot ``commit_seq``."""
+    return f"{PAUSE_PREFIX if paused else RESUME_PREFIX}{commit_seq}"
+
+
+def is_pause_txn(txn: str) -> bool:
+    """A pause's or a resume's txn id (``pause_txn``)."""
+    return txn.startswith((PAUSE_PREFIX, RESUME_PREFIX))
+
+
+def is_control_txn(txn: str) -> bool:
+    """An operator's commit (a reset, a pause or a resume), never a txn of records nor a seal."""
+    return is_reset_txn(txn) or is_pause_txn(txn)
 
 
 def parse_txn_id(txn: str) -> tuple[int, int]:

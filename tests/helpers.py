@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from procs import start_token
+from protocol import naming
 
 T = TypeVar("T")
 
@@ -103,3 +104,9 @@ def gone(pid: int) -> bool:
     """No live process has ``pid`` (one that exited and waits to be reaped counts as gone); ps agrees."""
     stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
     return start_token(pid) is None and (stat == "" or stat.startswith("Z"))
+
+
+def last_txn(ledger):
+    """The newest txn of ``ledger`` (a ``LedgerHistory``) that is not an operator's commit (a
+    reset, a pause or a resume: ``protocol.naming.is_control_txn``)."""
+    return next(s for s in ledger.history(limit=10) if not naming.is_control_txn(s.txn))

@@ -11,7 +11,7 @@ import pytest
 
 from clients import failpoints
 from coordinator.ledger_store import LedgerStore
-from coordinator.offset_reset import ResetDone, ResetTo, claim, targets
+from coordinator.offset_reset import ResetDone, ResetTo, claim
 from protocol.messages import TopicPartition
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
@@ -22,13 +22,13 @@ from tests.pipelines import make_pipeline
 def hold_new_records_and_pause(pipeline, participants, held, cut, first: int) -> tuple[int, int]:
     """Produce 200 records after the committed ends ``cut``, wait until a commit holding them is held
     at ``leader.before-commit`` (``held``, armed by the caller, who releases it), then pause the
-    pipeline; returns the records produced and the commit slot the held commit claims."""
+    pipeline; returns the records produced and the commit slot the held commit claims (the one
+    after the pause's, which took the slot it was going to claim)."""
     more = pipeline.produce(200, start_id=first)
     wait_until(lambda: any(s.end_offset > cut[s.tp] for s in participants.statuses), 60, "new records staged")
     assert held.reached.wait(60), "no commit reached the failpoint"
-    slot = pipeline.ledger().commits()[-1].commit_seq + 1
     assert run_chtxn("pause", "--config", str(pipeline.config_path)).returncode == 0
-    return more, slot
+    return more, pipeline.ledger().commits()[-1].commit_seq + 1
 
 
 @pytest.mark.parametrize("commit_point", ["token", "keeper"])
@@ -93,9 +93,10 @@ def test_a_commit_that_lands_before_the_resets_claim_pushes_the_reset_to_the_nex
             more, slot = hold_new_records_and_pause(pipeline, participants, held, cut, first)
             store = LedgerStore.of(pipeline.cfg, pipeline.client())
             to = ResetTo(to="earliest")
-            offsets = targets(pipeline.cfg, store, pipeline.partitions, to)
             resetter = threading.Thread(
-                target=lambda: done.append(claim(pipeline.cfg, store, offsets, to, who="ops", reason="late")),
+                target=lambda: done.append(
+                    claim(pipeline.cfg, store, pipeline.partitions, to, who="ops", reason="late")
+                ),
                 daemon=True,
             )
             resetter.start()

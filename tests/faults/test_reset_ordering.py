@@ -14,8 +14,10 @@ import threading
 
 from cli import build_parser, reset as reset_cmd
 from clients import failpoints
+from coordinator import pauses
+from coordinator.ledger_store import LedgerStore
 from protocol.ledger_resets import is_reset
-from tests.helpers import run_chtxn, unique_name, wait_until
+from tests.helpers import last_txn, run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread
 from tests.pipelines import make_pipeline
@@ -71,7 +73,7 @@ def test_a_reset_held_across_a_resume_and_a_commit_is_refused(stack, tmp_path):
         ledger = pipeline.ledger()
         wait_until(lambda: pipeline.target_count() == first, 60, "the first records committed")
         assert run_chtxn("pause", "--config", config).returncode == 0
-        wait_until(lambda: ledger.history(limit=1)[0].state == "PUBLISHED", 30, "the open txn done")
+        wait_until(lambda: last_txn(ledger).state == "PUBLISHED", 30, "the open txn done")
         skipped = pipeline.produce(50, start_id=first)  # what --to-latest would skip, were it still paused
         held = HeldReset(config, "--all-partitions", "--to-latest")
         try:
@@ -132,11 +134,5 @@ def test_a_paused_leaders_last_txn_past_the_resets_look_up_is_never_moved_back(s
 
 def record_pause_without_telling_the_leader(pipeline) -> None:
     """The pause as ``chtxn pause`` records it in the ledger, with its control message not sent."""
-    import time
-
-    from protocol.ledger import LedgerEvent, LedgerRow
-
-    row = LedgerRow(
-        pipeline=pipeline.cfg.name, txn="", event=LedgerEvent.PAUSED, epoch=0, coordinator="ops", started_at=time.time()
-    )
-    pipeline.ledger().append(row)
+    ledger = LedgerStore.of(pipeline.cfg, pipeline.client())
+    pauses.record(ledger, paused=True, who="ops", reason="the message is late")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import run_chtxn, unique_name, wait_until
+from tests.helpers import last_txn, run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread
 from tests.pipelines import assert_exactly_once, make_pipeline
@@ -24,7 +24,7 @@ def test_a_pause_holds_across_a_take_over_and_a_resume_commits_everything_once(s
             assert paused.returncode == 0, paused.stderr
             assert "paused by alice: widening a column" in paused.stdout
             # The open txn ends at once and commits; then nothing starts.
-            wait_until(lambda: pipeline.ledger().history(limit=1)[0].state == "PUBLISHED", 30, "the open txn done")
+            wait_until(lambda: last_txn(pipeline.ledger()).state == "PUBLISHED", 30, "the open txn done")
             starts = len(participants.starts)
             held = pipeline.produce(200, start_id=produced)
             # The next txn's stage table is ready and every partition is held: unpaused, it would start now.

@@ -80,3 +80,17 @@ def test_a_pause_of_another_pipeline_changes_nothing() -> None:
     d.started(T0)
     assert d.at(T0 + 0.1, pause(pipeline="other")) == []
     assert not d.state.paused and d.state.open_txn is not None and d.state.epoch == EPOCH
+
+
+def test_a_commit_that_claimed_past_a_pauses_slot_moves_the_head_to_the_slot_it_won() -> None:
+    """The pause's marker took slot head + 1; the leader claimed head + 2 instead (a marker moves no
+    offset). The ACK names the slot won, and the next txn commits after it."""
+    d = Driver()
+    t1 = d.started(T0)
+    d.spare_ready(2, T0 + 0.05)
+    assert d.at(T0 + 0.1, pause()) == [end(1)]
+    assert d.at(T0 + 0.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
+    assert d.at(T0 + 0.3, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    won = CommitResult(t1.id, won=True, commit_seq=HEAD_SEQ + 2)
+    assert d.at(T0 + 0.4, won) == [ack(1, END_1, HEAD_SEQ + 2), Publish(t1)]
+    assert d.state.head_seq == HEAD_SEQ + 2 and t1.commit_seq == HEAD_SEQ + 2
