@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import insert_settings, routing, secrets, topic_patterns
+from protocol import config_keys, insert_settings, routing, secrets, topic_patterns
 from protocol.chunking import JSON_OBJECT_FORMATS
 from protocol.config_sections import (
     ClickHouseSection,
@@ -353,8 +353,10 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
         unknown = message.split("unknown field `", 1)
         if len(unknown) == 2:
             field = unknown[1].split("`", 1)[0]
+            close = config_keys.suggest(PipelineConfig, key, field)
             key = f"{key}.{field}" if key else field
-            raise ConfigError(f"{source}: unknown key {key!r}: check its spelling against the docs", key=key) from None
+            hint = f"did you mean {close!r}?" if close else "check its spelling against the docs"
+            raise ConfigError(f"{source}: unknown key {key!r}: {hint}", key=key) from None
         value = secrets.masked(key, _lookup(merged, key))
         raise _located(source, origins, environ or {}, _FieldError(key, value, message.split(" - at ", 1)[0])) from None
     try:

@@ -50,6 +50,23 @@ def test_an_unknown_key_names_its_path(extra: str, path: str) -> None:
     assert str(err).startswith("pipeline.toml: ")
 
 
+@pytest.mark.parametrize(
+    ("extra", "close"),
+    [
+        ("[transaction]\nintervall_s = 2\n", "interval_s"),
+        ("[participant]\nchunk_row = 5\n", "chunk_rows"),
+        ("[transacton]\ninterval_s = 2\n", "transaction"),
+        ('[[route]]\ntopics = ["a"]\ntabel = "t"\n', "table"),
+    ],
+)
+def test_an_unknown_key_close_to_a_known_one_names_it(extra: str, close: str) -> None:
+    assert f"did you mean {close!r}?" in str(error_of(BASE + extra))
+
+
+def test_an_unknown_key_far_from_every_known_one_points_at_the_docs() -> None:
+    assert "check its spelling against the docs" in str(error_of(BASE + "[bogus]\nx = 1\n"))
+
+
 def test_an_unknown_key_inside_an_existing_section() -> None:
     err = error_of(BASE.replace("[clickhouse]", '[clickhouse]\nurll = "http://x:8123"'))
     assert err.key == "clickhouse.urll"
