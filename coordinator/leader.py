@@ -196,6 +196,7 @@ class Leader:
             retry=self.retry,
             publish=self._publisher.publish,
             progress=self._made_progress,
+            aborted=self._actions.count_abort,
         )
         failpoints.hit("leader.after-take-over", self.coordinator)
         partitions = self._offsets.partitions()

@@ -25,6 +25,7 @@ from coordinator.ledger_store import LedgerStore
 from coordinator.stage_set import Stages
 from coordinator.target_checks import check_target
 from protocol.config import PipelineConfig
+from protocol.coordinator_events import AbortKind
 from protocol.errors import ChtxnError, SetupError
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
@@ -49,11 +50,12 @@ def take_over(
     retry: Callable[[str], Any],
     publish: PublishStep,
     progress: Callable[[], None],
+    aborted: Callable[[str], None] = lambda kind: None,
 ) -> tuple[int, dict[TopicPartition, int]]:
     """Take-over steps 1-4 (module docstring) for the leader ``coordinator`` of ``epoch``; returns
     the head after the seal. ``retry(what)`` wraps a ClickHouse call in the coordinator's retries;
     ``progress()`` is called after each txn rolled forward and each stage table handled (a long
-    take-over is progress: the lease holds)."""
+    take-over is progress: the lease holds); ``aborted(kind)`` after each orphan recorded ABORTED."""
     failpoints.hit("leader.before-take-over", coordinator)
     for target in cfg.tables:  # Take-over step 1: check the target tables
         retry(f"check the target table {target}")(
@@ -124,6 +126,7 @@ def take_over(
                     coordinator=coordinator,
                 )
             )
+            aborted(AbortKind.TAKE_OVER)
         progress()
     return head_seq + 1, head
 

@@ -19,6 +19,7 @@ from coordinator.takeover import SteppedDown
 from coordinator.txn_publisher import TxnPublisher
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import (
+    AbortKind,
     AbortTxn,
     CreateStage,
     DropStage,
@@ -100,8 +101,7 @@ class TxnActions:
     def abort(self, action: AbortTxn) -> None:
         txn = action.txn
         log.warning("aborted", extra={"txn": txn.id, "reason": action.reason, "kind": action.kind})
-        self.metrics.transactions.labels(self.cfg.name, "aborted").inc()
-        self.metrics.aborts.labels(self.cfg.name, action.kind).inc()
+        self.count_abort(action.kind)
         self.acked_at.pop(txn.id, None)
         try:
             self.retry(f"drop {txn.stage_table}")(self.stages.drop_all, txn.stage_table)
@@ -111,6 +111,11 @@ class TxnActions:
         if action.kind == "participant-error":
             self.on_participant_error()
 
+    def count_abort(self, kind: str) -> None:
+        """``chtxn_transactions_total{outcome="aborted"}`` and ``chtxn_aborts_total{reason=kind}``."""
+        self.metrics.transactions.labels(self.cfg.name, "aborted").inc()
+        self.metrics.aborts.labels(self.cfg.name, kind).inc()
+
     def drop_uncommitted(self, state: CoordinatorState) -> None:
         """Best effort on stepping down: this epoch's stage tables that can never commit."""
         for txn in state.txns:
@@ -119,6 +124,7 @@ class TxnActions:
             try:
                 self.retry(f"drop {txn.stage_table}")(self.stages.drop, txn.stage_table)
                 self.ledger.append(ledger_row(self, txn, LedgerEvent.ABORTED, reason="leader stepped down"))
+                self.count_abort(AbortKind.STEP_DOWN)
             except ChtxnError as exc:
                 log.warning("could not drop a stage table on stepping down", extra={"txn": txn.id, "error": str(exc)})
         if state.spare is not None:

@@ -250,6 +250,8 @@ class AbortKind(str, enum.Enum):
     CASCADE = "cascade"
     SHUTDOWN = "shutdown"
     TARGET_ALTERED = "target-altered"
+    STEP_DOWN = "step-down"  # counted by the runner: the machine stops at ``StepDown``
+    TAKE_OVER = "take-over"  # an orphan stage table a new leader dropped (``coordinator.takeover``)
 
     def __str__(self) -> str:
         return self.value

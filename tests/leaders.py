@@ -34,6 +34,7 @@ class LeaderThread:
         self.stages = stages or stage_tables(pipeline, name)
         self.stop = threading.Event()
         self.outcome: str | BaseException | None = None
+        self.metrics = CoordinatorMetrics(pipeline.cfg.name)
         self.thread = threading.Thread(target=self._run, name=f"leader-{name}", daemon=True)
 
     def _run(self) -> None:
@@ -49,12 +50,19 @@ class LeaderThread:
                 control=control,
                 ledger=ledger,
                 stages=self.stages,
-                metrics=CoordinatorMetrics(self.pipeline.cfg.name),
+                metrics=self.metrics,
             ).run(self.stop)
         except BaseException as exc:  # surfaced by the test
             self.outcome = exc
         finally:
             control.close()
+
+    def aborts(self, kind: str) -> float:
+        """This leader's ``chtxn_aborts_total{reason=kind}``."""
+        value = self.metrics.registry.get_sample_value(
+            "chtxn_aborts_total", {"pipeline": self.pipeline.cfg.name, "reason": kind}
+        )
+        return value or 0.0
 
     def start(self) -> LeaderThread:
         self.thread.start()

@@ -46,6 +46,21 @@ def test_a_stalled_leaders_late_commit_loses_to_the_new_leaders_seal(stack, tmp_
         wait_until(lambda: pipeline.target_count() == produced, 60, "E2 commits every record")
     assert isinstance(e2.outcome, str), e2.outcome
     assert_exactly_once(pipeline, produced, nothing_lost=True)
+    # Both leaders' aborts are in their metrics, as many as the ledger's ABORTED rows of each kind.
+    aborted = (
+        pipeline.client()
+        .query(
+            f"SELECT coordinator, reason FROM `{pipeline.cfg.clickhouse.database}`.chtxn_ledger "
+            "WHERE pipeline = {p:String} AND event = 'ABORTED'",
+            parameters={"p": pipeline.cfg.name},
+        )
+        .result_rows
+    )
+    orphans = [r for r in aborted if r == ("E2", "orphan stage table dropped at take-over")]
+    stepped = [r for r in aborted if r == ("E1", "leader stepped down")]
+    assert orphans, "E2's take-over dropped k's stage table as an orphan"
+    assert e2.aborts("take-over") == len(orphans)
+    assert e1.aborts("step-down") == len(stepped)
     seals = pipeline.ledger().commits()[:2]
     assert [(s.txn, s.epoch, s.ranges) for s in seals] == [(naming.seal_txn(1), 1, ()), (naming.seal_txn(2), 2, ())]
 
