@@ -5,7 +5,8 @@
 fetches :data:`PACKAGES` (about 20 MB) into ``debs/``, ``dpkg-deb -x`` unpacks them into a staging
 directory, and what the checks need is kept: ``bin/promtool`` (a Go binary, about 48 MB; the
 Prometheus server and its web assets are dropped) and ``compose/`` (``docker-compose`` and the
-Python packages it imports, about 5 MB). Nothing is installed on the system and no root is needed:
+Python packages it imports, about 5 MB) with ``bin/docker-compose``, which runs it on Debian's
+Python with its packages on the path, so it runs as it is. Nothing is installed on the system and no root is needed:
 when the system's package lists cannot serve the download, it is retried once with package lists
 of our own under ``apt/``, as ``embedded.keeper_jars`` does for ZooKeeper.
 
@@ -73,13 +74,13 @@ def promtool(directory: Path | None = None) -> Path:
 
 
 def docker_compose(directory: Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """The argv prefix and environment that run ``docker-compose``: the venv's copy on Debian's
-    Python, else ``docker-compose`` on PATH."""
-    compose = (default_dir() if directory is None else directory) / "compose"
-    script = compose / "usr" / "bin" / "docker-compose"
-    if script.is_file() and DEBIAN_PYTHON.is_file():
-        env = {**os.environ, "PYTHONPATH": str(compose / "usr" / "lib" / "python3" / "dist-packages")}
-        return [str(DEBIAN_PYTHON), str(script)], env
+    """The argv prefix and environment that run ``docker-compose``: the venv's copy
+    (``bin/docker-compose``, which runs it on Debian's Python), else ``docker-compose`` on PATH."""
+    tools = default_dir() if directory is None else directory
+    script = tools / "compose" / "usr" / "bin" / "docker-compose"
+    wrapper = tools / "bin" / "docker-compose"
+    if wrapper.is_file() and script.is_file() and DEBIAN_PYTHON.is_file():
+        return [str(wrapper)], dict(os.environ)
     on_path = shutil.which("docker-compose")
     if on_path is not None:
         return [on_path], dict(os.environ)
@@ -101,6 +102,18 @@ def install(directory: Path) -> None:
     shutil.rmtree(directory / "compose", ignore_errors=True)
     staging.rename(directory / "compose")
     shutil.rmtree(directory / "debs")
+    wrapper = directory / "bin" / "docker-compose"
+    wrapper.write_text(COMPOSE_WRAPPER)
+    wrapper.chmod(0o755)
+
+
+#: ``bin/docker-compose``: Compose from ``compose/`` on Debian's Python, runnable as it is.
+COMPOSE_WRAPPER = f"""#!/bin/sh
+# docker-compose 1.29 from Debian's package, on Debian's Python (tools/debian_tools.py)
+here="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHONPATH="$here/compose/usr/lib/python3/dist-packages${{PYTHONPATH:+:$PYTHONPATH}}" \\
+  exec {DEBIAN_PYTHON} "$here/compose/usr/bin/docker-compose" "$@"
+"""
 
 
 def _first_line(argv: list[str], env: dict[str, str] | None = None) -> str:

@@ -9,6 +9,7 @@ port and address that Prometheus scrapes are the ones the coordinators' config s
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from protocol.config import PipelineConfig, load_config
+from tools import debian_tools
 from tools.debian_tools import docker_compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +182,16 @@ def test_prometheus_and_grafana_get_the_rules_and_the_dashboard() -> None:
     assert datasource["type"] == "prometheus"
     assert datasource["url"] == "http://prometheus:9090"
     assert "9090:9090" in all_services["prometheus"]["ports"]
+
+
+def test_the_venvs_docker_compose_runs_as_it_is_from_any_directory(tmp_path: Path) -> None:
+    """``.venv/debian-tools/bin/docker-compose``, as docs/operations.md tells operators to run it:
+    no PYTHONPATH, no interpreter named, another working directory."""
+    wrapper = debian_tools.default_dir() / "bin" / "docker-compose"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [str(wrapper), "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    version = subprocess.run([str(wrapper), "version", "--short"], capture_output=True, text=True, env=env)
+    assert version.stdout.startswith("1.29"), version.stdout + version.stderr
