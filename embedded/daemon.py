@@ -11,6 +11,11 @@ endpoint and configures the endpoint for it. Guarantees:
 - ``up`` on a running stack starts nothing and says so; on a half-running one (a server died) it
   starts only what is missing.
 - ``up``, ``down`` hold a lock on the data directory, so two of them never interleave.
+- Data survives ``down`` and ``up``: ClickHouse's in ``DATA_DIR/clickhouse``, the broker's topics and
+  records in ``DATA_DIR/kafka`` (:mod:`embedded.kafka_storage`), the keeper's in ``DATA_DIR/keeper``.
+  ``down --purge`` is the one way to start from nothing.
+- ``up --keeper`` on a stack whose ClickHouse endpoint runs without a keeper starts the keeper and
+  restarts the endpoint with it, on its port, its data kept.
 - Once a data directory has a keeper (``DATA_DIR/keeper``), every ``up`` starts it, ``--keeper`` or
   not, as its ClickHouse data may hold KeeperMap tables, which open only with their keeper; ``down
   --purge`` removes it. A keeper that died while the endpoint runs is started again on the port the
@@ -33,7 +38,7 @@ import msgspec
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
 from embedded.keeper import EmbeddedKeeper, port_is_free as keeper_port_is_free
-from embedded.stack import EmbeddedStack
+from embedded.stack import KAFKA_DIR, EmbeddedStack
 from procs import is_running, port_is_free, stop_group
 
 #: Names the data directory, overriding the per-user default.
@@ -180,9 +185,13 @@ def up(
                 result.notes.append(f"port {wanted[name]} is taken: the {TITLES[name]} uses a free port instead")
                 wanted[name] = 0
         if keeper and clickhouse is not None and not clickhouse.keeper:
+            # Restarted below with the keeper configured; its data is on disk and stays.
+            stop_group(clickhouse.pid, clickhouse.token)
+            del state.components["clickhouse"]
+            wanted["clickhouse"] = clickhouse.port
             result.notes.append(
-                "the ClickHouse endpoint runs without a keeper, so KeeperMap tables do not work there: "
-                "`chtxn embedded down`, then `up --keeper`, restarts it with one"
+                f"the ClickHouse endpoint ran without a keeper: restarted on port {clickhouse.port} with one, "
+                "its data kept"
             )
         stack = EmbeddedStack(
             data_dir,
@@ -192,6 +201,7 @@ def up(
             detached=True,
             keeper=keeper and "keeper" not in state.components,
             keeper_port=wanted["keeper"],
+            kafka_on_disk=True,
         )
         if "keeper" in state.components:
             stack.clickhouse.keeper = state.components["keeper"].address
@@ -249,7 +259,7 @@ def down(data_dir: Path, *, purge: bool = False) -> list[str]:
                     stopped.append(name)
             (data_dir / STATE_FILE).unlink(missing_ok=True)
         if purge:
-            for sub in ("clickhouse", KEEPER_DIR, "logs"):
+            for sub in ("clickhouse", KAFKA_DIR, KEEPER_DIR, "logs"):
                 shutil.rmtree(data_dir / sub, ignore_errors=True)
     if purge:
         (data_dir / ".lock").unlink(missing_ok=True)

@@ -6,13 +6,15 @@ SIGKILL included) and detached by ``chtxn embedded up`` (the servers outlive the
 stopped by pid, see :mod:`embedded.daemon`). Layout of ``data_dir``::
 
     clickhouse/        ClickHouse's data (kept across restarts)
+    kafka/             the broker's topics, with ``kafka_on_disk=True`` (kept across restarts)
     keeper/            ZooKeeper's data and zoo.cfg (with ``keeper=True``; kept across restarts)
     logs/kafka.log     the broker's output
     logs/clickhouse.log
     logs/keeper.log
     state.json         what ``chtxn embedded up`` started (detached mode only)
 
-Kafka data lives in the broker's memory: it is gone when the broker stops.
+Kafka data lives in the broker's memory, gone when the broker stops, unless ``kafka_on_disk``
+(``chtxn embedded up`` sets it): then in ``kafka/`` (:mod:`embedded.kafka_storage`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
 from embedded.keeper import EmbeddedKeeper
 from embedded.service import LoopbackService
+
+#: Where the broker keeps its topics under ``data_dir`` with ``kafka_on_disk``.
+KAFKA_DIR = "kafka"
 
 
 class EmbeddedStack:
@@ -48,10 +53,17 @@ class EmbeddedStack:
         detached: bool = False,
         keeper: bool = False,
         keeper_port: int = 0,
+        kafka_on_disk: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
-        self.broker = EmbeddedBroker(kafka_port, host, log_path=self.data_dir / "logs" / "kafka.log", detached=detached)
+        self.broker = EmbeddedBroker(
+            kafka_port,
+            host,
+            log_path=self.data_dir / "logs" / "kafka.log",
+            detached=detached,
+            storage_dir=self.data_dir / KAFKA_DIR if kafka_on_disk else None,
+        )
         self.clickhouse = EmbeddedClickHouse(
             self.data_dir / "clickhouse",
             clickhouse_port,

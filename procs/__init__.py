@@ -40,8 +40,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """True when nothing listens on ``host:port`` and it can be bound right now."""
+    """True when nothing listens on ``host:port`` and a server can bind it right now. Connections of
+    a server that stopped (TIME_WAIT) do not count: servers bind with ``SO_REUSEADDR``, as Tansu,
+    ZooKeeper and the ClickHouse endpoint do, so a stack brought down and up again keeps its ports."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

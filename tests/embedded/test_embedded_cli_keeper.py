@@ -80,3 +80,22 @@ def test_up_without_keeper_starts_none(data_dir: Path) -> None:
     assert "CHTXN_EMBEDDED_KEEPER" not in started["env"]
     assert not (data_dir / "keeper").exists()
     assert not (data_dir / "clickhouse" / "chtxn-keeper.xml").exists()
+
+
+def test_up_keeper_on_a_running_stack_restarts_clickhouse_with_it_keeping_its_data(data_dir: Path) -> None:
+    started = up(data_dir)
+    client = clickhouse_connect.get_client(dsn=started["clickhouse_url"])
+    client.command("CREATE TABLE kept (id UInt64) ENGINE = MergeTree ORDER BY id")
+    client.command("INSERT INTO kept SELECT number FROM numbers(10)")
+
+    again = up(data_dir, "--keeper")
+    assert again["started"] == ["keeper", "clickhouse"], again
+    assert again["components"]["kafka"]["pid"] == started["components"]["kafka"]["pid"]
+    assert again["clickhouse_url"] == started["clickhouse_url"], "the endpoint moved to another port"
+    assert again["components"]["clickhouse"]["keeper"] == again["keeper"]
+    assert any("restarted on port" in note and "its data kept" in note for note in again["notes"]), again["notes"]
+    client = clickhouse_connect.get_client(dsn=again["clickhouse_url"])
+    assert client.command("SELECT count() FROM kept") == 10
+    client.command("CREATE TABLE kv (key String, v String) ENGINE = KeeperMap('/kv_up') PRIMARY KEY key")
+    client.command("INSERT INTO kv VALUES ('x', '1')", settings={"keeper_map_strict_mode": 1})
+    assert client.query("SELECT v FROM kv").result_rows == [("1",)]
