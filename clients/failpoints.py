@@ -55,6 +55,8 @@ POINTS: dict[str, str] = {
     "stage.before-insert": "a chunk is about to be inserted into the stage table",
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
     "reset.before-claim": "an offset reset read the ledger head; before it claims the next commit slot",
+    "switch.before-claim": "a commit-point switch read the ledger head; before its marker claims the next commit slot",
+    "switch.before-record": "a commit-point switch's marker won its slot; before the COMMIT_POINT row is written",
 }
 
 
