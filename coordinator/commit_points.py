@@ -30,7 +30,6 @@ from protocol import commit_points, ledger
 from protocol.commit_points import Fact
 from protocol.errors import SetupError
 from protocol.ledger import LedgerEvent
-from protocol.ledger_sql import ALL_SLOTS, resolved_commits_sql
 
 if TYPE_CHECKING:
     from protocol.config import PipelineConfig
@@ -61,15 +60,18 @@ def current(store: LedgerStore) -> Fact | None:
     """The commit point the ledger of ``store``'s pipeline records; None if it records none yet."""
     rows = store._query("read the ledger's commit point", commit_points.latest_record_sql(store._database))
     record = ledger.from_result_row(rows[0]) if rows else None
-    checkpoint = store.latest_checkpoint()
-    after = max(record.commit_seq if record else 0, checkpoint.commit_seq if checkpoint else 0)
-    commits = store._query(
-        "read the commits after the commit point's record",
-        resolved_commits_sql(store._database),
-        after=after,
-        through=ALL_SLOTS["through"],
+    candidates = store._query(
+        "read the commit-point switches after the record",
+        commit_points.markers_sql(store._database),
+        after=record.commit_seq if record else 0,
     )
-    return commit_points.current(record, (ledger.from_result_row(r) for r in commits))
+    markers = []
+    for r in candidates:  # a marker counts only as its slot's winner
+        row = ledger.from_result_row(r)
+        owner = store.commit_at(row.commit_seq)
+        if owner is not None and owner.claim_id == row.claim_id:
+            markers.append(row)
+    return commit_points.current(record, markers)
 
 
 def ensure(store: LedgerStore, who: str) -> Fact:

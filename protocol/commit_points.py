@@ -113,9 +113,20 @@ def latest_record_sql(database: str) -> str:
     )
 
 
+def markers_sql(database: str) -> str:
+    """The switch markers' rows of ``{pipeline:String}`` in slots after ``{after:UInt64}``, in slot
+    order: candidates only (a marker that lost its slot has a row too); ``commit_at`` decides."""
+    return (
+        f"SELECT {SELECT_COLUMNS} FROM {qualified(database)} "
+        "WHERE pipeline = {pipeline:String} AND event = 'COMMITTED' AND commit_seq > {after:UInt64} "
+        f"AND startsWith(txn, '{SWITCH_PREFIX}') ORDER BY commit_seq"
+    )
+
+
 def current(record: LedgerRow | None, commits: Iterable[LedgerRow]) -> Fact | None:
-    """The commit point in force: the switch marker of the highest slot among ``commits`` (the
-    slots' winners after ``record``'s slot) if any, else ``record``; None when there is neither."""
+    """The commit point in force: the switch marker of the highest slot among ``commits`` (markers
+    that own their slots, ``markers_sql``) after ``record``'s slot if any, else ``record``; None when
+    there is neither."""
     fact = Fact(mode=record.reason, since=record.commit_seq, who=record.coordinator) if record else None
     for row in commits:
         mode = switch_mode(row.txn)
