@@ -101,7 +101,7 @@ class KeeperCommitPoint:
                 extra={
                     "slot": slot,
                     "owner": owner.txn if owner else "?",
-                    "owner_coordinator": getattr(owner, "coordinator", ""),
+                    "owner_coordinator": owner.coordinator if owner else "",
                 },
             )
             return False
