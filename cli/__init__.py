@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "cli.doctor",
     "cli.pause",
     "cli.reset",
+    "cli.commit_point",
     "cli.dlq",
     "cli.participant",
     "cli.demo",

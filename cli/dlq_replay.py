@@ -34,8 +34,10 @@ def register_replay(commands: argparse._SubParsersAction) -> None:
         "Each letter goes out once, however often the replay is run: in the same Kafka transaction as the "
         "records, one record per letter goes to the replay log, <dead-letter topic>.replays (compacted, "
         "created on the first replay), and letters the log holds, or second letters of a record already "
-        "replayed, are skipped. A replay started while another runs fences it (one transactional.id per "
-        "pipeline). "
+        "replayed, are skipped. A replay killed or failed mid-batch and run again first looks in the batch's "
+        "destinations (from the log ends its intent, committed before the batch, recorded) for what it sent, "
+        "so no letter goes twice, on the embedded broker too. A replay started while another runs fences it "
+        "(one transactional.id per pipeline). "
         "Without --execute, nothing is produced: the plan is printed (what would go where, what was "
         "replayed before, when and by whom), as kafka-consumer-groups.sh --reset-offsets does without "
         "--execute; re-producing cannot be undone, so it is never the default.",

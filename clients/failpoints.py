@@ -56,6 +56,12 @@ POINTS: dict[str, str] = {
     "stage.after-insert": "a chunk is in the stage table; before the participant learns it",
     "reset.before-claim": "an offset reset read the head, the pause and the log; before it claims the next commit slot",
     "pause.before-claim": "chtxn pause / resume read the ledger head; before its marker claims the next commit slot",
+    "switch.before-claim": "a commit-point switch read the ledger head; before its marker claims the next commit slot",
+    "replay.after-intent": "dlq replay: a batch's intent is committed to the replay log; before its records are produced",
+    "replay.after-flush": "dlq replay: a batch's records are delivered in its open Kafka transaction; before its log records",
+    "replay.before-commit": "dlq replay: a batch's records and log records are produced; before the Kafka transaction commits",
+    "replay.before-settle": "dlq replay: records of a batch in doubt were found in their topics; before their log records commit",
+    "switch.before-record": "a commit-point switch's marker won its slot; before the COMMIT_POINT row is written",
 }
 
 

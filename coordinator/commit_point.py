@@ -4,7 +4,9 @@
 - ``TokenCommitPoint``: the row is inserted into the ledger with the slot's deduplication token
   and read back; the claim is won if the surviving row is this claim's (``protocol.ledger_sql``).
 - ``KeeperCommitPoint``: the slot's key is inserted into the KeeperMap table of claims in strict
-  mode, then the winner writes its row into the ledger (``protocol.ledger_claims``).
+  mode, then the winner writes its row into the ledger (``protocol.ledger_claims``) and reads the
+  slot back: the ledger's row decides, so a token-mode claim that reached the ledger first wins
+  the slot even against the key (one winner whatever the mix of commit points).
 
 Both answer ``claim`` with True (won), False (another claim owns the slot) or a
 ``ClickHouseError``, which leaves the outcome unknown: claiming the same row again (same
@@ -89,6 +91,20 @@ class KeeperCommitPoint:
             hit("leader.after-keeper-claim", row.coordinator)
         # Commit step 6b (keeper): the winner's row in the ledger (a retry finds the key its own).
         self._store._insert(row, token, what)
+        # Commit step 6c (keeper): the ledger's row of the slot decides. It is this claim's unless a
+        # claimer of the token commit point wrote the slot's row first (two commit points on one
+        # ledger, ``coordinator.commit_points``): then that row owns the slot and this claim lost.
+        owner = self._store._slot_winner(row.event, slot)
+        if owner is None or owner.claim_id != row.claim_id:
+            log.error(
+                "a claim of another commit point owns the slot: this claim lost",
+                extra={
+                    "slot": slot,
+                    "owner": owner.txn if owner else "?",
+                    "owner_coordinator": owner.coordinator if owner else "",
+                },
+            )
+            return False
         return True
 
     def owner(self, event: LedgerEvent, slot: int) -> LedgerRow | None:

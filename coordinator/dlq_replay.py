@@ -8,15 +8,18 @@ replays, in these steps:
 2. ``init_transactions`` with the pipeline's replay ``transactional.id``: a replay still running is
    fenced, and its open Kafka transaction aborted (or, if it was committing, completed).
 3. Read the replay log to its end (``read_committed``; after step 2 no replay of this pipeline has a
-   transaction open) and plan: letters the log holds, and second letters of one source record, are
-   skipped.
-4. Per batch of letters, one Kafka transaction: the records, then (their offsets known from the
-   delivery reports) one replay log record per letter, then commit. A batch is visible whole or not
-   at all, its log records with it; a failure aborts it (or leaves a commit that timed out to the
-   broker) and raises. Running the replay again is always safe: the log says what went out.
+   transaction open). If letters of its latest intent are missing from it, that batch is in doubt:
+   read its destination partitions from the intent's ends, and log every record of such a letter
+   found there in one Kafka transaction (``coordinator.dlq_replay_doubt``). Then plan: letters the
+   log holds, and second letters of one source record, are skipped.
+4. Per batch of letters: (a) commit an intent to the log (the batch's letters, each destination
+   partition's log end) in a Kafka transaction of its own; (b) one Kafka transaction: the records,
+   then (their offsets known from the delivery reports) one replay log record per letter, then
+   commit. A failure aborts it (or leaves a commit that timed out to the broker) and raises.
 
-Kafka hides an aborted batch from ``read_committed`` readers; the embedded broker does not
-(docs/embedded.md), so there a failed batch's records, and its log records, can show.
+Each letter is visible in its destination once, however the replay is killed and run again: Kafka
+hides an aborted batch from ``read_committed`` readers (step 3 finds nothing and the letters go
+again); the embedded broker shows it (docs/embedded.md), and step 3 finds its records and logs them.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaT
 from confluent_kafka.admin import NewTopic
 
 from clients import kafka as kafka_clients
+from clients.failpoints import hit
 from clients.kafka import KafkaClientFactory
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.dead_letter_view import DeadLetterReader
+from coordinator.dlq_replay_doubt import ends_before, visible_replays
 from protocol import dlq_replay
 from protocol.config import PipelineConfig
 from protocol.dead_letters import PublishedLetter
-from protocol.dlq_replay import Planned, ReplayRecord, Selection
+from protocol.dlq_replay import Planned, ReplayIntent, ReplayRecord, Selection
 from protocol.errors import ChtxnError, SetupError
 
 #: Letters per Kafka transaction.
@@ -71,10 +76,11 @@ class DeadLetterReplay:
 
     def plan(self, selection: Selection, to_topic: str = "") -> list[Planned]:
         """What ``execute`` would do now, read without fencing anything."""
+        done, intent = self._replayed()
         return dlq_replay.plan(
             self._letters(),
             selection,
-            self._replayed(),
+            {**done, **self._visible(intent, done)},
             dead_letter_topic=self.dead_letter_topic,
             to_topic=to_topic,
         )
@@ -88,15 +94,20 @@ class DeadLetterReplay:
         self._ensure_log()
         # Replay step 2: fence any other replay of this pipeline
         self._start()
-        # Replay step 3: the log, read to its end, decides what is left
+        # Replay step 3: the log, read to its end, and a batch in doubt's visible records decide what is left
+        logged, intent = self._replayed()
+        if found := self._visible(intent, logged):
+            self._settle(found)
         planned = dlq_replay.plan(
-            letters, selection, self._replayed(), dead_letter_topic=self.dead_letter_topic, to_topic=to_topic
+            letters, selection, {**logged, **found}, dead_letter_topic=self.dead_letter_topic, to_topic=to_topic
         )
         pending = dlq_replay.to_replay(planned)
         done: dict[str, Planned] = {}
         for i in range(0, len(pending), BATCH):
-            # Replay step 4: a batch of records and their log records, in one Kafka transaction
-            for item in self._replay_batch(pending[i : i + BATCH]):
+            batch = pending[i : i + BATCH]
+            self._intend(batch)  # Replay step 4a: the batch's intent, committed first
+            # Replay step 4b: a batch of records and their log records, in one Kafka transaction
+            for item in self._replay_batch(batch):
                 done[item.key] = item
         return [done.get(p.key, p) if p.action == dlq_replay.REPLAY else p for p in planned]
 
@@ -154,8 +165,51 @@ class DeadLetterReplay:
             raise ReplayError(f"cannot start the replay producer: {_reason(exc)}") from None
         self._producer = producer
 
-    def _replayed(self) -> dict[str, ReplayRecord]:
-        """The replay log, key -> its latest record; empty when the log does not exist yet."""
+    def _visible(self, intent: ReplayIntent | None, logged: dict[str, ReplayRecord]) -> dict[str, ReplayRecord]:
+        """Records of the latest intent's letters the log lacks that are visible where they went."""
+        doubt = dlq_replay.in_doubt(intent, logged)
+        if intent is None or not doubt:
+            return {}
+        return visible_replays(self.kafka, self.cfg.name, intent, doubt, self.timeout_s)
+
+    def _settle(self, found: dict[str, ReplayRecord]) -> None:
+        """Log the records of a batch in doubt that are visible, in one Kafka transaction."""
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for key, record in found.items():
+                self._produce(self.log_topic, key.encode(), dlq_replay.encode_record(record), None, None, partition=0)
+            hit("replay.before-settle", self.by)
+            producer.commit_transaction(self.timeout_s)
+        except KafkaException as exc:
+            raise ReplayError(
+                f"logging the letters an interrupted replay sent failed: {_reason(exc)}; run the same replay again"
+            ) from None
+
+    def _intend(self, batch: list[Planned]) -> None:
+        """Replay step 4a: commit the batch's intent to the log (its letters, its destinations' ends)."""
+        ends = ends_before(self.kafka, self.cfg.name, {(p.to_topic, p.to_partition) for p in batch}, self.timeout_s)
+        intent = ReplayIntent(keys=tuple(p.key for p in batch), ends=ends, by=self.by, at_ms=int(time.time() * 1000))
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            self._produce(
+                self.log_topic,
+                dlq_replay.INTENT_KEY.encode(),
+                dlq_replay.encode_intent(intent),
+                None,
+                None,
+                partition=0,
+            )
+            producer.commit_transaction(self.timeout_s)
+        except KafkaException as exc:
+            raise ReplayError(
+                f"writing the intent of {len(batch)} letters failed: {_reason(exc)}; run the same replay again"
+            ) from None
+        hit("replay.after-intent", self.by)
+
+    def _replayed(self) -> tuple[dict[str, ReplayRecord], ReplayIntent | None]:
+        """The replay log, key -> its latest record, and its latest intent; empty when the log does not exist yet."""
         consumer = self.kafka.consumer(
             **{
                 "group.id": f"{dlq_replay.replay_transactional_id(self.cfg.name)}.reader",
@@ -166,11 +220,12 @@ class DeadLetterReplay:
         try:
             existing = kafka_clients.cluster_metadata(consumer, self.timeout_s, self.cfg.kafka.bootstrap_servers)
             if self.log_topic not in existing.topics:
-                return {}
+                return {}, None
             end = log_ends(consumer, [(self.log_topic, 0)], self.timeout_s)[(self.log_topic, 0)]
             found: dict[str, ReplayRecord] = {}
+            intent: ReplayIntent | None = None
             if end == 0:
-                return found
+                return found, intent
             consumer.assign([KafkaTP(self.log_topic, 0, 0)])
             deadline = time.monotonic() + self.timeout_s
             while time.monotonic() < deadline:
@@ -178,15 +233,16 @@ class DeadLetterReplay:
                     error, offset = m.error(), m.offset() or 0
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF and offset >= end:
-                            return found
+                            return found, intent
                         continue
-                    record = dlq_replay.decode_record(m.value())
-                    if record is not None:
+                    if m.key() == dlq_replay.INTENT_KEY.encode():
+                        intent = dlq_replay.decode_intent(m.value()) or intent
+                    elif (record := dlq_replay.decode_record(m.value())) is not None:
                         found[record.of] = record
                     if offset >= end - 1:
-                        return found
+                        return found, intent
                 if consumer.position([KafkaTP(self.log_topic, 0)])[0].offset >= end:
-                    return found  # past transaction markers, which hold no record
+                    return found, intent  # past transaction markers, which hold no record
             raise kafka_clients.BrokerUnreachable(
                 f"reading the replay log {self.log_topic} did not reach its end ({end}) within {self.timeout_s:g} s"
             )
@@ -216,6 +272,7 @@ class DeadLetterReplay:
                 self._produce(p.to_topic, x.key, x.value, headers, delivered(p.key), **where)
             if producer.flush(self.timeout_s) > 0 or errors:
                 raise ReplayError(f"records not delivered: {'; '.join(errors) or 'timed out'}")
+            hit("replay.after-flush", self.by)
             at_ms = int(time.time() * 1000)
             done = []
             for p in batch:
@@ -229,6 +286,7 @@ class DeadLetterReplay:
                 )
                 self._produce(self.log_topic, p.key.encode(), dlq_replay.encode_record(record), None, None, partition=0)
                 done.append(msgspec.structs.replace(p, action=dlq_replay.REPLAYED, record=record))
+            hit("replay.before-commit", self.by)
             producer.commit_transaction(self.timeout_s)
         except (KafkaException, ReplayError) as exc:
             why = _reason(exc) if isinstance(exc, KafkaException) else str(exc)

@@ -23,6 +23,7 @@ from typing import Any
 
 from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
+from coordinator import commit_points
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.lease import StandbyBeat
@@ -90,6 +91,7 @@ class CoordinatorService:
     def _run_once(self, stop: threading.Event) -> None:
         ledger, stages = clickhouse_stores(self.cfg)
         ledger.ensure_tables()
+        commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
         for target in self.cfg.tables:
             check_target(

@@ -1,7 +1,8 @@
 """Take-over: what a new leader does before its first START, in this order:
 
 1. Check the target table.
-2. Seal: read the head and claim slot head+1 with an empty commit of this epoch, unless a
+2. Seal: read the head and claim slot head+1 with an empty commit of this epoch, unless the
+   ledger records another commit point (``coordinator.commit_points``: stop) or a
    newer epoch was claimed (then step down: an older epoch never seals on top of a newer
    leader's slots). Until the seal is ours, no stage table is touched: an older leader's commit
    that lands first is rolled forward below, and one that comes later loses its slot and steps
@@ -20,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from clients import failpoints
-from coordinator import ledger_rows
+from coordinator import commit_points, ledger_rows
 from coordinator.ledger_store import LedgerStore
 from coordinator.stage_set import Stages
 from coordinator.target_checks import check_target
@@ -67,6 +68,7 @@ def take_over(
         )
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
+        commit_points.ensure(ledger, coordinator)  # read after the head: a switch in it shows here
         newest = ledger.max_epoch()  # read after the head: a newer seal in it shows here too
         if newest > epoch:
             raise SteppedDown(f"epoch {newest} > {epoch} was claimed: a newer leader exists")

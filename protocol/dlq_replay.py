@@ -12,6 +12,15 @@ record per letter to the replay log, a compacted topic beside the dead-letter to
 (``<dead-letter topic>.replays``), keyed by the letter's ``chtxn.replay.of``: the records and the
 log are visible together or not at all, and a replay takes no letter the log already holds, nor a
 second letter of a source record already replayed.
+
+**A batch in doubt.** Before a batch's transaction, the replay commits an intent to the log (key
+``INTENT_KEY``): the batch's letters and each destination partition's log end. A run that then
+finds letters of the latest intent missing from the log (the batch was killed or failed before its
+commit) reads those partitions from the recorded ends, and takes every record of such a letter it
+can see there as replayed, writing its log record (``settled``) instead of producing it again.
+Kafka hides an aborted batch from ``read_committed`` readers, so there nothing is found and the
+letters go out again; the embedded broker shows aborted records, and there they are found. Either
+way each letter is visible in its destination once.
 """
 
 from __future__ import annotations
@@ -109,6 +118,61 @@ def decode_record(data: bytes | None) -> ReplayRecord | None:
         return _decoder.decode(data)
     except msgspec.DecodeError:
         return None
+
+
+#: The replay log key of the latest batch's intent (no letter key has this form).
+INTENT_KEY = "chtxn.replay.intent"
+
+
+class ReplayIntent(msgspec.Struct, frozen=True, kw_only=True):
+    """A replay log record (JSON, key ``INTENT_KEY``), committed before a batch's records: the
+    batch's letters (``keys``) and, per destination partition (``"<topic>/<partition>"``), its log
+    end before the batch: any record of the batch lies at or after it."""
+
+    keys: tuple[str, ...]
+    ends: dict[str, int]
+    by: str
+    at_ms: int
+
+
+_intent_decoder = msgspec.json.Decoder(ReplayIntent)
+
+
+def encode_intent(intent: ReplayIntent) -> bytes:
+    return _encoder.encode(intent)
+
+
+def decode_intent(data: bytes | None) -> ReplayIntent | None:
+    """The intent in ``data``; None for a tombstone or what is not one."""
+    if data is None:
+        return None
+    try:
+        return _intent_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+
+
+def in_doubt(intent: ReplayIntent | None, done: Mapping[str, ReplayRecord]) -> set[str]:
+    """The letters of ``intent``'s batch the log does not hold: they may or may not be visible."""
+    return set() if intent is None else {k for k in intent.keys if k not in done}
+
+
+def settled(
+    headers: Sequence[tuple[str, bytes]] | None, doubt: set[str], *, topic: str, partition: int, offset: int, at_ms: int
+) -> ReplayRecord | None:
+    """The log record of a record found at ``topic/partition/offset`` if it is the replay of a letter
+    in ``doubt`` (by its ``chtxn.replay.*`` headers); None otherwise."""
+    marks = {name: raw.decode(errors="replace") for name, raw in headers or () if name in REPLAY_HEADERS}
+    key = marks.get(REPLAY_OF, "")
+    if key not in doubt:
+        return None
+    return ReplayRecord(
+        of=key,
+        source=marks.get(REPLAY_SOURCE, ""),
+        to=f"{topic}/{partition}/{offset}",
+        by=marks.get(REPLAY_BY, ""),
+        at_ms=at_ms,
+    )
 
 
 def letter_key(dead_letter_topic: str, letter: PublishedLetter) -> str:

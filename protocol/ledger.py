@@ -13,6 +13,8 @@ database. Events:
 - ``LOST``: a committed txn whose stage table was missing at publish (an alarm: ``chtxn verify`` fails);
 - ``INITIAL``: the offset a never-committed partition starts from, chosen once (token
   ``<pipeline>/initial/<topic>/<partition>``, first write wins) so a new leader never moves it;
+- ``COMMIT_POINT``: slots after ``commit_seq`` are claimed by the commit point named in ``reason``
+  (``protocol.commit_points``): written once, changed only by ``chtxn commit-point switch``;
 - ``CHECKPOINT``: the head at slot ``commit_seq`` (every partition's committed end offset), for a
   prefix of the chain that is decided and settled (``protocol.ledger_checkpoint``). Readers start
   from the latest one, so what they read does not grow with the chain.
@@ -64,6 +66,7 @@ class LedgerEvent(str, enum.Enum):
     CHECKPOINT = "CHECKPOINT"  # the head at slot commit_seq: readers start from the latest one
     PAUSED = "PAUSED"  # an operator paused the pipeline (chtxn pause): no new txn starts
     RESUMED = "RESUMED"  # an operator resumed it (chtxn resume)
+    COMMIT_POINT = "COMMIT_POINT"  # the commit point slots after commit_seq are claimed by (protocol.commit_points)
 
 
 #: A txn's state is the first of these it has an event for.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from protocol import dlq_replay
 from protocol.dead_letters import PublishedLetter
 from protocol.dlq_replay import (
     DONE_BEFORE,
@@ -113,3 +114,31 @@ def test_replay_log_records_round_trip_and_garbage_is_skipped() -> None:
         b'{"of":"orders.chtxn-dlq/0/1","source":"orders/0/7","to":"orders/0/100","by":"a@h","at_ms":1}'
     )
     assert decode_record(None) is None and decode_record(b"not json") is None
+
+
+def test_an_intent_round_trips_and_is_no_replay_record() -> None:
+    intent = dlq_replay.ReplayIntent(keys=("d/0/1", "d/0/2"), ends={"orders/0": 40}, by="op", at_ms=5)
+    data = dlq_replay.encode_intent(intent)
+    assert dlq_replay.decode_intent(data) == intent
+    assert dlq_replay.decode_record(data) is None, "a reader of letter records skips an intent"
+    assert dlq_replay.decode_intent(None) is None
+
+
+def test_the_letters_of_an_intent_the_log_lacks_are_in_doubt() -> None:
+    intent = dlq_replay.ReplayIntent(keys=("d/0/1", "d/0/2"), ends={}, by="op", at_ms=5)
+    logged = {"d/0/1": dlq_replay.ReplayRecord(of="d/0/1", source="o/0/4", to="o/0/50", by="op", at_ms=6)}
+    assert dlq_replay.in_doubt(intent, logged) == {"d/0/2"}
+    assert dlq_replay.in_doubt(None, logged) == set()
+
+
+def test_a_record_found_is_settled_only_when_it_replays_a_letter_in_doubt() -> None:
+    headers = [
+        ("trace", b"t"),
+        ("chtxn.replay.of", b"d/0/2"),
+        ("chtxn.replay.source", b"o/0/7"),
+        ("chtxn.replay.by", b"op"),
+    ]
+    record = dlq_replay.settled(headers, {"d/0/2"}, topic="o", partition=0, offset=51, at_ms=9)
+    assert record == dlq_replay.ReplayRecord(of="d/0/2", source="o/0/7", to="o/0/51", by="op", at_ms=9)
+    assert dlq_replay.settled(headers, {"d/0/1"}, topic="o", partition=0, offset=51, at_ms=9) is None
+    assert dlq_replay.settled(None, {"d/0/2"}, topic="o", partition=0, offset=51, at_ms=9) is None
