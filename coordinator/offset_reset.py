@@ -32,6 +32,7 @@ from confluent_kafka.admin import OffsetSpec
 from clients import failpoints, kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
+from coordinator import commit_points
 from coordinator.ledger_store import LedgerStore
 from coordinator.source_offsets import SourceOffsets
 from protocol import ledger_pauses, offset_search
@@ -143,7 +144,10 @@ def claim(
     who: str,
     reason: str,
 ) -> ResetDone:
-    """Reset steps 1 to 3: the reset's row in the next commit slot, unless every partition is there."""
+    """Reset steps 1 to 3: the reset's row in the next commit slot, unless every partition is there.
+    Refuses (``CommitPointMismatch``) when ``ledger`` claims by another commit point than the
+    ledger records."""
+    commit_points.ensure(ledger, who)
     for _ in range(CLAIM_TRIES):
         head_seq, found = plan(cfg, ledger, partitions, to)
         moves = {f"{tp.topic}/{tp.partition}": move for tp, move in sorted(found.items())}

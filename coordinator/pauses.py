@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from clients import failpoints
+from coordinator import commit_points
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger_pauses
 from protocol.errors import ChtxnError
@@ -25,7 +26,10 @@ class PauseNotRecorded(ChtxnError):
 
 
 def record(ledger: LedgerStore, *, paused: bool, who: str, reason: str) -> LedgerRow:
-    """Pause steps 1 and 2; returns the PAUSED or RESUMED row recorded (its slot the marker's)."""
+    """Pause steps 1 and 2; returns the PAUSED or RESUMED row recorded (its slot the marker's).
+    Refuses (``CommitPointMismatch``) when ``ledger`` claims by another commit point than the
+    ledger records."""
+    commit_points.ensure(ledger, who)
     for _ in range(CLAIM_TRIES):
         head_seq, _ = ledger.head()
         marker = ledger_pauses.marker_row(

@@ -32,10 +32,11 @@ from collections.abc import Iterable
 
 import msgspec
 
+from protocol import naming
 from protocol.ledger import SELECT_COLUMNS, LedgerEvent, LedgerRow, qualified
 
 MODES = ("token", "keeper")
-SWITCH_PREFIX = "switch_"
+SWITCH_PREFIX = naming.SWITCH_PREFIX
 
 #: The operator's procedure, named by every refusal.
 PROCEDURE = (

@@ -132,7 +132,8 @@ _HAS_CONTENT = "(max(total_rows) > 0 OR max(dead_letters) > 0)"
 #: but is an operator's act, never folded away.
 _EMPTY_COMMIT = (
     f"(state IN ('PUBLISHED', 'COMMITTED') AND NOT {_HAS_CONTENT} AND NOT startsWith(txn, '{naming.RESET_PREFIX}') "
-    f"AND NOT startsWith(txn, '{naming.PAUSE_PREFIX}') AND NOT startsWith(txn, '{naming.RESUME_PREFIX}'))"
+    f"AND NOT startsWith(txn, '{naming.PAUSE_PREFIX}') AND NOT startsWith(txn, '{naming.RESUME_PREFIX}') "
+    f"AND NOT startsWith(txn, '{naming.SWITCH_PREFIX}'))"
 )
 
 

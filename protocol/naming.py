@@ -14,6 +14,7 @@ _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
 RESET_PREFIX = "reset_s"
 PAUSE_PREFIX = "pause_s"
 RESUME_PREFIX = "resume_s"
+SWITCH_PREFIX = "switch_"  # a commit-point switch (``protocol.commit_points``)
 
 
 def txn_id(epoch: int, seq: int) -> str:
@@ -46,8 +47,9 @@ def is_pause_txn(txn: str) -> bool:
 
 
 def is_control_txn(txn: str) -> bool:
-    """An operator's commit (a reset, a pause or a resume), never a txn of records nor a seal."""
-    return is_reset_txn(txn) or is_pause_txn(txn)
+    """An operator's commit (a reset, a pause, a resume or a commit-point switch), never a txn of
+    records nor a seal."""
+    return is_reset_txn(txn) or is_pause_txn(txn) or txn.startswith(SWITCH_PREFIX)
 
 
 def parse_txn_id(txn: str) -> tuple[int, int]:
