@@ -113,6 +113,39 @@ def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_starte
     # the chained START of the next txn goes on from 10, where clicks' records were read but not staged
 
 
+def test_a_partition_whose_topic_a_start_names_no_stage_table_for_is_held_never_staged_into_another_table() -> None:
+    """Issue 35 item 8: a START across several tables that leaves a topic out of ``stage_tables`` (its
+    route was removed; the leader still listed it) gives it no stage table: the participant holds its
+    partition, stages none of its records into the txn's only stage table, and reports it ending where
+    it started, so the txn commits nothing of it."""
+    m = ParticipantState(
+        pipeline=PIPE,
+        sender="task-0",
+        partitions=[CLICKS, ORDERS],
+        chunk_rows=2,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+    )
+    start = StartCommit(
+        pipeline=PIPE,
+        epoch=EPOCH,
+        txn="e3_t1",
+        sender="c",
+        stage_table=stages(1, "orders"),  # the txn's only stage table
+        offsets=(
+            PartitionOffset(topic="clicks", partition=0, offset=10),
+            PartitionOffset(topic="orders", partition=0, offset=40),
+        ),
+        stage_tables=(TopicStage(topic="orders", stage_table=stages(1, "orders")),),  # clicks: none
+    )
+    m.handle(PReceived(start), 0)
+    read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11, 12)] + [Rec("orders", 0, 40, b"{}")]), 0)
+    ended = read + m.handle(PReceived(_end("e3_t1")), 0)
+    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, ended)] == [(stages(1, "orders"), "orders")]
+    reports = [a.message for a in ended if hasattr(a, "message")]
+    assert [(w.topic, w.start_offset, w.end_offset, w.rows, w.errors) for w in reports] == [("clicks", 10, 10, 0, ())]
+
+
 def _end(txn: str) -> EndCommit:
     return EndCommit(pipeline=PIPE, epoch=EPOCH, txn=txn, sender="c")
 
