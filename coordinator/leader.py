@@ -317,9 +317,9 @@ class Leader:
             txn = action.txn
             self.metrics.committed()
             self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
-            by_topic = routing.table_map(sorted({tp.topic for tp in txn.statuses}), self.cfg.routes)
+            by_topic = routing.route({tp.topic for tp in txn.statuses}, self.cfg.routes).tables
             for tp, ws in txn.statuses.items():
-                if ws.rows:
+                if ws.rows and tp.topic in by_topic:  # a txn only holds rows of routed topics
                     self.metrics.table_rows.labels(self.cfg.name, by_topic[tp.topic]).inc(ws.rows)
             self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
             self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))

@@ -78,6 +78,27 @@ def test_a_table_of_no_route_with_records_makes_no_stage_table_and_no_table_at_a
     assert {s.stage_table for s in start.stage_tables} == {""} and start.stage_table == ""
 
 
+def test_the_leader_never_starts_a_partition_whose_topic_no_route_names_though_the_ledger_head_has_it() -> None:
+    """Issue 35 item 8: ``gone`` left the routes; the ledger head still has its partition (and a
+    participant of the old config still heartbeats it). The leader leaves it out of every START,
+    and every topic a START lists has its entry in ``stage_tables``."""
+    gone = TopicPartition(topic="gone", partition=0)
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=ROUTES)
+    for tp, log_end in ((ORDERS, 50), (CLICKS, 12)):
+        state.handle(beat(tp, log_end), 0.0)
+    gone_beat = PartitionPosition(topic="gone", partition=0, position=30, log_end=60)
+    state.handle(Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p-old", partitions=(gone_beat,))), 0)
+    state.handle(Ready(7, {**HEAD, gone: 30}, {}), 0.0)
+    assert state.partitions == (CLICKS, ORDERS)
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.0)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert {o.topic for o in start.offsets} == {"orders", "clicks"}
+    assert {s.topic: s.stage_table for s in start.stage_tables} == {
+        "clicks": stages(1, "clicks"),
+        "orders": stages(1, "orders"),
+    }
+
+
 def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_started() -> None:
     m = ParticipantState(
         pipeline=PIPE,
