@@ -286,6 +286,7 @@ class Leader:
         self.metrics.live_partitions.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
         for tp, lag in self.state.lag().items():
             self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
+        self.metrics.hold_topics(self._offsets.held)
 
     # ---- the loop's actions and the commit lane's (commit steps 5 and 6) --------------------
 

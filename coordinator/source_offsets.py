@@ -33,15 +33,24 @@ class SourceOffsets:
         self.cfg, self.ledger, self.epoch, self.coordinator = cfg, ledger, epoch, coordinator
         self._admin = admin
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
+        #: Topics left out of the source partitions, each with why and what to do (``partitions``).
+        self.held: dict[str, str] = {}
 
     def partitions(self) -> list[TopicPartition]:
-        """Every partition of the source topics, sorted; ``SetupError`` naming a topic that the routes
-        of two tables match."""
+        """Every partition of the source topics, sorted, but for those of a topic the routes of several
+        tables match: that topic is held (in ``held``, with an error logged once), none of its records
+        are read, and every other topic goes on being discovered and read."""
         found = kafka_clients.partitions_of(
             self._admin, self.cfg.source_topics, bootstrap=self.cfg.kafka.bootstrap_servers
         )
-        routing.table_map(sorted({tp.topic for tp in found}), self.cfg.routes)
-        return found
+        ambiguous = routing.route(sorted({tp.topic for tp in found}), self.cfg.routes).ambiguous
+        held = {topic: routing.ambiguity(topic, tables) for topic, tables in ambiguous.items()}
+        for topic in sorted(held.keys() - self.held.keys()):
+            log.error("topic held: none of its records are read", extra={"topic": topic, "error": held[topic]})
+        for topic in sorted(self.held.keys() - held.keys()):
+            log.warning("topic no longer held", extra={"topic": topic})
+        self.held = held
+        return [tp for tp in found if tp.topic not in held]
 
     def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded

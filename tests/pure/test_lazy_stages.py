@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protocol import naming
 from protocol.config_sections import RouteSection
-from protocol.coordinator_events import CountStage, CreateStage, Ready, Received, StageCreated
+from protocol.coordinator_events import CountStage, CreateStage, PartitionsChanged, Ready, Received, StageCreated
 from protocol.coordinator_state import CoordinatorState
 from protocol.messages import (
     EndCommit,
@@ -97,6 +97,28 @@ def test_the_leader_never_starts_a_partition_whose_topic_no_route_names_though_t
         "clicks": stages(1, "clicks"),
         "orders": stages(1, "orders"),
     }
+
+
+def test_a_topic_two_tables_routes_match_is_never_started_and_stops_no_other_topic() -> None:
+    """Issue 35 item 10: a partition listing that brings a topic both tables' patterns match (and one of
+    one table's) leaves the ambiguous one out of the partitions and of every START; the machine never
+    raises for it."""
+    routes = (
+        RouteSection(topics=("orders", "re:late-.*"), table="orders"),
+        RouteSection(topics=("clicks", "re:.*-both"), table="clicks"),
+    )
+    both, late = TopicPartition(topic="late-both", partition=0), TopicPartition(topic="late-1", partition=0)
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=routes)
+    state.handle(Ready(7, HEAD, {}), 0.0)
+    state.handle(PartitionsChanged((CLICKS, ORDERS, both, late), {both: 0, late: 0}), 0.1)
+    assert state.partitions == (CLICKS, late, ORDERS)
+    for tp in (ORDERS, CLICKS, late, both):
+        position = PartitionPosition(topic=tp.topic, partition=0, position=0, log_end=5)
+        state.handle(Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p", partitions=(position,))), 0.2)
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.3)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert {o.topic for o in start.offsets} == {"orders", "clicks", "late-1"}
+    assert {s.topic for s in start.stage_tables} == {"orders", "clicks", "late-1"}
 
 
 def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_started() -> None:
