@@ -139,7 +139,7 @@ class CoordinatorMetrics:
         self.topics_held = Gauge(
             "chtxn_topic_held",
             "1 for each source topic the leader holds and reads nothing of: the routes of several tables match "
-            "it (leader only)",
+            "it, or it is new and its offsets cannot be read (leader only)",
             ["pipeline", "topic"],
             registry=self.registry,
         )
