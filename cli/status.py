@@ -94,9 +94,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the standbys' and the participants' heartbeats) and each source partition's log end. Shows every "
         "coordinator replica with its role (leader, standby; left or silent once stopped) and when it was last "
         "heard (each heartbeats every third of coordinator.leader_lease_s), the age of the last commit and the "
-        "rows/s of the latest commits, and three checks: leader (one heard within "
+        "rows/s of the latest commits, and four checks: leader (one heard within "
         "coordinator.leader_lease_s), participants (every partition held by one heard within the heartbeat "
-        "timeout) and commits (one within 2 x (interval_s + write_status_timeout_s)). Exit code 0 when no check "
+        "timeout), commits (one within 2 x (interval_s + write_status_timeout_s)) and routes (no topic that the "
+        "routes of several tables match: the leader holds it and reads none of it). Exit code 0 when no check "
         "failed, 1 otherwise; the failed checks are named.",
         epilog="Examples:\n  chtxn status --config pipeline.toml\n  chtxn status --config pipeline.toml --format tsv\n"
         "  chtxn status --config pipeline.toml --json | jq '{leader, epoch: .leader_epoch, failed}'",
@@ -144,7 +145,7 @@ def collect(
         ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s)
     finally:
         consumer.close()
-    routed = routing.table_map(sorted({tp.topic for tp in partitions}), cfg.routes)
+    routed = routing.route(sorted({tp.topic for tp in partitions}), cfg.routes)
     rows = [
         PartitionStatus(
             topic=tp.topic,
@@ -153,7 +154,7 @@ def collect(
             log_end=(end := ends[(tp.topic, tp.partition)]),
             lag=max(0, end - head[tp]) if tp in head else None,
             participant=holders.get(tp, ""),
-            table=routed.get(tp.topic, ""),
+            table=routed.tables.get(tp.topic, ""),
         )
         for tp in partitions
     ]
@@ -165,7 +166,7 @@ def collect(
     age = round(max(0.0, now - committed_at), 1) if committed_at else None
     rate, window = pipeline_health.rows_per_s([(c.committed_at, c.total_rows) for c in commits])
     tx = cfg.transaction
-    checks = (
+    checks: tuple[Check, ...] = (
         pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch),
         pipeline_health.participants_check(holders, partitions, timeout_s=cfg.heartbeat_timeout_s),
         pipeline_health.commits_check(
@@ -176,6 +177,7 @@ def collect(
     if paused and pause is not None:  # no commits is what a pause is for: say so instead of failing
         found_pause = f"paused by {pause.coordinator}" + (f": {pause.reason}" if pause.reason else "")
         checks = (*checks[:2], Check(name="commits", status="warn", found=found_pause, fix="chtxn resume"))
+    checks = (*checks, pipeline_health.routes_check(routed.ambiguous))
     failed = tuple(c.name for c in checks if c.status == "fail")
     return Status(
         pipeline=cfg.name,
@@ -217,9 +219,9 @@ def _latest_commits(ledger: LedgerHistory, count: int) -> list[TxnSummary]:
 def _tables(cfg: PipelineConfig, rows: list[PartitionStatus], commits: list[TxnSummary]) -> tuple[TableStatus, ...]:
     """Each table's partitions, lag and rate: its rows in the pipeline's latest commits, by the topics
     routed to it."""
-    by_topic = routing.table_map(
+    by_topic = routing.route(
         sorted({r.topic for r in rows} | {g.topic for c in commits for g in c.ranges}), cfg.routes
-    )
+    ).tables
     found = []
     for table in cfg.tables:
         lags = [r.lag for r in rows if r.table == table]

@@ -287,6 +287,7 @@ class Leader:
         self.metrics.live_partitions.labels(self.cfg.name).set(len(self.state.live_partitions(now)))
         for tp, lag in self.state.lag().items():
             self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
+        self.metrics.hold_topics(self._offsets.held)
 
     # ---- the loop's actions and the commit lane's (commit steps 5 and 6) --------------------
 
@@ -323,9 +324,9 @@ class Leader:
             txn = action.txn
             self.metrics.committed()
             self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
-            by_topic = routing.table_map(sorted({tp.topic for tp in txn.statuses}), self.cfg.routes)
+            by_topic = routing.route({tp.topic for tp in txn.statuses}, self.cfg.routes).tables
             for tp, ws in txn.statuses.items():
-                if ws.rows:
+                if ws.rows and tp.topic in by_topic:  # a txn only holds rows of routed topics
                     self.metrics.table_rows.labels(self.cfg.name, by_topic[tp.topic]).inc(ws.rows)
             self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
             self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))

@@ -13,7 +13,7 @@ collectors (``process_*``, ``python_*``), which a registry of our own does not g
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import TypedDict
 
@@ -136,6 +136,13 @@ class CoordinatorMetrics:
             ["pipeline", "topic", "partition"],
             registry=self.registry,
         )
+        self.topics_held = Gauge(
+            "chtxn_topic_held",
+            "1 for each source topic the leader holds and reads nothing of: the routes of several tables match "
+            "it, or it is new and its offsets cannot be read (leader only)",
+            ["pipeline", "topic"],
+            registry=self.registry,
+        )
         self.participants = ParticipantCollector(pipeline)
         self.registry.register(self.participants)
         self.pipeline = pipeline
@@ -177,7 +184,14 @@ class CoordinatorMetrics:
         self.epoch.labels(self.pipeline).set(0)
         self.live_partitions.labels(self.pipeline).set(0)
         self.lag.clear()
+        self.topics_held.clear()
         self.participants.stop()
+
+    def hold_topics(self, topics: Iterable[str]) -> None:
+        """Leading: ``topics`` are the source topics held now (``SourceOffsets.held``)."""
+        self.topics_held.clear()
+        for topic in topics:
+            self.topics_held.labels(self.pipeline, topic).set(1)
 
     def committed(self) -> None:
         """This replica, leading, has just won a commit slot (commit step 6)."""

@@ -33,15 +33,26 @@ class SourceOffsets:
         self.cfg, self.ledger, self.epoch, self.coordinator = cfg, ledger, epoch, coordinator
         self._admin = admin
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
+        self._ambiguous: dict[str, str] = {}  # topic -> why: the routes of several tables match it
+        self._unreadable: dict[str, str] = {}  # new topic -> why: its offsets could not be read
+
+    @property
+    def held(self) -> dict[str, str]:
+        """Topics left out of the source partitions, each with why and what to do: one the routes of
+        several tables match (``partitions``), or a new one whose offsets cannot be read yet
+        (``partitions_changed``, which tries again at each partition check)."""
+        return {**self._unreadable, **self._ambiguous}
 
     def partitions(self) -> list[TopicPartition]:
-        """Every partition of the source topics, sorted; ``SetupError`` naming a topic that the routes
-        of two tables match."""
+        """Every partition of the source topics, sorted, but for those of a topic the routes of several
+        tables match: that topic is held (``held``, an error logged once), none of its records are
+        read, and every other topic goes on being discovered and read."""
         found = kafka_clients.partitions_of(
             self._admin, self.cfg.source_topics, bootstrap=self.cfg.kafka.bootstrap_servers
         )
-        routing.table_map(sorted({tp.topic for tp in found}), self.cfg.routes)
-        return found
+        ambiguous = routing.route(sorted({tp.topic for tp in found}), self.cfg.routes).ambiguous
+        self._ambiguous = _hold(self._ambiguous, {t: routing.ambiguity(t, tables) for t, tables in ambiguous.items()})
+        return [tp for tp in found if tp.topic not in self._ambiguous]
 
     def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded
@@ -88,18 +99,46 @@ class SourceOffsets:
         return [GapFound(tp, offset) for tp, offset in skips.items()]
 
     def partitions_changed(self, state: CoordinatorState) -> list[PartitionsChanged]:
-        """The source partitions, with where new ones start, when they are no longer ``state``'s."""
+        """The source partitions, with where new ones start, when they are no longer ``state``'s; a new
+        topic whose offsets cannot be read is held until they can (``held``), the others join."""
         try:
             partitions = self.partitions()
         except ChtxnError as exc:
             log.warning("could not list partitions", extra={"error": str(exc)})
             return []
-        if tuple(partitions) == state.partitions:
-            return []
         new = [tp for tp in partitions if tp not in state.head and tp not in state.initial]
-        initial = self.initial(new, dict(state.head))
+        try:
+            self._unreadable = _hold(self._unreadable, self._unreadable_topics(new))
+            partitions = [tp for tp in partitions if tp.topic not in self._unreadable]
+            if tuple(partitions) == state.partitions:
+                return []
+            initial = self.initial([tp for tp in new if tp.topic not in self._unreadable], dict(state.head))
+        except BrokerUnreachable as exc:
+            log.warning("could not read the offsets of new partitions", extra={"error": str(exc)})
+            return []
         log.warning("source partitions changed", extra={"partitions": len(partitions)})
         return [PartitionsChanged(tuple(partitions), initial)]
+
+    def _unreadable_topics(self, new: list[TopicPartition]) -> dict[str, str]:
+        """The topics of ``new`` partitions whose offsets cannot be read, each with why; when none of
+        them can be read, the broker is the problem: ``BrokerUnreachable``, as before."""
+        if not new:
+            return {}
+        try:
+            self.watermarks(new)
+            return {}
+        except BrokerUnreachable as exc:
+            everything = exc
+        failing: dict[str, str] = {}
+        topics = sorted({tp.topic for tp in new})
+        for topic in topics:  # one topic at a time, so that one failing topic holds only itself
+            try:
+                self.watermarks([tp for tp in new if tp.topic == topic])
+            except BrokerUnreachable as exc:
+                failing[topic] = f"{exc}; it is tried again at each partition check"
+        if len(failing) == len(topics):
+            raise everything
+        return failing
 
     def _gap(self, tp: TopicPartition, head: int, low: int) -> None:
         message = (
@@ -142,3 +181,12 @@ class SourceOffsets:
                 f"cannot read the offsets of {len(tps)} partitions of {', '.join(sorted({tp.topic for tp in tps}))} "
                 f"from {self.cfg.kafka.bootstrap_servers}: {exc}"
             ) from None
+
+
+def _hold(was: dict[str, str], now: dict[str, str]) -> dict[str, str]:
+    """``now``'s held topics (topic -> why), logging each that is newly held, and each no longer held."""
+    for topic in sorted(now.keys() - was.keys()):
+        log.error("topic held: none of its records are read", extra={"topic": topic, "error": now[topic]})
+    for topic in sorted(was.keys() - now.keys()):
+        log.warning("topic no longer held", extra={"topic": topic})
+    return now

@@ -177,6 +177,7 @@ class _Loop:
             ),
             tally=tally,
             schema=cfg.schema,
+            pipeline=cfg.name,
         )
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from participant.bad_records import Letter
-from protocol import replicated_ddl, schema_types
+from protocol import naming, replicated_ddl, schema_types
 from protocol.chcodes import ErrorClass, classify
 from protocol.chunking import JSON_OBJECT_FORMATS, RecordLike
 from protocol.config import ClickHouseSection, SchemaSection
@@ -57,9 +57,15 @@ class SchemaEvolution:
     insert workers of a task share it, and its ALTERs run one at a time."""
 
     def __init__(
-        self, *, client: Any, section: ClickHouseSection, schema: SchemaSection, retrying: Callable[[str], Any]
+        self,
+        *,
+        client: Any,
+        section: ClickHouseSection,
+        schema: SchemaSection,
+        retrying: Callable[[str], Any],
+        pipeline: str = "",
     ) -> None:
-        self.client, self.section, self.schema = client, section, schema
+        self.client, self.section, self.schema, self.pipeline = client, section, schema, pipeline
         self._retrying = retrying
         json_objects = section.input_format in JSON_OBJECT_FORMATS
         self.adds = json_objects and schema.evolve == "add-columns"
@@ -76,9 +82,12 @@ class SchemaEvolution:
 
     # ---- stager step 1.5 --------------------------------------------------------------------
 
-    def prepare(self, stage_table: str, records: Sequence[RecordLike]) -> tuple[Sequence[RecordLike], list[Letter]]:
+    def prepare(
+        self, stage_table: str, records: Sequence[RecordLike], txn: str = ""
+    ) -> tuple[Sequence[RecordLike], list[Letter]]:
         """Stager step 1.5: (records to insert, letters): with ``add-columns`` every new field with a
-        value is a column of the target and of ``stage_table`` when this returns; with
+        value is a column of ``stage_table``'s target (the table its name says it stages ``txn``
+        into: with ``[[route]]``, its topic's table) and of ``stage_table`` when this returns; with
         ``dead-letter`` the records carrying a field ``stage_table`` lacks are letters. Raises
         ``SchemaEvolutionError`` (or ``ClickHouseError`` for a read) when a column cannot be added."""
         if not self.scans or not records:
@@ -89,7 +98,7 @@ class SchemaEvolution:
             return records, []
         if self.adds:
             named = {name for names in found.unknown.values() for name in names}
-            self._add_columns(stage_table, {n: t for n, t in found.types().items() if n in named})
+            self._add_columns(stage_table, txn, {n: t for n, t in found.types().items() if n in named})
             errors = {
                 i: schema_types.bad_name_error(bad[0])
                 for i, names in found.unknown.items()
@@ -107,13 +116,26 @@ class SchemaEvolution:
         kept = [r for i, r in enumerate(records) if i not in errors]
         return kept, [Letter(records[i], error) for i, error in sorted(errors.items())]
 
-    def _add_columns(self, stage_table: str, types: dict[str, str]) -> None:
+    def target_of(self, stage_table: str, txn: str) -> str:
+        """The table ``stage_table`` (of ``txn``) is published into: the one its name begins with (each
+        routed table's own), else ``clickhouse.target_table``; ``SchemaEvolutionError`` when neither tells."""
+        target = naming.table_of_stage(stage_table, self.pipeline, txn) or self.section.target_table
+        if not target:
+            raise SchemaEvolutionError(
+                f"cannot tell which table stage table {self.section.database}.{stage_table} of txn {txn!r} belongs "
+                f"to (pipeline {self.pipeline!r}): no column can be added; the txn aborts and its records are read "
+                "again",
+                fields=(),
+            )
+        return target
+
+    def _add_columns(self, stage_table: str, txn: str, types: dict[str, str]) -> None:
         """Add each field of ``types`` (name -> inferred type) that can be a column to the target,
         then to ``stage_table`` with the target's type, placed as in the target."""
         wanted = {name: kind for name, kind in types.items() if schema_types.addable(name)}
         if not wanted:
             return
-        db, target, cluster = self.section.database, self.section.target_table, self.section.cluster
+        db, target, cluster = self.section.database, self.target_of(stage_table, txn), self.section.cluster
         with self._ddl:
             tables = self._read(stage_table, target)
             stage, theirs = tables.get(stage_table, {}), tables.get(target, {})

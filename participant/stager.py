@@ -107,6 +107,7 @@ class Stager:
         remembered: Remembered | None = None,
         tally: Tally | None = None,
         schema: SchemaSection | None = None,
+        pipeline: str = "",
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
         self.tally = tally or Tally()  # inserts, their time and retries, for the heartbeats' figures
@@ -116,7 +117,11 @@ class Stager:
         self._settings: dict[str, int] | None = None
         self._lock = threading.Lock()
         self.schema = SchemaEvolution(
-            client=client, section=section, schema=schema or SchemaSection(), retrying=self._retrying
+            client=client,
+            section=section,
+            schema=schema or SchemaSection(),
+            retrying=self._retrying,
+            pipeline=pipeline,  # which table a stage table is of, with [[route]] (``SchemaEvolution.target_of``)
         )
         self._not_one_row = NotOneRowFinder(
             client=client,
@@ -171,7 +176,7 @@ class Stager:
             remembered = self.remembered.recall(chunk.topic, chunk.partition, chunk.first_offset, chunk.next_offset)
             good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
             if self.schema.scans:  # Stager step 1.5: fields the stage table lacks, by [schema]
-                good, unknown = self.schema.prepare(stage_table, good)
+                good, unknown = self.schema.prepare(stage_table, good, chunk.txn)
                 letters += unknown
             try:
                 rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)

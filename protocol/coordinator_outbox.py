@@ -30,9 +30,10 @@ class Outbox:
         self._table_of: dict[str, str] = {}  # topic -> its table, as the routes say (fixed for the leader)
 
     def tables_of(self, topics: Iterable[str]) -> dict[str, str]:
-        """Each of ``topics`` with its route's table (``routing.table_map``, remembered per topic)."""
+        """Each of ``topics`` with its route's table (``routing.route``, remembered per topic); a topic
+        of no route, or of the routes of several tables, has none."""
         if new := sorted(set(topics) - self._table_of.keys()):
-            self._table_of.update(routing.table_map(new, self.routes))
+            self._table_of.update(routing.route(new, self.routes).tables)
         return {topic: self._table_of[topic] for topic in topics if topic in self._table_of}
 
     def start(self, txn: Txn, chunk_rows: int) -> StartCommit:
@@ -51,10 +52,11 @@ class Outbox:
 
     def _stage_tables(self, txn: Txn) -> tuple[TopicStage, ...]:
         """Each topic of ``txn``'s stage table in its route's table, "" where that table has none in
-        this txn (the partitions were listed, so every topic goes to one table)."""
+        this txn, or where the topic has no table (never STARTed: ``CoordinatorState.partitions``)."""
         stages = {naming.table_of_stage(s, self.pipeline, txn.id): s for s in naming.split_stages(txn.stage_table)}
-        tables = self.tables_of(sorted({tp.topic for tp in txn.start}))
-        return tuple(TopicStage(topic=topic, stage_table=stages.get(table, "")) for topic, table in tables.items())
+        topics = sorted({tp.topic for tp in txn.start})
+        tables = self.tables_of(topics)
+        return tuple(TopicStage(topic=topic, stage_table=stages.get(tables.get(topic, ""), "")) for topic in topics)
 
     def end(self, txn: Txn, next_start: StartCommit | None) -> EndCommit:
         """Commit step 3's END, carrying the START of the txn chained to it, if any."""

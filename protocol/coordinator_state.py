@@ -47,7 +47,7 @@ one concept each: ``coordinator_flight`` (the txns in flight and the driver of e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -186,17 +186,25 @@ class CoordinatorState:
         self.head_seq = event.head_seq
         self.head = dict(event.head)
         self.initial = dict(event.initial)
-        self.partitions = tuple(sorted(set(event.head) | set(event.initial)))
+        self.partitions = self._routed(set(event.head) | set(event.initial))
         self.paused = event.paused
         return []
 
     def _on_partitions_changed(self, event: PartitionsChanged, now: float) -> list[Action]:
-        self.partitions = tuple(sorted(event.partitions))
+        self.partitions = self._routed(event.partitions)
         # A partition's initial offset is fixed once known: a START may already have gone out from it.
         self.initial.update(
             {tp: o for tp, o in event.initial.items() if tp not in self.head and tp not in self.initial}
         )
         return []
+
+    def _routed(self, partitions: Iterable[TopicPartition]) -> tuple[TopicPartition, ...]:
+        """Those of ``partitions`` whose topic goes to one table (every one without routes): a
+        partition of no table is never STARTed, whatever the ledger head or a listing still has."""
+        if not self.outbox.routes:
+            return tuple(sorted(partitions))
+        tables = self.outbox.tables_of({tp.topic for tp in partitions})
+        return tuple(sorted(tp for tp in partitions if tp.topic in tables))
 
     def _on_tick(self, event: Tick, now: float) -> list[Action]:
         return []  # ``handle`` advances every txn after each event, judging silence on Tick

@@ -112,8 +112,12 @@ class StartCommit(_Control, frozen=True, tag="start-commit"):
 
     def stage_table_of(self, topic: str) -> str:
         """Where ``topic``'s records go in this txn: its table's stage table when the txn spans several
-        tables (``stage_tables``, empty in the one-table form and from older leaders), else ``stage_table``."""
-        return next((s.stage_table for s in self.stage_tables if s.topic == topic), self.stage_table)
+        tables (``stage_tables``), else ``stage_table`` (the one-table form, and leaders older than
+        routes). In a txn across several tables, a topic ``stage_tables`` does not name has no stage
+        table (""): its partitions are held, never staged into another table's stage table."""
+        if not self.stage_tables:
+            return self.stage_table
+        return next((s.stage_table for s in self.stage_tables if s.topic == topic), "")
 
 
 class EndCommit(_Control, frozen=True, tag="end-commit"):

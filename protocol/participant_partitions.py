@@ -136,6 +136,14 @@ class Partitions:
         )
         share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
         stage_table = m.stage_table_of(p.tp.topic)
+        if m.stage_tables and all(s.topic != p.tp.topic for s in m.stage_tables):
+            log.warning(
+                "START of %s names no stage table for topic %s (its route is gone?): holding %s/%d, nothing staged",
+                m.txn,
+                p.tp.topic,
+                p.tp.topic,
+                p.tp.partition,
+            )
         p.open = Stint(
             txn=m.txn,
             epoch=m.epoch,

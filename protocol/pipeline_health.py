@@ -111,6 +111,23 @@ def participants_check(
     return Check(name="participants", status="ok", found=found)
 
 
+def routes_check(held: Mapping[str, Sequence[str]]) -> Check:
+    """ok: every source topic goes to one table; fail: topics the routes of several tables match (``held``:
+    topic -> those tables), which the leader holds: none of their records are read, the others flow."""
+    if held:
+        named = "; ".join(
+            f"{topic} matches the routes of {', '.join(tables)}" for topic, tables in sorted(held.items())
+        )
+        return Check(
+            name="routes",
+            status="fail",
+            found=f"{_count(len(held), 'topic')} held, not read: {named}",
+            fix="narrow the [[route]] patterns so that each topic goes to one table, then restart the coordinators "
+            "and the participant job; it then starts as a newly found topic does",
+        )
+    return Check(name="routes", status="ok", found="every source topic goes to one table")
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 

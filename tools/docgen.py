@@ -124,7 +124,9 @@ VALIDATION_RULES = (
     "`clickhouse.target_table` is required: a plain table name in `clickhouse.database`.",
     "With `[[route]]` tables instead, `pipeline.topics` and `clickhouse.target_table` are not set; every "
     "route has topics and a plain table name, and a named topic goes to one table only (a topic that "
-    "the patterns of two tables' routes match is refused when the partitions are listed).",
+    "the patterns of two tables' routes match is held when the partitions are listed: none of its "
+    "records are read, the leader logs it, `chtxn status` fails its routes check and the metric "
+    "`chtxn_topic_held` is 1, while every other topic is read).",
     "`clickhouse.url` starts with `http://` or `https://`; `clickhouse.input_format` is a format name.",
     "Intervals, timeouts, counts and sizes are greater than 0 (`participant.task_slots` and "
     "`coordinator.metrics_port` may be 0).",

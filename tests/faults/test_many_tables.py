@@ -1,7 +1,8 @@
 """One txn across several tables (``[[route]]``), one commit point: a leader stalled or dead between
 two tables' publishes is rolled forward by the next, a stage table of one table failing step 5
 aborts the txn in every table, and a table with no records waiting gets no stage table in a txn
-(its first records after idling commit once, in a later txn).
+(its first records after idling commit once, in a later txn), and a topic whose route was removed
+is in no txn and staged into no table.
 
 Real ``Leader``s in threads against the embedded stack, with test code playing the participants;
 failpoints hold a leader at a chosen step. Every test ends with the exactly-once oracle per table.
@@ -15,12 +16,18 @@ import signal
 import subprocess
 import sys
 
+from confluent_kafka import KafkaError, KafkaException
+
 from clients import failpoints
+from clients.kafka import KafkaClientFactory
+from coordinator.leader import Leader
 from protocol import naming
+from protocol.config import parse_config
 from tests.helpers import REPO, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
+from tests.pipelines import Pipeline
 from tests.routed import (
     assert_exactly_once_per_table,
     make_routed_pipeline,
@@ -188,3 +195,70 @@ def test_a_table_with_a_view_is_published_by_insert_select_and_the_others_by_mov
     counted = int(client.command(f"SELECT sum(rows) FROM {db}.t1_counts"))
     assert counted == produced["t1"], f"the view on t1 counted {counted} rows, t1 holds {produced['t1']}"
     assert stage_tables_left(pipeline) == []
+
+
+class _AdminListingFailsOnce:
+    """A real admin client whose second cluster listing fails, as a broker that does not answer once:
+    the leader's first partition check, right after its take-over listed the partitions."""
+
+    def __init__(self, admin) -> None:
+        self._admin, self._listings = admin, 0
+
+    def list_topics(self, *args, **kwargs):
+        self._listings += 1
+        if self._listings == 2:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "test: the broker did not answer"))
+        return self._admin.list_topics(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._admin, name)
+
+
+class _ListingFailsOnce(KafkaClientFactory):
+    def admin(self):
+        return _AdminListingFailsOnce(super().admin())
+
+
+class LeaderWhoseListingFailsOnce(Leader):
+    def __init__(self, cfg, **kwargs) -> None:
+        super().__init__(cfg, kafka=_ListingFailsOnce(cfg), **kwargs)
+
+
+def test_a_topic_whose_route_was_removed_is_never_started_or_staged_into_another_table(stack, tmp_path):
+    """Issue 35 item 8. Topic t2 leaves the routes; the restarted leader's first partition check
+    fails, and the participants (not restarted: the old config) still hold t2's partitions. The
+    leader STARTs none of t2's partitions, none of t2's new records land in t1 (the txn's only stage
+    table), and the leader goes on committing (no KeyError in its metrics step)."""
+    old = make_routed_pipeline(stack, tmp_path, unique_name("mtgone"), tables=3)
+    name = old.cfg.name
+    produced = {f"t{i}": produce_to(old, f"{name}_t{i}", 100) for i in range(3)}
+    counts = lambda: {t: table_count(old, t) for t in produced}  # noqa: E731
+    with participants(old, tasks=2):
+        with leaders(e1 := LeaderThread(old, 1, "E1")):
+            e1.start()
+            wait_until(lambda: counts() == produced, WAIT_S, "every record committed")
+            e1.stop.set()
+            assert e1.ended(WAIT_S) == "stopped"
+        text = old.config_path.read_text()
+        gone = f'\n[[route]]\ntopics = ["{name}_t2"]\ntable = "t2"\n'
+        assert gone in text
+        path = tmp_path / f"{name}-without-t2.toml"
+        path.write_text(text.replace(gone, ""))
+        new = Pipeline(parse_config(path.read_text(), source=str(path)), path, old.partitions[:4])
+        produced["t1"] += produce_to(old, f"{name}_t1", 40, start_id=100)
+        produce_to(old, f"{name}_t2", 30, start_id=100)  # of no route now: never read
+        seq_before = new.ledger().head()[0]
+        with leaders(e2 := LeaderThread(new, 2, "E2", leader_class=LeaderWhoseListingFailsOnce)):
+            e2.start()
+            wait_until(lambda: counts()["t1"] >= produced["t1"], WAIT_S, "t1's new records committed")
+            seq = new.ledger().head()[0]
+            wait_until(lambda: new.ledger().head()[0] >= seq + 3, WAIT_S, "three more txns")
+            assert e2.outcome is None, e2.outcome
+            e2.stop.set()
+            assert e2.ended(WAIT_S) == "stopped"
+    assert counts() == produced, "t2's records landed in another table"
+    later = [c for c in old.ledger().commits() if c.commit_seq > seq_before]
+    assert later and not [c.txn for c in later if any(r.topic == f"{name}_t2" for r in c.ranges)]
+    assert_exactly_once_per_table(old, produced)
+    verified = run_chtxn("verify", "--config", str(old.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from confluent_kafka import Producer
+
 from coordinator.stage import StageTables
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
@@ -15,9 +17,11 @@ from protocol import naming
 from protocol.chunking import ChunkBuilder
 from protocol.config import SchemaSection
 from protocol.participant_events import ChunkStaged
-from tests.helpers import unique_name
+from tests.helpers import run_chtxn, unique_name, wait_until
+from tests.integration.live_pipeline import coordinator, participants
 from tests.pipelines import Pipeline, make_pipeline
 from tests.records import Rec
+from tests.routed import assert_exactly_once_per_table, make_routed_pipeline, table_count
 
 ADD_COLUMNS = SchemaSection(evolve="add-columns")
 
@@ -235,3 +239,30 @@ def test_an_alter_that_fails_fails_the_chunk_and_stages_nothing(stack, tmp_path)
     assert result.error.startswith(f"cannot add columns country String to {db}.events for fields the records carry")
     assert rows_of(pipeline, table, "_offset") == []
     assert letters(pipeline) == []
+
+
+def test_add_columns_with_routes_adds_each_field_to_the_table_its_records_go_to(stack, tmp_path):
+    """Issue 35 item 9: with ``[[route]]`` (no ``clickhouse.target_table``) a new field becomes a
+    column of the table its topic is routed to, not an ALTER of an empty table name. Real leader and
+    participant tasks; every record once in its table."""
+    pipeline = make_routed_pipeline(
+        stack, tmp_path, unique_name("evroute"), tables=2, extra='\n[schema]\nevolve = "add-columns"\n'
+    )
+    name = pipeline.cfg.name
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "linger.ms": 5})
+    for i in range(300):  # country in both topics, score in t1's only
+        producer.produce(f"{name}_t0", json.dumps({"id": i, "country": "NL"}).encode(), partition=i % 2)
+        producer.produce(f"{name}_t1", json.dumps({"id": i, "country": "FR", "score": i}).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    produced = {"t0": 300, "t1": 300}
+    with coordinator(pipeline), participants(pipeline, tasks=2):
+        wait_until(
+            lambda: all(table_count(pipeline, t) == n for t, n in produced.items()), 60, "every record committed"
+        )
+    assert ("country", "String") in columns(pipeline, "t0") and "score" not in dict(columns(pipeline, "t0"))
+    assert {("country", "String"), ("score", "Int64")} <= set(columns(pipeline, "t1"))
+    db = pipeline.cfg.clickhouse.database
+    assert pipeline.client().command(f"SELECT countIf(country = 'FR' AND score >= 0) FROM `{db}`.t1") == 300
+    assert_exactly_once_per_table(pipeline, produced)
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr

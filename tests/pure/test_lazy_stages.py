@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protocol import naming
 from protocol.config_sections import RouteSection
-from protocol.coordinator_events import CountStage, CreateStage, Ready, Received, StageCreated
+from protocol.coordinator_events import CountStage, CreateStage, PartitionsChanged, Ready, Received, StageCreated
 from protocol.coordinator_state import CoordinatorState
 from protocol.messages import (
     EndCommit,
@@ -78,6 +78,49 @@ def test_a_table_of_no_route_with_records_makes_no_stage_table_and_no_table_at_a
     assert {s.stage_table for s in start.stage_tables} == {""} and start.stage_table == ""
 
 
+def test_the_leader_never_starts_a_partition_whose_topic_no_route_names_though_the_ledger_head_has_it() -> None:
+    """Issue 35 item 8: ``gone`` left the routes; the ledger head still has its partition (and a
+    participant of the old config still heartbeats it). The leader leaves it out of every START,
+    and every topic a START lists has its entry in ``stage_tables``."""
+    gone = TopicPartition(topic="gone", partition=0)
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=ROUTES)
+    for tp, log_end in ((ORDERS, 50), (CLICKS, 12)):
+        state.handle(beat(tp, log_end), 0.0)
+    gone_beat = PartitionPosition(topic="gone", partition=0, position=30, log_end=60)
+    state.handle(Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p-old", partitions=(gone_beat,))), 0)
+    state.handle(Ready(7, {**HEAD, gone: 30}, {}), 0.0)
+    assert state.partitions == (CLICKS, ORDERS)
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.0)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert {o.topic for o in start.offsets} == {"orders", "clicks"}
+    assert {s.topic: s.stage_table for s in start.stage_tables} == {
+        "clicks": stages(1, "clicks"),
+        "orders": stages(1, "orders"),
+    }
+
+
+def test_a_topic_two_tables_routes_match_is_never_started_and_stops_no_other_topic() -> None:
+    """Issue 35 item 10: a partition listing that brings a topic both tables' patterns match (and one of
+    one table's) leaves the ambiguous one out of the partitions and of every START; the machine never
+    raises for it."""
+    routes = (
+        RouteSection(topics=("orders", "re:late-.*"), table="orders"),
+        RouteSection(topics=("clicks", "re:.*-both"), table="clicks"),
+    )
+    both, late = TopicPartition(topic="late-both", partition=0), TopicPartition(topic="late-1", partition=0)
+    state = CoordinatorState(pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=TIMING, routes=routes)
+    state.handle(Ready(7, HEAD, {}), 0.0)
+    state.handle(PartitionsChanged((CLICKS, ORDERS, both, late), {both: 0, late: 0}), 0.1)
+    assert state.partitions == (CLICKS, late, ORDERS)
+    for tp in (ORDERS, CLICKS, late, both):
+        position = PartitionPosition(topic=tp.topic, partition=0, position=0, log_end=5)
+        state.handle(Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender="p", partitions=(position,))), 0.2)
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.3)
+    (start,) = [a.message for a in started if isinstance(getattr(a, "message", None), StartCommit)]
+    assert {o.topic for o in start.offsets} == {"orders", "clicks", "late-1"}
+    assert {s.topic for s in start.stage_tables} == {"orders", "clicks", "late-1"}
+
+
 def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_started() -> None:
     m = ParticipantState(
         pipeline=PIPE,
@@ -111,6 +154,39 @@ def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_starte
     reports = [a.message for a in ended if hasattr(a, "message")]
     assert [(w.topic, w.start_offset, w.end_offset, w.rows) for w in reports] == [("clicks", 10, 10, 0)]
     # the chained START of the next txn goes on from 10, where clicks' records were read but not staged
+
+
+def test_a_partition_whose_topic_a_start_names_no_stage_table_for_is_held_never_staged_into_another_table() -> None:
+    """Issue 35 item 8: a START across several tables that leaves a topic out of ``stage_tables`` (its
+    route was removed; the leader still listed it) gives it no stage table: the participant holds its
+    partition, stages none of its records into the txn's only stage table, and reports it ending where
+    it started, so the txn commits nothing of it."""
+    m = ParticipantState(
+        pipeline=PIPE,
+        sender="task-0",
+        partitions=[CLICKS, ORDERS],
+        chunk_rows=2,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+    )
+    start = StartCommit(
+        pipeline=PIPE,
+        epoch=EPOCH,
+        txn="e3_t1",
+        sender="c",
+        stage_table=stages(1, "orders"),  # the txn's only stage table
+        offsets=(
+            PartitionOffset(topic="clicks", partition=0, offset=10),
+            PartitionOffset(topic="orders", partition=0, offset=40),
+        ),
+        stage_tables=(TopicStage(topic="orders", stage_table=stages(1, "orders")),),  # clicks: none
+    )
+    m.handle(PReceived(start), 0)
+    read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11, 12)] + [Rec("orders", 0, 40, b"{}")]), 0)
+    ended = read + m.handle(PReceived(_end("e3_t1")), 0)
+    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, ended)] == [(stages(1, "orders"), "orders")]
+    reports = [a.message for a in ended if hasattr(a, "message")]
+    assert [(w.topic, w.start_offset, w.end_offset, w.rows, w.errors) for w in reports] == [("clicks", 10, 10, 0, ())]
 
 
 def _end(txn: str) -> EndCommit:

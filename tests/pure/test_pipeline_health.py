@@ -17,6 +17,7 @@ from protocol.pipeline_health import (
     leader_check,
     participants_check,
     replicas,
+    routes_check,
     rows_per_s,
     stall_limit_s,
 )
@@ -102,3 +103,14 @@ def test_rows_per_s_counts_the_rows_after_the_oldest_commit_over_the_time_betwee
     assert rows_per_s([(14.0, 300), (10.0, 500)]) == (75.0, 4.0)  # any order
     assert rows_per_s([(10.0, 5)]) == (None, 0.0)
     assert rows_per_s([(10.0, 5), (10.0, 6)]) == (None, 0.0)
+
+
+def test_routes_check_fails_naming_each_held_topic_its_tables_and_the_fix() -> None:
+    assert routes_check({}).status == "ok"
+    check = routes_check({"eu-b": ("orders", "eu"), "eu-a": ("clicks", "eu")})
+    assert (check.name, check.status) == ("routes", "fail")
+    assert (
+        check.found
+        == "2 topics held, not read: eu-a matches the routes of clicks, eu; eu-b matches the routes of orders, eu"
+    )
+    assert "narrow the [[route]] patterns" in check.fix and "restart" in check.fix

@@ -61,6 +61,19 @@ def test_a_topic_two_tables_patterns_match_is_refused_when_the_partitions_are_li
         routing.table_map(["orders-eu-1"], cfg.routes)
 
 
+def test_route_holds_a_topic_two_tables_patterns_match_apart_and_routes_the_others() -> None:
+    """Issue 35 item 10: the leader's listing takes ``route``, which never raises, so one ambiguous topic
+    is held on its own while the others are routed."""
+    cfg = parse_config(ROUTED + '[[route]]\ntopics = ["re:.*-eu-.*"]\ntable = "eu"\n', {})
+    routed = routing.route(["orders-eu-1", "clicks", "other", "clicks-eu-2"], cfg.routes)
+    assert routed.tables == {"clicks": "clicks", "clicks-eu-2": "eu"}
+    assert routed.ambiguous == {"orders-eu-1": ("orders", "eu")}
+    assert routing.ambiguity("orders-eu-1", ("orders", "eu")) == (
+        "topic orders-eu-1 matches the routes of 2 tables (orders, eu): narrow the route patterns so that each "
+        "topic goes to one table"
+    )
+
+
 def test_a_route_publishes_its_table_its_own_way_and_routes_of_one_table_must_agree() -> None:
     cfg = parse_config(ROUTED.replace('table = "clicks"', 'table = "clicks"\npublish_mode = "insert-select"'), {})
     assert (cfg.publish_mode_of("orders"), cfg.publish_mode_of("clicks")) == ("move", "insert-select")
