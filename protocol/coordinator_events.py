@@ -145,8 +145,8 @@ class GapFound:
 @dataclass(frozen=True)
 class CommitResult:
     """Commit step 6 result: True won the slot, False lost it, None unknown (ClickHouse failed).
-    ``commit_seq``: the slot won, past the one asked for when pauses or resumes took that one
-    (``protocol.ledger_pauses.moves_nothing``); 0 means the one asked for."""
+    ``commit_seq``: the slot won or lost, past the one asked for when pauses or resumes took that
+    one (``protocol.ledger_pauses.moves_nothing``); 0 means the one asked for."""
 
     txn: str
     won: bool | None

@@ -274,7 +274,8 @@ class CoordinatorState:
         if event.won is None:
             return self._step_down(f"commit outcome of {txn.id} unknown ({event.error}); re-reading the ledger")
         if not event.won:
-            return self._step_down(f"lost commit slot {txn.commit_seq} of {txn.id} to another leader")
+            lost = event.commit_seq or txn.commit_seq
+            return self._step_down(f"lost commit slot {lost} of {txn.id} to another leader")
         if event.commit_seq:  # past slots a pause or a resume took
             txn.commit_seq = event.commit_seq
         self.head_seq = txn.commit_seq

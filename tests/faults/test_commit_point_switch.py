@@ -132,8 +132,8 @@ def test_a_stalled_token_leader_loses_the_switchs_slot_and_never_claims_by_token
         e1.start()
         assert held.reached.wait(60), "E1 never reached its commit point"
         k = participants.statuses[-1].txn
-        k_slot = pipeline.ledger().head()[0] + 1
         run_chtxn("pause", "--config", str(pipeline.config_path), check=True)
+        k_slot = pipeline.ledger().head()[0] + 1  # past the pause's marker, which took the slot k was to claim
         done = commit_points.switch(pipeline.cfg, pipeline.client(), to="keeper", who="op", reason="", leaders={})
         assert done.commit_seq == k_slot, "the switch took another slot than the held commit's"
 

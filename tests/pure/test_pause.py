@@ -16,6 +16,7 @@ from protocol.coordinator_events import (
     Received,
     RecordStarted,
     StageCreated,
+    StepDown,
     Tick,
 )
 from protocol.messages import Pause
@@ -94,3 +95,14 @@ def test_a_commit_that_claimed_past_a_pauses_slot_moves_the_head_to_the_slot_it_
     won = CommitResult(t1.id, won=True, commit_seq=HEAD_SEQ + 2)
     assert d.at(T0 + 0.4, won) == [ack(1, END_1, HEAD_SEQ + 2), Publish(t1)]
     assert d.state.head_seq == HEAD_SEQ + 2 and t1.commit_seq == HEAD_SEQ + 2
+
+
+def test_a_commit_that_lost_the_slot_past_a_pauses_names_the_slot_it_lost() -> None:
+    d = Driver()
+    t1 = d.started(T0)
+    d.spare_ready(2, T0 + 0.05)
+    assert d.at(T0 + 0.1, pause()) == [end(1)]
+    assert d.at(T0 + 0.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
+    assert d.at(T0 + 0.3, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    lost = CommitResult(t1.id, won=False, commit_seq=HEAD_SEQ + 2)
+    assert d.at(T0 + 0.4, lost) == [StepDown(f"lost commit slot {HEAD_SEQ + 2} of {t1.id} to another leader")]
