@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from rich.markup import escape
@@ -58,10 +59,14 @@ _STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     checks: list[Check] = []
-    for target in cfg.tables:  # [[route]]: each table's checks (those the others made already once)
-        one = cfg.for_table(target) if cfg.route else cfg
-        checks += [c for c in clickhouse_checks(one, clickhouse_facts(one)) if c not in checks]
-    checks += kafka_checks(cfg, kafka_facts(cfg, args.timeout))
+    # The servers are probed at once, each probe bounded: a server that is down costs its timeout, once.
+    ones = [cfg.for_table(target) if cfg.route else cfg for target in cfg.tables]  # [[route]]: per table
+    with ThreadPoolExecutor(max_workers=len(ones) + 1, thread_name_prefix="doctor") as pool:
+        kafka = pool.submit(kafka_facts, cfg, args.timeout)
+        facts = [(one, pool.submit(clickhouse_facts, one)) for one in ones]
+        for one, found in facts:  # each table's checks, those another table made already once
+            checks += [c for c in clickhouse_checks(one, found.result()) if c not in checks]
+        checks += kafka_checks(cfg, kafka.result())
     report = Report(pipeline=cfg.name, ok=not failed(checks), checks=tuple(checks))
     if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(report)).decode())

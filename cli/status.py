@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 
 import msgspec
 from confluent_kafka import KafkaException, TopicPartition as KafkaTP
@@ -165,13 +166,10 @@ def collect(
     committed_at = (last.committed_at or last.event_time) if last else 0.0
     age = round(max(0.0, now - committed_at), 1) if committed_at else None
     rate, window = pipeline_health.rows_per_s([(c.committed_at, c.total_rows) for c in commits])
-    tx = cfg.transaction
     checks: tuple[Check, ...] = (
-        pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch),
+        pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch, every=every),
         pipeline_health.participants_check(holders, partitions, timeout_s=cfg.heartbeat_timeout_s),
-        pipeline_health.commits_check(
-            age, head_seq, limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s)
-        ),
+        _commits_check(age, head_seq, every, cfg),
     )
     paused = pause is not None and pause.event is LedgerEvent.PAUSED
     if paused and pause is not None:  # no commits is what a pause is for: say so instead of failing
@@ -239,6 +237,17 @@ def _tables(cfg: PipelineConfig, rows: list[PartitionStatus], commits: list[TxnS
     return tuple(found)
 
 
+def _commits_check(age: float | None, head_seq: int, every: Sequence[Replica], cfg: PipelineConfig) -> Check:
+    """``pipeline_health.commits_check``; a failure names the cause the coordinators report, if any."""
+    tx = cfg.transaction
+    check = pipeline_health.commits_check(
+        age, head_seq, limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s)
+    )
+    if check.status != "fail":
+        return check
+    return pipeline_health.problem_check("commits", every, lease_s=cfg.coordinator.leader_lease_s) or check
+
+
 def _heartbeats(
     cfg: PipelineConfig, consumer, now: float, timeout_s: float
 ) -> tuple[dict[str, Heard], dict[str, Heard], dict[TopicPartition, str]]:
@@ -285,7 +294,13 @@ def _heartbeats(
                     leaving = bool(getattr(message, "leaving", False))  # leaders older than the field never leave
                     leaders[message.sender] = Heard(epoch=message.epoch, age_s=age_s, leaving=leaving)
                 elif isinstance(message, StandbyHeartbeat):
-                    standbys[message.sender] = Heard(epoch=message.epoch, age_s=age_s, leaving=message.leaving)
+                    standbys[message.sender] = Heard(
+                        epoch=message.epoch,
+                        age_s=age_s,
+                        leaving=message.leaving,
+                        problem=message.problem,
+                        cause=message.cause,
+                    )
                 elif isinstance(message, Heartbeat) and age_s <= cfg.heartbeat_timeout_s:
                     for pos in message.partitions:
                         holders[pos.tp] = message.sender

@@ -32,6 +32,7 @@ from protocol.doctor_facts import (
     SETTINGS_READ,
     ClickHouseFacts,
     KafkaFacts,
+    KeeperProbe,
     Replica,
     Setting,
     Table,
@@ -124,8 +125,19 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
         target_refusal=refusal,
         ledger=_table(rows, db, ledger.TABLE),
         stage_window=STAGE_DEDUP_WINDOW,
-        keeper=keeper_probe.probe(client, cfg) if probe else None,
+        keeper=_keeper_probe(cfg) if probe else None,
     )
+
+
+def _keeper_probe(cfg: PipelineConfig) -> KeeperProbe:
+    """The KeeperMap probe on a client of its own, whose requests give up after
+    ``keeper_probe.STEP_TIMEOUT_S``: a server waiting on a dead Keeper answers the probe late."""
+    section = msgspec.structs.replace(cfg.clickhouse, send_receive_timeout_s=keeper_probe.STEP_TIMEOUT_S)
+    client = make_client(section)
+    try:
+        return keeper_probe.probe(client, cfg)
+    finally:
+        client.close()
 
 
 def _table(rows: Any, db: str, name: str, *, with_columns: bool = False) -> Table | None:

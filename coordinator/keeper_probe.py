@@ -32,6 +32,10 @@ from protocol.table_shape import ident
 #: What step 1's error code says of the server: KeeperMap is off (no ``keeper_map_path_prefix``:
 #: BAD_ARGUMENTS; no ``<zookeeper>``: NO_ZOOKEEPER), or Keeper did not answer (KEEPER_EXCEPTION).
 _CREATE_FAILURES: dict[int, KeeperOutcome] = {36: "disabled", 225: "disabled", 999: "unreachable"}
+#: Seconds each probe step may take: a server whose Keeper is down answers a KeeperMap statement
+#: only after its Keeper client gives up (about 30 s on ClickHouse 26.9); a step that takes them all
+#: says Keeper does not answer, at once.
+STEP_TIMEOUT_S = 4.0
 #: The longest server message kept in the report.
 _DETAIL_CHARS = 300
 
@@ -92,12 +96,17 @@ def _steps(client: Any, table: str, path: str) -> None:
 
 
 def _run(client: Any, sql: str, settings: dict[str, int]) -> BaseException | None:
-    """Run ``sql``; the ClickHouse failure it raised, or None."""
+    """Run ``sql``; the ClickHouse failure it raised, or None. A failure after ``STEP_TIMEOUT_S``
+    (the client gave up waiting) ends the probe: Keeper does not answer."""
+    started = time.monotonic()
     try:
         client.command(sql, settings=settings)
     except Exception as exc:
         if not is_clickhouse_failure(exc):
             raise
+        if time.monotonic() - started >= STEP_TIMEOUT_S * 0.9 and not sql.startswith("DROP"):
+            statement = sql.split(" (", 1)[0].split(" VALUES", 1)[0]
+            raise _Stop("unreachable", f"no answer within {STEP_TIMEOUT_S:g} s to {statement}: {_line(exc)}") from None
         return exc
     return None
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 from clients.kafka import KafkaClientFactory
-from protocol import codec
+from protocol import codec, secrets
 from protocol.config import PipelineConfig
 from protocol.messages import LeaderHeartbeat, StandbyHeartbeat
 
@@ -114,13 +114,14 @@ class StandbyBeat:
         self._due = float("-inf")
         self._producer: Producer | None = None
 
-    def beat(self, epoch: int) -> None:
-        """Send a beat naming ``epoch`` (the highest this replica has seen) when one is due."""
+    def beat(self, epoch: int, *, problem: str = "", cause: str = "") -> None:
+        """Send a beat naming ``epoch`` (the highest this replica has seen) when one is due; ``problem``
+        and ``cause`` say why the replica cannot lead now (``StandbyHeartbeat``)."""
         now = self.clock()
         if now < self._due:
             return
         self._due = now + self.interval_s
-        self._send(epoch, leaving=False)
+        self._send(epoch, leaving=False, problem=problem, cause=cause)
 
     def close(self, epoch: int, *, leaving: bool) -> None:
         """Stop beating; with ``leaving``, after a last beat saying so (waits up to ``HAND_OVER_FLUSH_S``
@@ -131,7 +132,7 @@ class StandbyBeat:
             self._producer.flush(HAND_OVER_FLUSH_S if leaving else 1)
             self._producer = None
 
-    def _send(self, epoch: int, *, leaving: bool) -> None:
+    def _send(self, epoch: int, *, leaving: bool, problem: str = "", cause: str = "") -> None:
         if self._producer is None:
             lease_ms = int(3000 * self.interval_s)  # a beat not delivered within a lease says nothing: drop it
             self._producer = self.kafka.producer(
@@ -141,7 +142,15 @@ class StandbyBeat:
                     "message.timeout.ms": max(1000, lease_ms),
                 }
             )
-        beat = StandbyHeartbeat(pipeline=self.cfg.name, epoch=epoch, txn="", sender=self.coordinator, leaving=leaving)
+        beat = StandbyHeartbeat(
+            pipeline=self.cfg.name,
+            epoch=epoch,
+            txn="",
+            sender=self.coordinator,
+            leaving=leaving,
+            problem=secrets.redact(problem) if problem else "",
+            cause=cause,
+        )
         try:
             self._producer.produce(self.cfg.control_topic, key=self.cfg.name.encode(), value=codec.encode(beat))
         except BufferError:

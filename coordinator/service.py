@@ -10,7 +10,9 @@ A standby logs one "standing by" line naming the leader it waits on (again when 
 and checks its target before it may claim a lease (a wrong ``target_table`` exits without fencing
 the running leader). It says it stands by with a STANDBY-HEARTBEAT every ``leader_lease_s / 3``
 (``coordinator.lease.StandbyBeat``), and a last one saying ``leaving`` when it is stopped, so that
-``chtxn status`` lists it; while it leads, its leader's heartbeat says so instead.
+``chtxn status`` lists it; while it leads, its leader's heartbeat says so instead. While it backs
+off after a failure, its STANDBY-HEARTBEATs carry the failure and its cause (Keeper, ClickHouse,
+Kafka: ``problem_cause``), so that ``chtxn status`` names why no replica leads.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from coordinator.stage_set import StageSet
 from coordinator.target_checks import check_target
 from protocol import secrets
 from protocol.config import PipelineConfig
-from protocol.errors import ChtxnError, SetupError
+from protocol.errors import ChtxnError, ClickHouseError, SetupError
 from protocol.leadership import LeaseWatch
 
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+#: ClickHouse's codes for a Keeper (ZooKeeper) that does not answer or is not configured.
+KEEPER_CODES = frozenset({999, 225, 244})  # KEEPER_EXCEPTION, NO_ZOOKEEPER, UNEXPECTED_ZOOKEEPER_ERROR
 #: How often a standby pings ClickHouse for ``/ready`` (the leader's own work tells it otherwise).
 STANDBY_PING_S, PING_TIMEOUT_S = 5.0, 2.0
 
@@ -65,6 +69,8 @@ class CoordinatorService:
         self.leaderships = 0
         self.leader_class = leader_class  # tests inject faults with a subclass
         self.kafka = KafkaClientFactory(cfg)
+        self.seen_epoch = 0  # the highest epoch this replica has seen, for its heartbeats
+        self._troubled = StandbyBeat(cfg, self.kafka, coordinator=self.id, clock=clock)  # beats while backing off
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -80,13 +86,19 @@ class CoordinatorService:
             except (ChtxnError, OSError) as exc:
                 self._back_off(stop, failures, exc)
                 failures += 1
+        self._troubled.close(self.seen_epoch, leaving=False)
         self.readiness.stopping()
 
     def _back_off(self, stop: threading.Event, failures: int, exc: Exception) -> None:
+        """Wait before trying again, saying why in STANDBY-HEARTBEATs meanwhile."""
         delay = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
-        log.error("coordinator failed; restarting", extra={"error": str(exc), "retry_in_s": delay})
+        cause = problem_cause(exc)
+        log.error("coordinator failed; restarting", extra={"error": str(exc), "cause": cause, "retry_in_s": delay})
         self.readiness.failed(str(exc))
-        stop.wait(delay)
+        until = self.clock() + delay
+        while not stop.is_set() and self.clock() < until:
+            self._troubled.beat(self.seen_epoch, problem=str(exc), cause=cause)
+            stop.wait(min(0.1, max(0.0, until - self.clock())))
 
     def _run_once(self, stop: threading.Event) -> None:
         ledger, stages = clickhouse_stores(self.cfg)
@@ -121,7 +133,8 @@ class CoordinatorService:
                         "standing by",
                         extra={"leader": watch.leader, "epoch": watch.epoch, "coordinator": self.id},
                     )
-                beat.beat(max(watch.epoch, led))
+                self.seen_epoch = max(self.seen_epoch, watch.epoch, led)
+                beat.beat(self.seen_epoch)
                 if self.clock() >= ping_at:
                     ping_at = self.clock() + STANDBY_PING_S
                     self._ping_clickhouse(stages)
@@ -175,6 +188,15 @@ class CoordinatorService:
         finally:
             self.epoch = 0
             self.metrics.not_leading()
+
+
+def problem_cause(exc: BaseException) -> str:
+    """What ``exc`` is a failure of (``protocol.messages.PROBLEM_CAUSES``), by its type and ClickHouse code."""
+    if isinstance(exc, BrokerUnreachable):
+        return "kafka"
+    if isinstance(exc, ClickHouseError):
+        return "keeper" if exc.code in KEEPER_CODES else "clickhouse"
+    return "other"
 
 
 def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:

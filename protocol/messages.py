@@ -204,9 +204,20 @@ class StandbyHeartbeat(_Control, frozen=True, tag="standby-heartbeat"):
     ``epoch`` the highest epoch it has seen (0: none yet), ``txn`` "" and ``sender`` its coordinator
     id; ``leaving`` once, when it is stopped. It is no leader's message: leaders, standbys (their
     lease watch) and participants skip it; older readers skip it as an unknown kind, with a warning.
+
+    ``problem``: why this replica cannot lead or stand by right now (its last error, while it backs
+    off and tries again), "" when nothing is wrong; ``cause``: what failed, one of ``PROBLEM_CAUSES``
+    ("" when unknown). ``chtxn status`` names them when no leader is heard.
     """
 
     leaving: bool = False
+    problem: str = ""
+    cause: str = ""
+
+
+#: What a coordinator's problem (``StandbyHeartbeat.problem``) is with: the Keeper its ClickHouse
+#: server claims slots through, the ClickHouse server, the Kafka broker, or something else.
+PROBLEM_CAUSES = ("keeper", "clickhouse", "kafka", "other")
 
 
 class Leave(_Control, frozen=True, tag="leave"):

@@ -27,6 +27,8 @@ class Heard(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int
     age_s: float
     leaving: bool = False
+    problem: str = ""  # a STANDBY-HEARTBEAT's: why the replica cannot lead now
+    cause: str = ""  # what the problem is with (``protocol.messages.PROBLEM_CAUSES``)
 
 
 class Replica(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +41,8 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     epoch: int  # the latest epoch it led (heartbeat or ledger claim)
     heard_s: float | None  # seconds since its latest heartbeat; None: none in the control topic's tail
+    problem: str = ""  # its latest STANDBY-HEARTBEAT's problem: why it cannot lead now
+    cause: str = ""  # what that problem is with (``protocol.messages.PROBLEM_CAUSES``)
 
 
 def replicas(
@@ -61,10 +65,43 @@ def replicas(
     return tuple(sorted(found, key=lambda r: (order[r.role], -r.epoch, r.id)))
 
 
-def leader_check(found: Sequence[Replica], *, lease_s: float, highest_epoch: int) -> Check:
-    """ok: one leader heard within the lease; warn: an older leader heartbeats too; fail: no leader."""
+#: What to do about a replica's problem, by its cause: the fix ``chtxn status`` gives for no leader.
+CAUSE_FIXES = {
+    "keeper": "start Keeper (or ZooKeeper), or fix <zookeeper> in the ClickHouse server's config: no commit slot "
+    "can be claimed while it is down; chtxn doctor probes it",
+    "clickhouse": "start the ClickHouse server or fix clickhouse.url; chtxn doctor checks it",
+    "kafka": "start the Kafka broker or fix kafka.bootstrap_servers; chtxn doctor checks it",
+    "other": "read the coordinator's error above and its log",
+}
+_CAUSE_NAMES = {"keeper": "Keeper", "clickhouse": "ClickHouse", "kafka": "the Kafka broker", "other": "an error"}
+
+
+def problem_check(name: str, replicas: Sequence[Replica], *, lease_s: float) -> Check | None:
+    """fail naming the cause, when replicas heard within the lease report a problem; None when none does.
+    The most common cause among them decides the fix."""
+    troubled = [r for r in replicas if r.problem and r.heard_s is not None and r.heard_s <= lease_s]
+    if not troubled:
+        return None
+    causes = [r.cause or "other" for r in troubled]
+    cause = max(set(causes), key=lambda c: (causes.count(c), c != "other"))
+    said = "; ".join(f"{r.id}: {r.problem}" for r in troubled)
+    return Check(
+        name=name,
+        status="fail",
+        found=f"the coordinators cannot lead, the cause is {_CAUSE_NAMES.get(cause, cause)} ({said})",
+        fix=CAUSE_FIXES.get(cause, CAUSE_FIXES["other"]),
+    )
+
+
+def leader_check(
+    found: Sequence[Replica], *, lease_s: float, highest_epoch: int, every: Sequence[Replica] = ()
+) -> Check:
+    """ok: one leader heard within the lease; warn: an older leader heartbeats too; fail: no leader,
+    naming the cause the standbys in ``every`` report (``problem_check``) when they report one."""
     leaders = [r for r in found if r.role == LEADER]
     stale = [r for r in found if r.role == STALE_LEADER]
+    if not leaders and (named := problem_check("leader", every, lease_s=lease_s)) is not None:
+        return named
     if not leaders:
         last = next((r for r in found if r.heard_s is not None), None)
         seen = f"; {last.id} led epoch {last.epoch} until {last.heard_s:g} s ago" if last else ""

@@ -34,5 +34,12 @@ def with_standbys(found: Sequence[Replica], standbys: Mapping[str, Heard], *, le
         if known is not None and known.heard_s is not None and known.heard_s <= age:
             continue  # its leader heartbeat is the latest: it led after it stood by
         role = LEFT if heard.leaving else STANDBY if heard.age_s <= lease_s else SILENT
-        by_id[who] = Replica(id=who, role=role, epoch=known.epoch if known else 0, heard_s=age)
+        by_id[who] = Replica(
+            id=who,
+            role=role,
+            epoch=known.epoch if known else 0,
+            heard_s=age,
+            problem=heard.problem,
+            cause=heard.cause,
+        )
     return tuple(sorted(by_id.values(), key=lambda r: (ROLE_ORDER[r.role], -r.epoch, r.id)))

@@ -192,6 +192,7 @@ def test_the_keeper_commit_point_with_zookeeper_stopped(keeper_stack, tmp_path: 
     assert "Keeper did not answer" in checks["keeper"]["found"]
     assert checks["keeper"]["fix"].startswith("start Keeper (or ZooKeeper), or fix <zookeeper> in the server config")
     assert took < 120, f"doctor took {took:.0f} s with ZooKeeper down"
+    assert "no answer within 4 s to CREATE TABLE" in checks["keeper"]["found"], "the probe waited past its bound"
     assert probe_tables(keeper_stack, name) == []
 
 

@@ -101,7 +101,9 @@ SAMPLES: dict[str, ControlMessage] = {
     ),
     "leader-heartbeat": LeaderHeartbeat(**_BASE, txn="", sender="coord-a", leaving=True),
     "leave": Leave(pipeline="orders", epoch=0, txn="", sender="driver-host-4242", job="driver-host-4242-1732600000"),
-    "standby-heartbeat": StandbyHeartbeat(**_BASE, txn="", sender="coord-b", leaving=True),
+    "standby-heartbeat": StandbyHeartbeat(
+        **_BASE, txn="", sender="coord-b", leaving=True, problem="Code: 999. Keeper unreachable", cause="keeper"
+    ),
     "pause": Pause(pipeline="orders", epoch=0, txn="", sender="chtxn-cli", paused=True, who="alice@ops", reason="disk"),
     "reset": Reset(
         pipeline="orders", epoch=0, txn="reset_s42", sender="bob@ops", commit_seq=42, who="bob@ops", reason="replay"

@@ -7,6 +7,7 @@ import pytest
 
 from protocol.messages import TopicPartition
 from protocol.pipeline_health import (
+    CAUSE_FIXES,
     LEADER,
     LEFT,
     SILENT,
@@ -16,6 +17,7 @@ from protocol.pipeline_health import (
     commits_check,
     leader_check,
     participants_check,
+    problem_check,
     replicas,
     routes_check,
     rows_per_s,
@@ -114,3 +116,33 @@ def test_routes_check_fails_naming_each_held_topic_its_tables_and_the_fix() -> N
         == "2 topics held, not read: eu-a matches the routes of clicks, eu; eu-b matches the routes of orders, eu"
     )
     assert "narrow the [[route]] patterns" in check.fix and "restart" in check.fix
+
+
+def test_no_leader_names_the_cause_the_standbys_report_and_its_fix() -> None:
+    standbys = [
+        Replica(id="c1", role="standby", epoch=3, heard_s=0.4, problem="Code: 999. Keeper down", cause="keeper"),
+        Replica(id="c2", role="standby", epoch=3, heard_s=0.2, problem="Code: 999. Keeper down", cause="keeper"),
+    ]
+    check = leader_check([], lease_s=2.0, highest_epoch=3, every=standbys)
+    assert check.status == "fail" and check.name == "leader"
+    assert check.found.startswith("the coordinators cannot lead, the cause is Keeper (c1: Code: 999. Keeper down; c2:")
+    assert check.fix is not None and check.fix.startswith("start Keeper (or ZooKeeper)")
+
+
+def test_a_problem_heard_longer_ago_than_the_lease_or_none_at_all_leaves_the_plain_verdict() -> None:
+    old = Replica(id="c1", role="silent", epoch=3, heard_s=9.0, problem="Code: 999. Keeper down", cause="keeper")
+    quiet = Replica(id="c2", role="standby", epoch=3, heard_s=0.2)
+    assert problem_check("leader", [old, quiet], lease_s=2.0) is None
+    check = leader_check([], lease_s=2.0, highest_epoch=3, every=[old, quiet])
+    assert check.found.startswith("no LEADER-HEARTBEAT") and "start a coordinator" in (check.fix or "")
+
+
+def test_the_most_common_cause_decides_the_fix() -> None:
+    replicas = [
+        Replica(id="c1", role="standby", epoch=1, heard_s=0.1, problem="refused", cause="clickhouse"),
+        Replica(id="c2", role="standby", epoch=1, heard_s=0.1, problem="timed out", cause="clickhouse"),
+        Replica(id="c3", role="standby", epoch=1, heard_s=0.1, problem="broker gone", cause="kafka"),
+    ]
+    check = problem_check("commits", replicas, lease_s=2.0)
+    assert check is not None and "the cause is ClickHouse" in check.found
+    assert check.fix == CAUSE_FIXES["clickhouse"]

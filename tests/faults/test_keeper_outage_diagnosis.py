@@ -1,0 +1,46 @@
+"""ZooKeeper stopped under a running pipeline with the keeper commit point and two coordinator
+replicas: no slot can be claimed, the replicas back off, and ``chtxn status`` names Keeper as the
+cause (from what the replicas' STANDBY-HEARTBEATs say), with its fix, instead of "start a
+coordinator". Keeper back, the pipeline goes on and every record is committed exactly once."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import run_chtxn, unique_name, wait_until
+from tests.integration.scripted_participants import ScriptedParticipants
+from tests.integration.test_coordinator_publish import ServiceThread
+from tests.pipelines import make_pipeline
+
+
+def status_checks(pipeline) -> dict[str, dict]:
+    shown = run_chtxn("status", "--config", str(pipeline.config_path), "--json")
+    return {c["name"]: c for c in json.loads(shown.stdout)["checks"]}
+
+
+def test_zookeeper_stopped_under_a_running_pipeline_is_named_by_status(keeper_stack, tmp_path):
+    pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("zkout"), settings={"ledger.commit_point": "keeper"})
+    first = pipeline.produce(100)
+    replicas = ServiceThread(pipeline.cfg, "c1"), ServiceThread(pipeline.cfg, "c2")
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), replicas[0], replicas[1]:
+        wait_until(lambda: pipeline.target_count() == first, 60, "the first records committed")
+        keeper_stack.keeper.stop()
+        try:
+            more = pipeline.produce(50, start_id=first)
+
+            def keeper_named() -> dict | None:
+                checks = status_checks(pipeline)
+                return checks if "the cause is Keeper" in checks["leader"]["found"] else None
+
+            checks = wait_until(keeper_named, 90, "chtxn status to name Keeper as the cause")
+            assert checks["leader"]["status"] == "fail"
+            assert checks["leader"]["fix"].startswith("start Keeper (or ZooKeeper)"), checks["leader"]
+            assert "start a coordinator" not in checks["leader"]["fix"]
+        finally:
+            keeper_stack.restart_keeper()
+        wait_until(lambda: pipeline.target_count() == first + more, 120, "the records committed once Keeper is back")
+        wait_until(lambda: status_checks(pipeline)["leader"]["status"] == "ok", 60, "a leader again")
+    report = pipeline.oracle()
+    assert report.ok and report.rows_in_target == first + more, report.anomalies
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
