@@ -20,10 +20,10 @@ from functools import partial
 from typing import Any
 
 from clients import failpoints
+from clients.target_table import check_target
 from coordinator import ledger_rows
 from coordinator.ledger_store import LedgerStore
 from coordinator.stage_set import Stages
-from coordinator.target_checks import check_target
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError, SetupError
 from protocol.ledger import LedgerEvent, LedgerRow
@@ -56,13 +56,7 @@ def take_over(
     take-over is progress: the lease holds)."""
     failpoints.hit("leader.before-take-over", coordinator)
     for target in cfg.tables:  # Take-over step 1: check the target tables
-        retry(f"check the target table {target}")(
-            check_target,
-            stages.client,
-            database=stages.database,
-            target=target,
-            publish_mode=cfg.publish_mode_of(target),
-        )
+        retry(f"check the target table {target}")(check_target, stages.client, cfg, target)
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
         newest = ledger.max_epoch()  # read after the head: a newer seal in it shows here too

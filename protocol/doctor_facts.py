@@ -13,6 +13,8 @@ from typing import Literal
 
 import msgspec
 
+from protocol.target_rules import ViewTable
+
 #: ``ok``: exactly-once holds here as far as this check goes; ``warn``: it holds, but something is
 #: worth changing; ``fail``: it does not hold, or chtxn cannot run.
 Verdict = Literal["ok", "warn", "fail"]
@@ -82,7 +84,7 @@ class ClickHouseFacts(msgspec.Struct, frozen=True, kw_only=True):
     target: Table | None = None  # None: the target does not exist
     replicas: tuple[Replica, ...] = ()
     views: tuple[str, ...] = ()  # materialized views reading from the target ("db.view")
-    target_refusal: str = ""  # why the coordinator refuses the target at start ("" when it accepts it)
+    view_tables: tuple[ViewTable, ...] = ()  # the tables those views write to (when the server says)
     ledger: Table | None = None  # None: not created yet
     stage_window: int = 0  # the non_replicated_deduplication_window chtxn sets on each stage table
     keeper: KeeperProbe | None = None  # None: not probed
