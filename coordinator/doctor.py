@@ -58,13 +58,14 @@ def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
     try:
         client = make_client(section)
     except ClickHouseError as exc:
-        return ClickHouseFacts(error=str(exc))
+        return ClickHouseFacts(error=str(exc), error_code=exc.code)
     try:
         return _read(cfg, client)
     except Exception as exc:
         if not is_clickhouse_failure(exc):
             raise
-        return ClickHouseFacts(error=str(as_clickhouse_error(exc, "read the server's tables and settings")))
+        error = as_clickhouse_error(exc, "read the server's tables and settings")
+        return ClickHouseFacts(error=str(error), error_code=error.code)
     finally:
         client.close()
 

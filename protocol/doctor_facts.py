@@ -77,6 +77,7 @@ class KeeperProbe(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClickHouseFacts(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""  # the server did not answer: every other field is empty
+    error_code: int = 0  # ClickHouse's code of that error, 0 when it gave none
     version: str = ""
     settings: dict[str, Setting] = {}  # the names in SETTINGS_READ the server knows
     merge_tree: dict[str, str] = {}  # the defaults of MERGE_TREE_READ (system.merge_tree_settings)
