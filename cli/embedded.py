@@ -147,6 +147,11 @@ def run_up(args: argparse.Namespace) -> int:
     state = result.state
     env = _env(state, args.password if users else None)
     checked = state.components["clickhouse"].users
+    if checked and users is None:
+        result.notes.append(
+            f"the ClickHouse endpoint takes only user {checked[0]} with its password: set CHTXN_CLICKHOUSE_PASSWORD "
+            "(or clickhouse.password) too"
+        )
     if args.json:
         print(
             json.dumps(
