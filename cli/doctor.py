@@ -33,9 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "deduplication windows of the ledger, the stage tables and the target; the commit point; Keeper (a "
         'KeeperMap probe with ledger.commit_point = "keeper" or a replicated target); insert_quorum and '
         "select_sequential_consistency; async_insert; materialized views against transaction.publish_mode; "
-        "the metadata columns chtxn verify --deep needs; the control and source topics; the broker's "
-        "transactions, which dead letters are published in. Each row says ok, warn or fail, what was found "
-        "and what to do. Exit code 0 when no check failed (warnings do not fail), 1 when one did.",
+        "the metadata columns chtxn verify --deep needs, against clickhouse.input_format; the control and "
+        "source topics; the broker's transactions, which dead letters are published in. Each row says ok, "
+        "warn or fail, what was found and what to do; what the coordinator, the participants and chtxn init "
+        "refuse of the target fails its row with the line they print as the fix. Exit code 0 when no check "
+        "failed (warnings do not fail), 1 when one did.",
         epilog="Examples:\n  chtxn doctor --config pipeline.toml\n  chtxn doctor --config pipeline.toml --format tsv\n"
         "  chtxn doctor --config pipeline.toml --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,5 +1,6 @@
 """``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker
-(``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables); ``topic create`` and
+(``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables; ``up --user U --password
+P``: an endpoint that takes only that user, as a ClickHouse server checks credentials); ``topic create`` and
 ``sql`` (:mod:`cli.embedded_tools`) set up a pipeline's topic and table on it by hand.
 
 One stack per user, found from any directory (:mod:`cli.embedded_dir`). Exit codes: ``up`` 0 when
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from rich.console import Console
@@ -42,10 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Start the broker and the ClickHouse endpoint unless they already run (then it says "
         "where they run, and exits 0). A taken port moves to a free one (the output says so). Kafka data "
         "stays in DATA_DIR/kafka and ClickHouse data in DATA_DIR/clickhouse across `down` and `up`. With --env, "
-        "a `#` comment line on stdout says whether it started the stack or uses the running one.",
+        "a `#` comment line on stdout says whether it started the stack or uses the running one. The ClickHouse "
+        "endpoint takes any user and password unless --user or --password is given: then it takes only that "
+        "user with that password, answering any other as a ClickHouse server does (HTTP 403, code 516 "
+        "AUTHENTICATION_FAILED), so credentials can be tried before production; an endpoint already running "
+        "must take them, or `up` refuses (exit 1) and says how to restart it.",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
         '  eval "$(chtxn embedded up --env)"   # start it (or use the running one), point this shell at it\n'
-        "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables",
+        "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables\n"
+        "  chtxn embedded up --user ingest --password s3cret   # the endpoint checks credentials",
     )
     embedded_dir.add_argument(up)
     up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
@@ -60,6 +67,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "directory that has one keeps starting it until `down --purge`",
     )
     up.add_argument("--keeper-port", type=int, default=2181, help="keeper port (default 2181; 0: any free port)")
+    up.add_argument(
+        "--user",
+        default=None,
+        help="the one user the ClickHouse endpoint takes (default: with --password, `default`; without either, "
+        "any user)",
+    )
+    up.add_argument(
+        "--password",
+        default=None,
+        help="that user's password (default: with --user, none); never written to the stack's state",
+    )
     output = up.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the addresses as JSON, for scripts")
     output.add_argument(
@@ -96,12 +114,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     embedded_tools.register(commands)
 
 
-def _env(state: daemon.StackState) -> dict[str, str]:
+def _env(state: daemon.StackState, password: str | None = None) -> dict[str, str]:
+    """The ``CHTXN_*`` variables pointing at the stack; the ClickHouse user when the endpoint checks
+    users, and ``password`` (the one this command was given) with it."""
     env = {}
     if "kafka" in state.components:
         env["CHTXN_KAFKA_BOOTSTRAP_SERVERS"] = state.components["kafka"].address
     if "clickhouse" in state.components:
         env["CHTXN_CLICKHOUSE_URL"] = state.components["clickhouse"].address
+        if users := state.components["clickhouse"].users:
+            env["CHTXN_CLICKHOUSE_USER"] = users[0]
+            if password is not None:
+                env["CHTXN_CLICKHOUSE_PASSWORD"] = password
     if "keeper" in state.components:
         env["CHTXN_EMBEDDED_KEEPER"] = state.components["keeper"].address
     return env
@@ -109,14 +133,26 @@ def _env(state: daemon.StackState) -> dict[str, str]:
 
 def run_up(args: argparse.Namespace) -> int:
     where = embedded_dir.resolve(args)
+    users = None
+    if args.user is not None or args.password is not None:
+        users = {args.user or "default": args.password or ""}
     result = daemon.up(
         where.data_dir,
         kafka_port=args.kafka_port,
         clickhouse_port=args.clickhouse_port,
         keeper=args.keeper,
         keeper_port=args.keeper_port,
+        clickhouse_users=users,
+        option=where.option(),
     )
     state = result.state
+    env = _env(state, args.password if users else None)
+    checked = state.components["clickhouse"].users
+    if checked and users is None:
+        result.notes.append(
+            f"the ClickHouse endpoint takes only user {checked[0]} with its password: set CHTXN_CLICKHOUSE_PASSWORD "
+            "(or clickhouse.password) too"
+        )
     if args.json:
         print(
             json.dumps(
@@ -128,7 +164,8 @@ def run_up(args: argparse.Namespace) -> int:
                     "kafka_bootstrap": state.components["kafka"].address,
                     "clickhouse_url": state.components["clickhouse"].address,
                     "keeper": state.components["keeper"].address if "keeper" in state.components else None,
-                    "env": _env(state),
+                    "clickhouse_users": list(checked),
+                    "env": env,
                     "components": {name: _component_json(c) for name, c in state.components.items()},
                 },
                 indent=2,
@@ -147,7 +184,7 @@ def run_up(args: argparse.Namespace) -> int:
                 f"# started the embedded stack in {state.data_dir}"
                 + (f" (kept the running {', '.join(kept)})" if kept else "")
             )
-        print("".join(f"export {key}={value}\n" for key, value in _env(state).items()), end="")
+        print("".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items()), end="")
         for note in result.notes:
             print(f"chtxn: note: {note}", file=sys.stderr)
         return 0
@@ -164,15 +201,20 @@ def run_up(args: argparse.Namespace) -> int:
     console.print(table)
     bootstrap = state.components["kafka"].address
     ch = state.components["clickhouse"]
+    shown = dict(env)  # a password is printed only for eval (--env) and scripts (--json)
+    login = ""
+    if checked:
+        shown["CHTXN_CLICKHOUSE_PASSWORD"] = f"<the password of {checked[0]}>"
+        login = f', username="{checked[0]}", password=...'
     console.print(
         "\nPoint chtxn at it (these override the pipeline config):\n"
-        + "".join(f"  export {key}={value}\n" for key, value in _env(state).items())
+        + "".join(f"  export {key}={value}\n" for key, value in shown.items())
         + "\nUse it from Python:\n"
         "  from confluent_kafka import Producer, Consumer\n"
         f'  producer = Producer({{"bootstrap.servers": "{bootstrap}"}})\n'
         '  producer.produce("demo", b\'{"id": 1}\'); producer.flush()\n'
         "  import clickhouse_connect\n"
-        f'  client = clickhouse_connect.get_client(host="{state.host}", port={ch.port})\n'
+        f'  client = clickhouse_connect.get_client(host="{state.host}", port={ch.port}{login})\n'
         '  client.query("SELECT version()").result_rows\n'
         + (
             "  client.command(\"CREATE TABLE kv (key String, v String) ENGINE = KeeperMap('/kv') PRIMARY KEY key\")\n"
@@ -258,6 +300,7 @@ def _component_json(component: daemon.ComponentState) -> dict[str, object]:
         "address": component.address,
         "port": component.port,
         **({"keeper": component.keeper} if component.keeper else {}),
+        **({"users": list(component.users)} if component.users else {}),
         "pid": component.pid,
         "log": component.log,
         "started_at": component.started_at,

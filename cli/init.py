@@ -4,7 +4,8 @@ Creates, when missing: the control topic (exactly 1 partition), the dead-letter 
 partitions as the largest source topic), the ledger table, the dead-letter table and, with
 ``ledger.commit_point = "keeper"``, the KeeperMap table of claims (replicated and ``ON CLUSTER``
 when ``clickhouse.cluster`` is set). Checks first, without touching them: the broker, the source
-topics, an existing control topic (one partition), the ClickHouse database and the target table;
+topics, an existing control topic (one partition), the ClickHouse database and the target tables,
+each refused exactly as the coordinator and the participants refuse it (``protocol.target_rules``);
 when any check fails it creates nothing. Prints the DDL it ran, for an operator to read or to run
 elsewhere. Running it again changes nothing. Exit code 0 when everything is in place, 1 when
 something needs the operator.
@@ -26,10 +27,12 @@ from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
+from clients.target_table import read_target
 from coordinator.ledger_store import LedgerStore
 from protocol import dead_letters, ledger, ledger_claims, secrets, topic_patterns
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
+from protocol.target_rules import refusals
 
 _UNKNOWN_DATABASE = 81
 
@@ -76,8 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="create the control and dead-letter topics and the ledger table (idempotent)",
         description="Create what the pipeline needs if missing: the control topic (1 partition), the "
         "dead-letter topic and the ledger table; check that the source topics, the ClickHouse "
-        "database and the target table exist. Safe to run again: it reports what it created "
-        "and what it found.",
+        "database and the target table exist, and that the coordinator and the participants would "
+        "accept the target (engine, materialized views, deduplication, metadata columns), as chtxn doctor "
+        "judges it too. Safe to run again: it reports what it created and what it found.",
         epilog="Example: chtxn init --config pipeline.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -225,21 +229,14 @@ def _check_clickhouse(cfg: PipelineConfig, items: list[Item], problems: list[str
     for table in cfg.tables:
         name = f"{ch.database}.{table}"
         try:
-            exists = retrying(3, f"check the target table {table}")(
-                client.command, f"EXISTS TABLE `{ch.database}`.`{table}`"
-            )
+            facts = retrying(3, f"check the target table {table}")(read_target, client, ch.database, table)
         except ClickHouseError as exc:
             problems.append(str(exc))
             return client
-        if int(exists) == 1:
-            items.append(Item(kind="clickhouse table", name=name, status="found", detail="target table"))
-            continue
-        items.append(Item(kind="clickhouse table", name=name, status="missing", detail="target table"))
-        fix = "fix the table of its [[route]]" if cfg.route else "fix clickhouse.target_table"
-        problems.append(
-            f"target table {name} does not exist: create it (CREATE TABLE {name} (...) ENGINE = MergeTree "
-            f"ORDER BY ...) or {fix}; chtxn stages into clones of it"
-        )
+        refused = refusals(cfg, table, facts)  # what the coordinator and the participants refuse
+        status: Literal["found", "missing", "wrong"] = "missing" if facts is None else "wrong" if refused else "found"
+        items.append(Item(kind="clickhouse table", name=name, status=status, detail="target table"))
+        problems.extend(r.message for r in refused)
     return client
 
 

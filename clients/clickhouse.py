@@ -64,6 +64,13 @@ def make_client(section: ClickHouseSection, **settings: Any) -> Client:
         )
     except _CONNECT_ERRORS as exc:
         code = error_code(exc)
+        if code in chcodes.CREDENTIALS:
+            raise ClickHouseError(
+                f"ClickHouse at {secrets.mask_url(section.url)} refused user {section.user!r}: {_describe(exc)}; "
+                f"{chcodes.CREDENTIALS_FIX}",
+                code=code,
+                retryable=False,
+            ) from exc
         raise ClickHouseError(
             f"cannot connect to ClickHouse at {secrets.mask_url(section.url)} (database {section.database!r}, user "
             f"{section.user!r}): {_describe(exc)}; check clickhouse.url, clickhouse.user and "

@@ -22,9 +22,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaT
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
+from clients.target_table import read_target
 from coordinator import keeper_probe
 from coordinator.stage import STAGE_DEDUP_WINDOW
-from coordinator.target_checks import check_target, dependent_views
 from protocol import ledger
 from protocol.config import PipelineConfig
 from protocol.doctor_facts import (
@@ -39,7 +39,7 @@ from protocol.doctor_facts import (
     replicated,
 )
 from protocol.errors import ClickHouseError, SetupError
-from protocol.table_shape import TABLE_ENGINE_SQL, columns_sql
+from protocol.table_shape import TABLE_ENGINE_SQL
 
 #: Seconds one ClickHouse request of the doctor may take. A KeeperMap table created while Keeper is
 #: down fails after about 30 s on ClickHouse 26.9 (its Keeper client's connection tries).
@@ -59,13 +59,14 @@ def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
     try:
         client = make_client(section)
     except ClickHouseError as exc:
-        return ClickHouseFacts(error=str(exc))
+        return ClickHouseFacts(error=str(exc), error_code=exc.code)
     try:
         return _read(cfg, client)
     except Exception as exc:
         if not is_clickhouse_failure(exc):
             raise
-        return ClickHouseFacts(error=str(as_clickhouse_error(exc, "read the server's tables and settings")))
+        error = as_clickhouse_error(exc, "read the server's tables and settings")
+        return ClickHouseFacts(error=str(error), error_code=error.code)
     finally:
         client.close()
 
@@ -82,31 +83,24 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
         for s in SETTINGS_READ
         if s in profile
     }
-    target = _table(rows, db, name, with_columns=True)
+    found = read_target(client, db, name)
+    target = None if found is None else Table(engine=found.engine, engine_full=found.engine_full, columns=found.columns)
     replicas: tuple[Replica, ...] = ()
-    views: tuple[str, ...] = ()
-    refusal = ""
-    if target is not None:
-        views = tuple(dependent_views(client, database=db, target=name))
-        if replicated(target.engine):
-            replicas = tuple(
-                Replica(
-                    is_readonly=bool(r[0]),
-                    is_session_expired=bool(r[1]),
-                    queue_size=int(r[2]),
-                    absolute_delay=int(r[3]),
-                )
-                for r in rows(
-                    "SELECT is_readonly, is_session_expired, queue_size, absolute_delay FROM system.replicas "
-                    "WHERE database = {db:String} AND table = {t:String}",
-                    db=db,
-                    t=name,
-                )
+    if target is not None and replicated(target.engine):
+        replicas = tuple(
+            Replica(
+                is_readonly=bool(r[0]),
+                is_session_expired=bool(r[1]),
+                queue_size=int(r[2]),
+                absolute_delay=int(r[3]),
             )
-    try:
-        check_target(client, database=db, target=name, publish_mode=cfg.transaction.publish_mode)
-    except SetupError as exc:
-        refusal = str(exc)
+            for r in rows(
+                "SELECT is_readonly, is_session_expired, queue_size, absolute_delay FROM system.replicas "
+                "WHERE database = {db:String} AND table = {t:String}",
+                db=db,
+                t=name,
+            )
+        )
     probe = cfg.ledger.commit_point == "keeper" or bool(cfg.clickhouse.cluster)
     probe = probe or (target is not None and replicated(target.engine))
     return ClickHouseFacts(
@@ -121,8 +115,8 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
         macros=dict(rows("SELECT macro, substitution FROM system.macros")),
         target=target,
         replicas=replicas,
-        views=views,
-        target_refusal=refusal,
+        views=found.views if found else (),
+        view_tables=found.view_tables if found else (),
         ledger=_table(rows, db, ledger.TABLE),
         stage_window=STAGE_DEDUP_WINDOW,
         keeper=_keeper_probe(cfg) if probe else None,
@@ -140,12 +134,9 @@ def _keeper_probe(cfg: PipelineConfig) -> KeeperProbe:
         client.close()
 
 
-def _table(rows: Any, db: str, name: str, *, with_columns: bool = False) -> Table | None:
+def _table(rows: Any, db: str, name: str) -> Table | None:
     found = rows(TABLE_ENGINE_SQL, db=db, t=name)
-    if not found:
-        return None
-    columns = tuple(r[0] for r in rows(columns_sql(), db=db, t=name)) if with_columns else ()
-    return Table(engine=found[0][0], engine_full=found[0][1], columns=columns)
+    return Table(engine=found[0][0], engine_full=found[0][1]) if found else None
 
 
 def kafka_facts(cfg: PipelineConfig, timeout_s: float = kafka_clients.DEFAULT_TIMEOUT_S) -> KafkaFacts:

@@ -25,6 +25,7 @@ from typing import Any
 
 from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
+from clients.target_table import check_target
 from coordinator import commit_points
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
@@ -34,7 +35,6 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
 from coordinator.stage import StageTables
 from coordinator.stage_set import StageSet
-from coordinator.target_checks import check_target
 from protocol import secrets
 from protocol.config import PipelineConfig
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
@@ -106,9 +106,7 @@ class CoordinatorService:
         commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
         for target in self.cfg.tables:
-            check_target(
-                stages.client, database=stages.database, target=target, publish_mode=self.cfg.publish_mode_of(target)
-            )
+            check_target(stages.client, self.cfg, target)
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",

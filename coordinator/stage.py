@@ -1,6 +1,6 @@
 """Stage tables: create (commit step 2), count (commit step 5), publish (commit step 7), drop, and
 find orphans. Their shapes are compared by ``protocol.table_shape``; the target itself is checked
-at take-over by ``coordinator.target_checks``.
+at take-over by ``clients.target_table``.
 
 Every call here is idempotent, so a new leader can roll any of them forward after a crash.
 Guarantees:

@@ -21,10 +21,10 @@ from functools import partial
 from typing import Any
 
 from clients import failpoints
+from clients.target_table import check_target
 from coordinator import commit_points, ledger_rows
 from coordinator.ledger_store import LedgerStore
 from coordinator.stage_set import Stages
-from coordinator.target_checks import check_target
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import AbortKind
 from protocol.errors import ChtxnError, SetupError
@@ -59,13 +59,7 @@ def take_over(
     take-over is progress: the lease holds); ``aborted(kind)`` after each orphan recorded ABORTED."""
     failpoints.hit("leader.before-take-over", coordinator)
     for target in cfg.tables:  # Take-over step 1: check the target tables
-        retry(f"check the target table {target}")(
-            check_target,
-            stages.client,
-            database=stages.database,
-            target=target,
-            publish_mode=cfg.publish_mode_of(target),
-        )
+        retry(f"check the target table {target}")(check_target, stages.client, cfg, target)
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
         commit_points.ensure(ledger, coordinator)  # read after the head: a switch in it shows here

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import replace
 from functools import partial
@@ -57,13 +57,12 @@ class HttpServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], engine: Engine, user: str | None, password: str | None):
+    def __init__(self, address: tuple[str, int], engine: Engine, users: Mapping[str, str] | None = None):
         super().__init__(address, _Handler)
         self.engine = engine
         self.sessions = SessionStore(engine.connect)
         self.watcher = DisconnectWatcher(engine.kill)
-        self.user = user
-        self.password = password
+        self.users = dict(users) if users is not None else None  # name -> password; None: anyone
         self.display_name = socket.gethostname()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
@@ -158,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
         native = params.flag("compress")
         framed_errors = False
         try:
-            authenticate(credentials(params, self.headers), self.server.user, self.server.password)
+            authenticate(credentials(params, self.headers), self.server.users)
             framed_errors = native
             body = decode_body(body, self.headers.get("Content-Encoding"))
             files: dict[str, bytes] = {}

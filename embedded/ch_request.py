@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import hmac
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -130,20 +130,21 @@ def credentials(params: RequestParams, headers: Message) -> Credentials | None:
     return None
 
 
-def authenticate(sent: Credentials | None, user: str | None, password: str | None) -> None:
-    """Accept anyone when the endpoint has no password; else only ``user`` (``default`` when
-    unset) with ``password``. Raises AUTHENTICATION_FAILED as ClickHouse does."""
-    if password is None and user is None:
+def authenticate(sent: Credentials | None, users: Mapping[str, str] | None) -> None:
+    """Accept anyone when ``users`` is None (an endpoint started without users); else only a user of
+    ``users`` (name -> password) with its password, a request without credentials being user
+    ``default`` with an empty password. Raises AUTHENTICATION_FAILED with ClickHouse's text."""
+    if users is None:
         return
-    expected_user = user or "default"
     given = sent or Credentials("default", "")
-    if given.user.encode("latin-1") == expected_user.encode() and hmac.compare_digest(
-        given.password.encode("latin-1"), (password or "").encode()
-    ):
+    name = given.user.encode("latin-1").decode("utf-8", errors="replace")
+    expected = users.get(name)
+    # compare_digest either way, so a wrong name takes as long as a wrong password
+    if hmac.compare_digest(given.password.encode("latin-1"), (expected or "").encode()) and expected is not None:
         return
     raise EngineError(
         AUTHENTICATION_FAILED,
-        f"{given.user}: Authentication failed: password is incorrect, or there is no user with such name",
+        f"{name}: Authentication failed: password is incorrect, or there is no user with such name",
     )
 
 

@@ -2,23 +2,32 @@
 
 Guarantees: :meth:`EmbeddedClickHouse.start` returns only once ``/ping`` answers ``Ok.``; data lives
 under ``data_dir`` in ClickHouse's own format and survives a restart on the same directory; an
-attached endpoint (the default) dies with the process that started it (see :mod:`procs`).
+attached endpoint (the default) dies with the process that started it (see :mod:`procs`). Its
+users' passwords reach the child in its environment (``USERS_ENV``), never in its command line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from embedded.service import LoopbackService, NotReady
 
+#: The endpoint's users (a JSON object, name -> password), read by ``embedded.clickhouse_server``.
+USERS_ENV = "CHTXN_EMBEDDED_CLICKHOUSE_USERS"
+
 
 class EmbeddedClickHouse(LoopbackService):
     """ClickHouse's engine (chDB) behind ClickHouse's HTTP interface on ``host:port``; with ``keeper``
-    ("host:port" of a ZooKeeper, read at each start) configured for KeeperMap tables."""
+    ("host:port" of a ZooKeeper, read at each start) configured for KeeperMap tables. Without
+    ``users`` it accepts any user and password; with ``users`` (name -> password, read at each start)
+    it takes only those, as a ClickHouse server checks credentials over HTTP (see
+    ``embedded.clickhouse_server``)."""
 
     name = "clickhouse"
     title = "the embedded ClickHouse endpoint (chDB)"
@@ -33,10 +42,12 @@ class EmbeddedClickHouse(LoopbackService):
         detached: bool = False,
         ready_timeout_s: float = 90.0,
         keeper: str | None = None,
+        users: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(port, host, log_path=log_path, detached=detached, ready_timeout_s=ready_timeout_s)
         self.data_dir = Path(data_dir).resolve()
         self.keeper = keeper
+        self.users: dict[str, str] | None = dict(users) if users is not None else None
 
     @property
     def url(self) -> str:
@@ -66,7 +77,14 @@ class EmbeddedClickHouse(LoopbackService):
         ]
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k != USERS_ENV}
+        if self.users is not None:
+            env[USERS_ENV] = json.dumps(self.users)
+        return {**env, "PYTHONUNBUFFERED": "1"}
+
+    def __repr__(self) -> str:  # never the passwords
+        users = f", users={sorted(self.users)}" if self.users is not None else ""
+        return f"EmbeddedClickHouse({str(self.data_dir)!r}, port={self.port}{users})"
 
     def _cwd(self) -> str:
         """The directory holding the ``embedded`` package, so ``-m`` resolves from any directory."""

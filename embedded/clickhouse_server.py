@@ -4,7 +4,14 @@ Any process reaches it with ``clickhouse_connect.get_client(host=..., port=...)`
 would reach a server: queries and settings in URL parameters or the body, INSERT rows in the body
 in any input format (lz4/zstd/gzip/deflate/br encoded), output in any format, ``X-ClickHouse-*``
 headers, errors as ``Code: N. DB::Exception: ...`` with ``X-ClickHouse-Exception-Code`` and
-ClickHouse's HTTP status, ``/ping``, sessions, optional user and password.
+ClickHouse's HTTP status, ``/ping``, sessions, optional users.
+
+Without users it accepts any user and password, as it always did. With users (name -> password)
+it checks every request's credentials as a ClickHouse server does over HTTP: HTTP basic auth, the
+``X-ClickHouse-User`` / ``X-ClickHouse-Key`` headers or the ``user`` / ``password`` URL
+parameters, none meaning user ``default`` with no password; a wrong one is answered HTTP 403 with
+``Code: 516. DB::Exception: <user>: Authentication failed: password is incorrect, or there is no
+user with such name (AUTHENTICATION_FAILED)``. ``/ping`` never needs credentials.
 
 Guarantees: statements from any number of processes and threads run concurrently, each request
 (or session) on its own engine connection (see ``ch_engine``), and none is lost; a statement can
@@ -12,18 +19,23 @@ be cancelled with ``KILL QUERY`` or by closing its connection; data lives under 
 ClickHouse's own format and survives a restart on the same directory.
 
 Run it as ``python -m embedded.clickhouse_server --data-dir D --port P``: it prints
-``listening on http://HOST:PORT`` once ready and serves until SIGTERM or SIGINT.
+``listening on http://HOST:PORT`` once ready and serves until SIGTERM or SIGINT. Its users come
+from ``--user``/``--password`` or, kept out of the process list, from ``$CHTXN_EMBEDDED_CLICKHOUSE_USERS``
+(a JSON object, name -> password).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
@@ -31,13 +43,15 @@ from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_af
 from embedded.ch_engine import Engine
 from embedded.ch_errors import EngineError
 from embedded.ch_http import HttpServer
+from embedded.clickhouse_process import USERS_ENV
 
 
 class ClickHouseEndpoint:
     """An embedded ClickHouse HTTP endpoint serving ``data_dir`` on ``host:port`` (0 picks a free
-    port). With ``password`` (and optionally ``user``, default ``default``) set, every query must
-    authenticate; ``/ping`` never needs to. With ``keeper`` ("host:port" of a ZooKeeper) the
-    engine uses it for KeeperMap tables (see ``ch_engine``). One endpoint per process."""
+    port). With ``users`` (name -> password), or ``password`` (and optionally ``user``, default
+    ``default``), every query must authenticate as one of them (module docstring); ``/ping`` never
+    needs to. With ``keeper`` ("host:port" of a ZooKeeper) the engine uses it for KeeperMap tables
+    (see ``ch_engine``). One endpoint per process."""
 
     def __init__(
         self,
@@ -47,13 +61,15 @@ class ClickHouseEndpoint:
         user: str | None = None,
         password: str | None = None,
         keeper: str | None = None,
+        users: Mapping[str, str] | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.keeper = keeper
         self.host = host
         self._port = port
-        self._user = user
-        self._password = password
+        self._users: dict[str, str] | None = dict(users) if users is not None else None
+        if user is not None or password is not None:
+            self._users = {**(self._users or {}), user or "default": password or ""}
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -63,7 +79,7 @@ class ClickHouseEndpoint:
             raise RuntimeError("this ClickHouseEndpoint is already started")
         engine = Engine(self.data_dir, self.keeper)
         try:
-            self._server = HttpServer((self.host, self._port), engine, self._user, self._password)
+            self._server = HttpServer((self.host, self._port), engine, self._users)
         except OSError:
             engine.close()
             raise
@@ -139,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--user", default=None, help="user name clients must give (default 'default' when --password is set)"
     )
-    parser.add_argument("--password", default=None, help="password clients must give (default: no authentication)")
+    parser.add_argument(
+        "--password", default=None, help=f"password clients must give (default: ${USERS_ENV}, else no authentication)"
+    )
     parser.add_argument(
         "--keeper", default=None, metavar="HOST:PORT", help="a ZooKeeper for KeeperMap tables (default: none)"
     )
@@ -150,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     try:
+        users = _users_from_env(os.environ)
+    except ValueError as ex:
+        print(f"${USERS_ENV}: {ex}", file=sys.stderr)
+        return 2
+    try:
         endpoint = ClickHouseEndpoint(
-            args.data_dir, args.host, args.port, args.user, args.password, args.keeper
+            args.data_dir, args.host, args.port, args.user, args.password, args.keeper, users=users
         ).start()
     except OSError as ex:
         print(f"cannot listen on {args.host}:{args.port}: {ex}; choose another --port", file=sys.stderr)
@@ -163,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     stopping.wait()
     endpoint.stop()
     return 0
+
+
+def _users_from_env(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The users named in ``$CHTXN_EMBEDDED_CLICKHOUSE_USERS``; None when it is unset or empty."""
+    text = environ.get(USERS_ENV, "")
+    if not text:
+        return None
+    users = json.loads(text)
+    if not isinstance(users, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in users.items()):
+        raise ValueError('expected a JSON object of user names and passwords, e.g. {"ingest": "s3cret"}')
+    return users
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ endpoint and configures the endpoint for it. Guarantees:
   not, as its ClickHouse data may hold KeeperMap tables, which open only with their keeper; ``down
   --purge`` removes it. A keeper that died while the endpoint runs is started again on the port the
   endpoint was configured with.
+- ``up`` with users (``--user``/``--password``) starts an endpoint that takes only them, and refuses
+  (starting nothing) when the endpoint already running does not take them; without users it takes
+  anyone, as before. Passwords reach the endpoint in its environment and are never written down.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from pathlib import Path
 
 import msgspec
 
+from embedded import credentials
 from embedded.broker import EmbeddedBroker
 from embedded.clickhouse_process import EmbeddedClickHouse
 from embedded.keeper import EmbeddedKeeper, port_is_free as keeper_port_is_free
 from embedded.stack import KAFKA_DIR, EmbeddedStack
 from procs import is_running, port_is_free, stop_group
+from protocol.errors import SetupError
 
 #: Names the data directory, overriding the per-user default.
 DIR_ENV = "CHTXN_EMBEDDED_DIR"
@@ -64,6 +69,7 @@ class ComponentState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     log: str
     started_at: str
     keeper: str = ""  # the ClickHouse endpoint: the keeper address it was configured with ("": none)
+    users: tuple[str, ...] = ()  # the ClickHouse endpoint: the users it takes (empty: anyone); never a password
 
 
 class StackState(msgspec.Struct, kw_only=True):
@@ -154,15 +160,22 @@ def up(
     keeper: bool = False,
     keeper_port: int = 2181,
     host: str = "127.0.0.1",
+    clickhouse_users: Mapping[str, str] | None = None,
+    option: str = "",
 ) -> UpResult:
     """Start whatever of the stack is not running, detached; with ``keeper`` (or when ``data_dir``
-    has one) the keeper too. Raises SetupError when a server fails to start (after stopping any
-    server this call started)."""
+    has one) the keeper too; with ``clickhouse_users`` (name -> password) an endpoint started here
+    takes only those, and one already running must take them (else SetupError, saying how: ``option``
+    is what finds this stack on a command line). Raises SetupError when a server fails to start
+    (after stopping any server this call started)."""
     data_dir = Path(data_dir).resolve()
     with _locked(data_dir):
         state = read_state(data_dir) or StackState(host=host, data_dir=str(data_dir))
         recorded_keeper = "keeper" in state.components
         state.components = {k: v for k, v in state.components.items() if _alive(v)}
+        running = state.components.get("clickhouse")
+        if clickhouse_users is not None and running is not None:
+            credentials.check_running(running.address, running.users, clickhouse_users, data_dir, option)
         result = UpResult(state=state)
         if not keeper and (data_dir / KEEPER_DIR).exists():
             keeper = True
@@ -185,6 +198,12 @@ def up(
                 result.notes.append(f"port {wanted[name]} is taken: the {TITLES[name]} uses a free port instead")
                 wanted[name] = 0
         if keeper and clickhouse is not None and not clickhouse.keeper:
+            if clickhouse.users and clickhouse_users is None:  # its passwords are known only to who set them
+                raise SetupError(
+                    f"the ClickHouse endpoint runs without a keeper and takes users {', '.join(clickhouse.users)}: "
+                    "restarting it with the keeper needs their passwords; run `chtxn embedded up --keeper "
+                    f"--user {clickhouse.users[0]} --password ...` (nothing was started or stopped)"
+                )
             # Restarted below with the keeper configured; its data is on disk and stays.
             stop_group(clickhouse.pid, clickhouse.token)
             del state.components["clickhouse"]
@@ -202,6 +221,7 @@ def up(
             keeper=keeper and "keeper" not in state.components,
             keeper_port=wanted["keeper"],
             kafka_on_disk=True,
+            clickhouse_users=clickhouse_users,
         )
         if "keeper" in state.components:
             stack.clickhouse.keeper = state.components["keeper"].address
@@ -218,6 +238,7 @@ def up(
                     log=str(service.log_path),
                     started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     keeper=(stack.clickhouse.keeper or "") if name == "clickhouse" else "",
+                    users=tuple(clickhouse_users or ()) if name == "clickhouse" else (),
                 )
                 result.started.append(name)
         except BaseException:

@@ -19,6 +19,7 @@ Kafka data lives in the broker's memory, gone when the broker stops, unless ``ka
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,7 +41,9 @@ class EmbeddedStack:
 
     Ports 0 pick free ports. Constructing starts nothing; :meth:`start` starts what is not running.
     With ``keeper=True`` the ClickHouse endpoint is started after the keeper and configured for it;
-    without, no keeper is started, as before.
+    without, no keeper is started, as before. With ``clickhouse_users`` (name -> password) the
+    endpoint takes only those users, checking their passwords as a ClickHouse server does; without,
+    any user and password, as before.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class EmbeddedStack:
         keeper: bool = False,
         keeper_port: int = 0,
         kafka_on_disk: bool = False,
+        clickhouse_users: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
@@ -70,6 +74,7 @@ class EmbeddedStack:
             host,
             log_path=self.data_dir / "logs" / "clickhouse.log",
             detached=detached,
+            users=clickhouse_users,
         )
         self.keeper: EmbeddedKeeper | None = None
         if keeper:
@@ -169,12 +174,16 @@ class EmbeddedStack:
         return self.keeper.address
 
     def env(self) -> dict[str, str]:
-        """The ``CHTXN_*`` variables that point a pipeline config at this stack (with a keeper, also
-        ``CHTXN_EMBEDDED_KEEPER``: its address, for tools that talk to it)."""
+        """The ``CHTXN_*`` variables that point a pipeline config at this stack (with users, the first
+        one's ``CHTXN_CLICKHOUSE_USER`` and ``_PASSWORD``; with a keeper, also ``CHTXN_EMBEDDED_KEEPER``:
+        its address, for tools that talk to it)."""
         env = {
             "CHTXN_KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
             "CHTXN_CLICKHOUSE_URL": self.clickhouse_url,
         }
+        if self.clickhouse.users:
+            user, password = next(iter(self.clickhouse.users.items()))
+            env.update(CHTXN_CLICKHOUSE_USER=user, CHTXN_CLICKHOUSE_PASSWORD=password)
         if self.keeper is not None:
             env["CHTXN_EMBEDDED_KEEPER"] = self.keeper_address
         return env

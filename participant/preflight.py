@@ -75,7 +75,7 @@ def check_clickhouse(cfg: PipelineConfig) -> bool:
     try:
         stager = Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1)
         for table in cfg.tables:
-            check_target(stager, table)
+            check_target(stager, cfg, table)
     finally:
         client.close()
     return True

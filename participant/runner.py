@@ -189,7 +189,7 @@ class _Loop:
         """Check what the task needs, then listen to the control topic from its end."""
         cfg = self.cfg
         for table in cfg.tables:
-            check_target(self.stager, table)
+            check_target(self.stager, cfg, table)
         check_control_topic(self.control.consumer, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
         _, high = self.control.consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
         self.control.assign(high)

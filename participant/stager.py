@@ -63,6 +63,7 @@ from typing import Any, TypedDict
 
 import tenacity
 
+from clients import target_table
 from clients.clickhouse import error_code, is_retryable, retrying
 from participant.bad_records import Letter, Remembered, has_joins, json_problem, precheck, split_joined
 from participant.bisection import isolate_refused
@@ -72,9 +73,9 @@ from participant.schema_evolution import SchemaEvolution
 from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike, check_format
-from protocol.config import ClickHouseSection, SchemaSection
-from protocol.errors import ChtxnError, ClickHouseError, SetupError
+from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike
+from protocol.config import ClickHouseSection, PipelineConfig, SchemaSection
+from protocol.errors import ChtxnError, ClickHouseError
 from protocol.participant_events import ChunkStaged
 
 log = logging.getLogger(__name__)
@@ -307,22 +308,12 @@ class Stager:
         return policy.copy(before_sleep=before_sleep)
 
 
-def check_target(stager: Stager, table: str) -> tuple[str, ...]:
-    """The metadata columns of the target ``table``; ``SetupError`` when no task could work with it.
-
-    Refused: a missing table, and metadata columns with an input format chtxn cannot fill.
-    """
-    try:
-        columns = stager.metadata_columns(table)
-    except ClickHouseError as exc:
-        if exc.code != UNKNOWN_TABLE:
-            raise
-        raise SetupError(
-            f"target table {stager.section.database}.{table} does not exist: create it (with optional _topic, "
-            "_partition, _offset columns for exactly-once checks) or fix clickhouse.target_table"
-        ) from None
-    check_format(stager.section.input_format, columns)
-    return columns
+def check_target(stager: Stager, cfg: PipelineConfig, table: str) -> None:
+    """``SetupError`` when no task could work with the target ``table``: the check the coordinator,
+    ``chtxn init`` and ``chtxn doctor`` make too (``clients.target_table``), its ClickHouse
+    calls retried as the stager's are."""
+    what = f"check the target table {stager.section.database}.{table}"
+    stager._retrying(what)(target_table.check_target, stager.client, cfg, table)
 
 
 def _retryable_but_memory(exc: BaseException) -> bool:

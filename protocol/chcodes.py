@@ -33,6 +33,19 @@ UNKNOWN_TABLE = 60
 SYNTAX_ERROR = 62
 #: MOVE PARTITION between tables of different columns ("Tables have different structure").
 INCOMPATIBLE_COLUMNS = 122
+#: The server refused the user or the password (``PERMANENT``): the operator fixes the credentials.
+CREDENTIALS: dict[int, str] = {
+    192: "UNKNOWN_USER",
+    193: "WRONG_PASSWORD",
+    194: "REQUIRED_PASSWORD",
+    516: "AUTHENTICATION_FAILED",
+}
+#: What to do about a ``CREDENTIALS`` code.
+CREDENTIALS_FIX = (
+    "set clickhouse.user and clickhouse.password (or CHTXN_CLICKHOUSE_PASSWORD) to a user of that server "
+    "and its password (an embedded endpoint started with `chtxn embedded up --user U --password P` takes "
+    "only U with P; one started without them takes any)"
+)
 
 
 class ErrorClass(enum.Enum):
@@ -141,4 +154,4 @@ def is_memory(code: int | None) -> bool:
 
 def name_of(code: int) -> str:
     """The symbolic name of ``code`` when this table knows it, else ``"code <n>"``."""
-    return RETRYABLE.get(code) or DATA.get(code) or f"code {code}"
+    return RETRYABLE.get(code) or DATA.get(code) or CREDENTIALS.get(code) or f"code {code}"

@@ -277,10 +277,18 @@ class BodyBuilder:
 
 def check_format(input_format: str, columns: Collection[str]) -> None:
     """Refuse metadata columns with an input format the participant cannot splice into."""
+    if problem := format_problem(input_format, columns):
+        raise SetupError(problem)
+
+
+def format_problem(input_format: str, columns: Collection[str], table: str = "the target table") -> str:
+    """Why the participant cannot fill the metadata columns among ``columns`` of ``table`` from
+    records of ``input_format`` (and what to do); "" when it can."""
     present = [c for c in METADATA_COLUMNS if c in columns]
-    if present and input_format not in JSON_OBJECT_FORMATS:
-        raise SetupError(
-            f"the target table has metadata columns {present} but clickhouse.input_format is "
-            f"{input_format!r}: chtxn fills them only for JSONEachRow records; use JSONEachRow "
-            "or drop/rename those columns"
-        )
+    if not present or input_format in JSON_OBJECT_FORMATS:
+        return ""
+    return (
+        f"{table} has metadata columns {', '.join(present)} but clickhouse.input_format is "
+        f"{input_format!r}: chtxn fills them only for JSONEachRow records; set clickhouse.input_format = "
+        '"JSONEachRow" or drop or rename those columns'
+    )

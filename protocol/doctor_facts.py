@@ -13,6 +13,8 @@ from typing import Literal
 
 import msgspec
 
+from protocol.target_rules import ViewTable
+
 #: ``ok``: exactly-once holds here as far as this check goes; ``warn``: it holds, but something is
 #: worth changing; ``fail``: it does not hold, or chtxn cannot run.
 Verdict = Literal["ok", "warn", "fail"]
@@ -75,6 +77,7 @@ class KeeperProbe(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClickHouseFacts(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""  # the server did not answer: every other field is empty
+    error_code: int = 0  # ClickHouse's code of that error, 0 when it gave none
     version: str = ""
     settings: dict[str, Setting] = {}  # the names in SETTINGS_READ the server knows
     merge_tree: dict[str, str] = {}  # the defaults of MERGE_TREE_READ (system.merge_tree_settings)
@@ -82,7 +85,7 @@ class ClickHouseFacts(msgspec.Struct, frozen=True, kw_only=True):
     target: Table | None = None  # None: the target does not exist
     replicas: tuple[Replica, ...] = ()
     views: tuple[str, ...] = ()  # materialized views reading from the target ("db.view")
-    target_refusal: str = ""  # why the coordinator refuses the target at start ("" when it accepts it)
+    view_tables: tuple[ViewTable, ...] = ()  # the tables those views write to (when the server says)
     ledger: Table | None = None  # None: not created yet
     stage_window: int = 0  # the non_replicated_deduplication_window chtxn sets on each stage table
     keeper: KeeperProbe | None = None  # None: not probed

@@ -10,7 +10,7 @@ are checked by name as well.
 
 from __future__ import annotations
 
-from protocol import ledger_claims, naming, topic_patterns
+from protocol import chcodes, ledger_claims, naming, topic_patterns
 from protocol.config import PipelineConfig
 from protocol.doctor_facts import Check, ClickHouseFacts, KafkaFacts, KeeperProbe, merge_tree, version_tuple
 from protocol.doctor_tables import (
@@ -42,7 +42,10 @@ def failed(checks: list[Check]) -> list[Check]:
 
 def clickhouse_checks(cfg: PipelineConfig, ch: ClickHouseFacts) -> list[Check]:
     if ch.error:
-        return [Check(name="clickhouse", status="fail", found=ch.error, fix="start the server or fix [clickhouse]")]
+        fix = (
+            chcodes.CREDENTIALS_FIX if ch.error_code in chcodes.CREDENTIALS else "start the server or fix [clickhouse]"
+        )
+        return [Check(name="clickhouse", status="fail", found=ch.error, fix=fix)]
     checks = [version_check(cfg, ch), target_check(cfg, ch)]
     target = ch.target
     usable = target is not None and merge_tree(target.engine)

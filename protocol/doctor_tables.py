@@ -1,6 +1,8 @@
 """``chtxn doctor``'s verdicts on tables: the target (engine family, replication, macros, views, the
 metadata columns) and the deduplication windows of the ledger, the stage tables and the target. Pure;
-``protocol.doctor_rules`` puts them in the report's order.
+``protocol.doctor_rules`` puts them in the report's order. What the coordinator, the participant and
+``chtxn init`` refuse of the target (``protocol.target_rules``) fails the row it concerns, with the
+message they print as its fix.
 
 A replicated table's deduplication window is a number of blocks and a number of seconds
 (``replicated_deduplication_window``, ``..._seconds``; ClickHouse Cloud's SharedMergeTree keeps the
@@ -19,10 +21,10 @@ from protocol.doctor_facts import (
     Table,
     engine_args,
     macros_used,
-    merge_tree,
     replicated,
     setting_in,
 )
+from protocol.target_rules import CheckName, Refusal, TargetFacts, refusals
 
 #: What chtxn sets on a replicated stage table (``coordinator.stage.STAGE_DEDUP_WINDOW_S``).
 STAGE_WINDOW_S = 7 * 86400
@@ -40,30 +42,36 @@ def target_name(cfg: PipelineConfig) -> str:
     return f"{cfg.clickhouse.database}.{cfg.clickhouse.target_table}"
 
 
+def refusal(cfg: PipelineConfig, ch: ClickHouseFacts, check: CheckName) -> Refusal | None:
+    """The target's refusal (``protocol.target_rules``) that fails the doctor's row ``check``, if any."""
+    t = ch.target
+    facts = None
+    if t is not None:
+        facts = TargetFacts(
+            engine=t.engine, engine_full=t.engine_full, columns=t.columns, views=ch.views, view_tables=ch.view_tables
+        )
+    return next((r for r in refusals(cfg, cfg.clickhouse.target_table, facts) if r.check == check), None)
+
+
 def target_check(cfg: PipelineConfig, ch: ClickHouseFacts) -> Check:
     name, target = target_name(cfg), ch.target
+    refused = refusal(cfg, ch, "target table")
     if target is None:
-        return Check(name="target table", status="fail", found=f"{name} does not exist", fix=ch.target_refusal)
+        return Check(
+            name="target table", status="fail", found=f"{name} does not exist", fix=refused.message if refused else ""
+        )
     found = f"{name}: {target.engine}"
-    if target.engine == "Distributed":
-        args = engine_args(target.engine_full, target.engine)
-        database = args[1] if len(args) > 1 and args[1] not in ("", "currentDatabase()") else cfg.clickhouse.database
-        local = f"{database}.{args[2]}" if len(args) > 2 else "its local table"
-        return Check(
-            name="target table",
-            status="fail",
-            found=f"{found} over {local} (cluster {args[0] if args else '?'})",
-            fix=f"set clickhouse.target_table to the local table {local}: chtxn publishes by moving partitions "
-            "into a MergeTree table, and a Distributed table holds none (sharded targets: see docs/clusters.md)",
-        )
-    if not merge_tree(target.engine):
-        return Check(
-            name="target table",
-            status="fail",
-            found=f"{found}, not of the MergeTree family: chtxn stages into clones of the target and moves "
-            "their partitions in",
-            fix=f"recreate {name} with a MergeTree-family engine (e.g. ENGINE = MergeTree ORDER BY ...)",
-        )
+    if refused is not None:
+        if target.engine == "Distributed":
+            args = engine_args(target.engine_full, target.engine)
+            database = (
+                args[1] if len(args) > 1 and args[1] not in ("", "currentDatabase()") else cfg.clickhouse.database
+            )
+            local = f"{database}.{args[2]}" if len(args) > 2 else "its local table"
+            found += f" over {local} (cluster {args[0] if args else '?'})"
+        else:
+            found += ", not of the MergeTree family"
+        return Check(name="target table", status="fail", found=found, fix=refused.message)
     if target.engine.startswith("Shared"):
         return Check(name="target table", status="ok", found=f"{found} (ClickHouse Cloud, replicated)")
     return Check(name="target table", status="ok", found=found + (" (replicated)" if replicated(target.engine) else ""))
@@ -183,13 +191,11 @@ def publish_check(cfg: PipelineConfig, ch: ClickHouseFacts) -> Check:
 
 def target_window_check(cfg: PipelineConfig, ch: ClickHouseFacts) -> Check:
     assert ch.target is not None
-    blocks, text = window(ch.target, ch.merge_tree)
+    _, text = window(ch.target, ch.merge_tree)
     if cfg.transaction.publish_mode == "move":
         return Check(name="dedup: target", status="ok", found=f"{text}; not needed with publish_mode = move")
-    if blocks == 0:
-        return Check(
-            name="dedup: target", status="fail", found=f"{text}; insert-select needs one", fix=ch.target_refusal
-        )
+    if refused := refusal(cfg, ch, "dedup: target"):
+        return Check(name="dedup: target", status="fail", found=f"{text}; insert-select needs one", fix=refused.message)
     return Check(name="dedup: target", status="ok", found=f"{text}; a repeated insert-select publish is stored once")
 
 
@@ -198,15 +204,17 @@ def views_check(cfg: PipelineConfig, ch: ClickHouseFacts) -> Check:
     if not ch.views:
         return Check(name="materialized views", status="ok", found="none on the target")
     found = f"{len(ch.views)} on the target ({', '.join(ch.views)}), publish_mode = {mode}"
-    assert ch.target is not None
-    dedup = window(ch.target, ch.merge_tree)[0] > 0
-    if ch.target_refusal and (mode == "move" or dedup):  # the coordinator refuses the views, not the target
-        return Check(name="materialized views", status="fail", found=found, fix=ch.target_refusal)
+    if refused := refusal(cfg, ch, "materialized views"):
+        return Check(name="materialized views", status="fail", found=found, fix=refused.message)
     return Check(name="materialized views", status="ok", found=found + ": insert-select fires them, once")
 
 
 def metadata_check(cfg: PipelineConfig, ch: ClickHouseFacts) -> Check:
     assert ch.target is not None
+    if refused := refusal(cfg, ch, "metadata columns"):
+        present = [c for c in METADATA_COLUMNS if c in ch.target.columns]
+        found = f"{', '.join(present)} with clickhouse.input_format = {cfg.clickhouse.input_format}"
+        return Check(name="metadata columns", status="fail", found=found, fix=refused.message)
     missing = [c for c in METADATA_COLUMNS if c not in ch.target.columns]
     if not missing:
         return Check(name="metadata columns", status="ok", found=f"{', '.join(METADATA_COLUMNS)}: verify --deep works")

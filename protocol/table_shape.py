@@ -1,6 +1,6 @@
 """The shape of a ClickHouse table (engine, keys, columns) as chtxn compares a stage table with
 its target, and the SQL text with which stage tables and their target are read and aligned. Pure:
-no I/O; ``coordinator.stage`` and ``coordinator.target_checks`` run the queries.
+no I/O; ``coordinator.stage`` and ``clients.target_table`` run the queries.
 
 A stage table keeps every staged row: for a target whose engine merges rows away
 (``merges_rows``) it is the plain ``MergeTree`` of the target's family with the target's columns,

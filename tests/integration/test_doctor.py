@@ -122,7 +122,9 @@ def test_a_target_outside_the_merge_tree_family(stack, tmp_path: Path, engine: s
     assert (code, failing(checks)) == (1, ["target table"])
     assert checks["target table"]["found"].startswith(f"{name}.events: {engine}, not of the MergeTree family")
     assert checks["target table"]["fix"] == (
-        f"recreate {name}.events with a MergeTree-family engine (e.g. ENGINE = MergeTree ORDER BY ...)"
+        f"target table {name}.events has engine {engine}, not of the MergeTree family, which chtxn needs: it "
+        "stages into clones of the target and moves their partitions in; recreate it with a MergeTree-family "
+        "engine (e.g. ENGINE = MergeTree ORDER BY ...)"
     )
 
 
@@ -137,7 +139,11 @@ def test_a_distributed_target(stack, tmp_path: Path) -> None:
     code, checks, _ = doctor(pipeline)
     assert (code, failing(checks)) == (1, ["target table"])
     assert checks["target table"]["found"] == f"{db}.events: Distributed over {db}.events_local (cluster shards)"
-    assert checks["target table"]["fix"].startswith(f"set clickhouse.target_table to the local table {db}.events_local")
+    assert checks["target table"]["fix"].startswith(
+        f"target table {db}.events is a Distributed table over {db}.events_local on cluster shards; chtxn publishes "
+        "by moving partitions between tables of one server, which a Distributed table has not: set "
+        'clickhouse.target_table = "events_local" to load the local table'
+    )
 
 
 def test_move_into_a_target_with_a_materialized_view(stack, tmp_path: Path) -> None:

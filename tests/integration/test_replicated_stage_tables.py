@@ -18,11 +18,12 @@ from collections.abc import Iterator
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from clients.target_table import check_target
 from coordinator.stage import StageTables
-from coordinator.target_checks import check_target
 from embedded.ch_engine import MACROS
 from protocol import naming
 from protocol.chcodes import UNKNOWN_TABLE
+from protocol.config import parse_config
 from protocol.errors import SetupError
 from protocol.replicated_ddl import STAGE_PATH_ROOT
 from protocol.table_shape import SHAPES_SQL, difference, shapes_of
@@ -205,7 +206,11 @@ def test_a_distributed_target_is_refused_naming_the_local_table(client) -> None:
         )
 
         with pytest.raises(SetupError) as refused:
-            check_target(client, database=db, target="events", publish_mode="move")
+            cfg = parse_config(
+                f'[pipeline]\nname = "p"\ntopics = ["t"]\n[kafka]\nbootstrap_servers = "x:1"\n'
+                f'[clickhouse]\nurl = "http://x:1"\ndatabase = "{db}"\ntarget_table = "events"\n'
+            )
+            check_target(client, cfg, "events")
 
         assert str(refused.value) == (
             f"target table {db}.events is a Distributed table over {db}.events_local on cluster main; chtxn "

@@ -20,6 +20,7 @@ from protocol.doctor_facts import (
     version_tuple,
 )
 from protocol.doctor_rules import evaluate, failed
+from protocol.target_rules import ViewTable
 
 #: Every setting the rules look at, as a 26.x server's profile shows it.
 SETTINGS = {
@@ -128,29 +129,47 @@ def test_a_server_without_a_setting_chtxn_sends_fails_naming_it() -> None:
 
 
 def test_a_missing_target_fails_with_the_coordinators_advice_and_skips_the_checks_of_its_columns() -> None:
-    refusal = "target table db.events does not exist: create it (...), then restart"
-    found = checks(ch=facts(target=None, target_refusal=refusal))
-    assert (found["target table"].status, found["target table"].fix) == ("fail", refusal)
+    found = checks(ch=facts(target=None))
+    assert (found["target table"].status, found["target table"].fix) == (
+        "fail",
+        "target table db.events does not exist: create it (CREATE TABLE db.events (...) ENGINE = MergeTree ORDER "
+        "BY ...; optional columns _topic LowCardinality(String), _partition Int32, _offset Int64 let chtxn verify "
+        "--deep check every offset) or fix clickhouse.target_table",
+    )
     assert not {"replication", "macros", "dedup: target", "materialized views", "metadata columns"} & set(found)
 
 
 def test_a_target_outside_the_merge_tree_family_fails() -> None:
     check = checks(ch=facts(target=Table(engine="Memory", engine_full="Memory")))["target table"]
     assert check.status == "fail"
-    assert check.fix == "recreate db.events with a MergeTree-family engine (e.g. ENGINE = MergeTree ORDER BY ...)"
+    assert check.found == "db.events: Memory, not of the MergeTree family"
+    assert check.fix == (
+        "target table db.events has engine Memory, not of the MergeTree family, which chtxn needs: it stages "
+        "into clones of the target and moves their partitions in; recreate it with a MergeTree-family engine "
+        "(e.g. ENGINE = MergeTree ORDER BY ...)"
+    )
 
 
 @pytest.mark.parametrize(
-    ("engine_full", "local"),
+    ("engine_full", "local", "setting"),
     [
-        ("Distributed('c', 'shard_db', 'events_local', rand())", "shard_db.events_local"),
-        ("Distributed(c, currentDatabase(), events_local)", "db.events_local"),
+        (
+            "Distributed('c', 'shard_db', 'events_local', rand())",
+            "shard_db.events_local",
+            'set clickhouse.target_table = "events_local" and clickhouse.database = "shard_db" to load',
+        ),
+        (
+            "Distributed(c, currentDatabase(), events_local)",
+            "db.events_local",
+            'set clickhouse.target_table = "events_local" to load',
+        ),
     ],
 )
-def test_a_distributed_target_is_refused_naming_its_local_table(engine_full: str, local: str) -> None:
+def test_a_distributed_target_is_refused_naming_its_local_table(engine_full: str, local: str, setting: str) -> None:
     check = checks(ch=facts(target=Table(engine="Distributed", engine_full=engine_full)))["target table"]
     assert check.status == "fail" and f"over {local} (cluster c)" in check.found
-    assert check.fix.startswith(f"set clickhouse.target_table to the local table {local}")
+    assert check.fix.startswith(f"target table db.events is a Distributed table over {local} on cluster c; ")
+    assert setting in check.fix
 
 
 def test_a_replicated_target_with_the_token_commit_point_fails_naming_the_keeper_commit_point() -> None:
@@ -228,10 +247,13 @@ def test_the_ledger_window_is_read_from_its_table_or_promised_by_init() -> None:
 
 
 def test_insert_select_into_a_target_without_a_window_fails_with_the_coordinators_advice() -> None:
-    refusal = "publish_mode insert-select needs deduplication on db.events ...: ALTER TABLE db.events MODIFY SETTING"
     cfg = config(transaction={"publish_mode": "insert-select"})
-    check = checks(cfg, facts(target_refusal=refusal))["dedup: target"]
-    assert (check.status, check.fix) == ("fail", refusal)
+    check = checks(cfg, facts())["dedup: target"]
+    assert (check.status, check.fix) == (
+        "fail",
+        "publish_mode insert-select needs deduplication on db.events so that a repeated publish stores rows once: "
+        "ALTER TABLE db.events MODIFY SETTING non_replicated_deduplication_window = 1000",
+    )
     windowed = Table(
         engine="MergeTree", engine_full="MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 1000"
     )
@@ -239,17 +261,35 @@ def test_insert_select_into_a_target_without_a_window_fails_with_the_coordinator
 
 
 def test_views_fail_with_move_and_pass_with_insert_select_into_a_deduplicating_target() -> None:
-    refusal = 'target table db.events has dependent materialized views (db.v) ...: set transaction.publish_mode = "insert-select"'
-    moved = checks(ch=facts(views=("db.v",), target_refusal=refusal))["materialized views"]
-    assert (moved.status, moved.fix) == ("fail", refusal)
+    moved = checks(ch=facts(views=("db.v",)))["materialized views"]
+    assert (moved.status, moved.fix) == (
+        "fail",
+        "target table db.events has dependent materialized views (db.v), which do not fire on ALTER TABLE ... "
+        'MOVE PARTITION: set transaction.publish_mode = "insert-select"',
+    )
     windowed = Table(
         engine="MergeTree", engine_full="MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 9"
     )
     cfg = config(transaction={"publish_mode": "insert-select"})
     assert checks(cfg, facts(target=windowed, views=("db.v",)))["materialized views"].status == "ok"
-    view_table = "materialized view db.v on db.events writes to db.agg, which does not deduplicate ..."
-    unsafe = checks(cfg, facts(target=windowed, views=("db.v",), target_refusal=view_table))["materialized views"]
-    assert (unsafe.status, unsafe.fix) == ("fail", view_table)
+    agg = ViewTable(view="db.v", table="db.agg", engine="MergeTree", engine_full="MergeTree ORDER BY id")
+    unsafe = checks(cfg, facts(target=windowed, views=("db.v",), view_tables=(agg,)))["materialized views"]
+    assert (unsafe.status, unsafe.fix) == (
+        "fail",
+        "materialized view db.v on db.events writes to db.agg, which does not deduplicate, so a repeated publish "
+        "would count its rows twice there: ALTER TABLE db.agg MODIFY SETTING non_replicated_deduplication_window "
+        "= 1000",
+    )
+
+
+def test_metadata_columns_the_participants_cannot_fill_fail_with_their_advice() -> None:
+    check = checks(config(clickhouse={"input_format": "CSV"}))["metadata columns"]
+    assert (check.status, check.found) == ("fail", "_topic, _partition, _offset with clickhouse.input_format = CSV")
+    assert check.fix == (
+        "target table db.events has metadata columns _topic, _partition, _offset but clickhouse.input_format is "
+        "'CSV': chtxn fills them only for JSONEachRow records; set clickhouse.input_format = \"JSONEachRow\" or drop "
+        "or rename those columns"
+    )
 
 
 @pytest.mark.parametrize(

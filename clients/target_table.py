@@ -1,0 +1,70 @@
+"""The one target check of ``chtxn init``, ``chtxn doctor``, the coordinator and the participant:
+reads what ``protocol.target_rules`` judges of a target table from the server, and refuses what it
+refuses (``check_target``), with the same message wherever it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.config import PipelineConfig
+from protocol.errors import SetupError
+from protocol.table_shape import columns_sql
+from protocol.target_rules import Refusal, TargetFacts, ViewTable, refusals
+
+#: ``engine``, ``engine_full`` and the tables that depend on table ``{t}`` of database ``{db}``.
+_TARGET_SQL = (
+    "SELECT engine, engine_full, dependencies_database, dependencies_table FROM system.tables "
+    "WHERE database = {db:String} AND name = {t:String}"
+)
+
+
+def check_target(client: Any, cfg: PipelineConfig, table: str) -> None:
+    """Raise ``SetupError`` with the first refusal of ``table`` (``protocol.target_rules``); return
+    when chtxn can load it. ``client`` is a clickhouse-connect client; ClickHouse errors pass
+    through unchanged (the caller retries them)."""
+    found = target_refusals(client, cfg, table)
+    if found:
+        raise SetupError(found[0].message)
+
+
+def target_refusals(client: Any, cfg: PipelineConfig, table: str) -> list[Refusal]:
+    """Every refusal of ``table`` of ``cfg``, [] when chtxn can load it."""
+    return refusals(cfg, table, read_target(client, cfg.clickhouse.database, table))
+
+
+def read_target(client: Any, database: str, table: str) -> TargetFacts | None:
+    """What the server says of ``database.table``; None when it does not exist."""
+    rows = client.query(_TARGET_SQL, parameters={"db": database, "t": table}).result_rows
+    if not rows:
+        return None
+    engine, engine_full, dbs, names = rows[0]
+    views = tuple(sorted(f"{db}.{name}" for db, name in zip(dbs, names)))
+    columns = client.query(columns_sql(), parameters={"db": database, "t": table}).result_rows
+    return TargetFacts(
+        engine=engine,
+        engine_full=engine_full,
+        columns=tuple(r[0] for r in columns),
+        views=views,
+        view_tables=_view_tables(client, views),
+    )
+
+
+def _view_tables(client: Any, views: tuple[str, ...]) -> tuple[ViewTable, ...]:
+    """The table each view writes to. Newer ClickHouse servers (26.x at least) pass a block
+    deduplicated in the target on to the views, where only the view's own table can drop it again.
+    Servers whose ``system.tables`` has no ``target_table`` column are not asked (none found)."""
+    if not views or not int(
+        client.command(
+            "SELECT count() FROM system.columns WHERE database = 'system' AND table = 'tables' AND name = 'target_table'"
+        )
+    ):
+        return ()
+    rows = client.query(
+        "SELECT concat(v.database, '.', v.name), concat(t.database, '.', t.name), t.engine, t.engine_full "
+        "FROM system.tables AS v INNER JOIN system.tables AS t "
+        "ON t.database = v.target_database AND t.name = v.target_table "
+        "WHERE concat(v.database, '.', v.name) IN {views:Array(String)}",
+        parameters={"views": list(views)},
+    ).result_rows
+    return tuple(ViewTable(view=v, table=t, engine=e, engine_full=f) for v, t, e, f in sorted(rows))
