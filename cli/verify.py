@@ -11,12 +11,12 @@ from rich.markup import escape
 
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
-from cli.txn import open_ledger
+from cli.txn import _missing_ledger, open_ledger
 from clients.clickhouse import make_client, retrying
 from coordinator.verify import DeepReport, merged, verify_pipeline
 from protocol import deep_check
 from protocol.config import load_config
-from protocol.errors import SetupError
+from protocol.errors import ClickHouseError, SetupError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,15 +47,18 @@ def run(args: argparse.Namespace) -> int:
     ledger = open_ledger(cfg)
     report = None
     reports: dict[str, DeepReport] = {}
-    if args.deep:
-        client = make_client(cfg.clickhouse)
-        for target in cfg.tables:
-            _check_metadata_columns(client, cfg.clickhouse.database, target)
-        reports = verify_pipeline(client, cfg, ledger)  # the chain's audit included
-        report = merged(reports)
-        anomalies = list(report.anomalies)
-    else:
-        anomalies = ledger.audit()
+    client = make_client(cfg.clickhouse)
+    for target in cfg.tables if args.deep else ():
+        _check_metadata_columns(client, cfg.clickhouse.database, target)
+    try:
+        if args.deep:
+            reports = verify_pipeline(client, cfg, ledger)  # the chain's audit included
+            report = merged(reports)
+            anomalies = list(report.anomalies)
+        else:
+            anomalies = ledger.audit()
+    except ClickHouseError as exc:
+        raise _missing_ledger(exc, cfg, args.config) from None
     ok = not anomalies
     outcome = report.outcome if report is not None else deep_check.outcome(not ok, False)
     if args.format == "json":
