@@ -14,7 +14,7 @@ from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import Pipeline, make_pipeline
-from tests.routed import make_routed_pipeline, produce_to, table_count
+from tests.routed import assert_exactly_once_per_table, make_routed_pipeline, produce_to, table_count
 
 chtxn = partial(run_chtxn, timeout_s=None)
 
@@ -182,6 +182,7 @@ def test_the_ledger_records_the_table_each_committed_range_went_to(stack, tmp_pa
     produced = {f"t{i}": produce_to(pipeline, f"{name}_t{i}", 100 + 50 * i) for i in range(2)}
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline):
         wait_until(lambda: all(table_count(pipeline, t) == n for t, n in produced.items()), 60, "rows published")
+    assert_exactly_once_per_table(pipeline, produced)
     commits = [c for c in pipeline.ledger().commits() if c.ranges]
     assert commits
     assert all(r.table == f"t{r.topic.rsplit('_t', 1)[1]}" for c in commits for r in c.ranges), commits
