@@ -10,7 +10,7 @@ left cannot judge is reported as expired, never as a pass or a failure.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -39,11 +39,14 @@ __all__ = [
 
 
 class _Sources(msgspec.Struct, frozen=True, kw_only=True):
-    """The SQL of the committed ranges and the dead letters, with their parameters."""
+    """The SQL of the committed ranges, the dead letters and each partition's first offset checked
+    (``floors``), with their parameters; ``floor_of`` holds the floors for people ('topic/partition')."""
 
     ranges: str
     letters: str
+    floors: str
     parameters: dict[str, Any]
+    floor_of: dict[str, int] = {}
 
 
 def own_topics(cfg: Any, commits: list[LedgerRow]) -> set[str]:
@@ -67,13 +70,18 @@ def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]
         "after": start.commit_seq if start else 0,
         "through": ALL_SLOTS["through"],
         **range_tables.route_parameters(today),
-        **_floors({r.tp: r.end for r in start.ranges} if start else {}),
     }
     if int(client.command(f"EXISTS TABLE {letters_table.qualified(database)}")):
         letters = deep_check.ledger_letters_sql(database, ranges)
     else:
-        letters, parameters = deep_check.given_letters_sql(), {**parameters, **_given_letters({})}
-    sources = _Sources(ranges=ranges, letters=letters, parameters=parameters)
+        letters = deep_check.given_letters_sql([])
+    sources = _Sources(
+        ranges=ranges,
+        letters=letters,
+        floors=deep_check.ledger_floors_sql(database),
+        parameters=parameters,
+        floor_of={f"{r.topic}/{r.partition}": r.end for r in (start.ranges if start else ())},
+    )
     sent = {t: (int(n), int(rows)) for t, n, rows in _rows(client, deep_check.range_tables_sql(ranges), parameters)}
     found = {txn: int(n) for txn, n in _rows(client, deep_check.letters_per_txn_sql(letters), parameters)}
     gone = {c.txn: c.dead_letters - found.get(c.txn, 0) for c in commits if not is_reset(c)}
@@ -85,7 +93,7 @@ def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]
         reports[table] = (
             _failed_table(table, missing, sent.get(table, (0, 0)))
             if missing
-            else check_table(client, database, table, sources, chain if i == 0 else [], topics=topics, unsure_txns=gone)
+            else check_table(client, database, table, sources, chain if i == 0 else [], topics=topics)
         )
     return _with_letter_bound(_with_notes(reports, expired), sum(gone.values()))
 
@@ -98,28 +106,29 @@ def check_table(
     chain_anomalies: Sequence[str],
     *,
     topics: Collection[str] | None,
-    unsure_txns: Mapping[str, int],
 ) -> DeepReport:
     """Count every offset of ``table`` against the committed ranges of ``sources`` (``protocol.deep_check``).
-    ``topics``: whose rows are checked (None: every row); ``unsure_txns``: txns whose dead letters
-    are no longer all recorded."""
+    ``topics``: whose rows are checked (None: every row)."""
     target = f"`{database}`.`{table}`"
     parameters = {
         **sources.parameters,
         "table": table,
         "topics": sorted(topics or ()),
         "all_topics": int(topics is None),
-        "unsure_txns": sorted(unsure_txns),
         "limit": deep_check.OFFENDERS_SHOWN,
     }
     checks = [
         partition_check(row)
-        for row in _rows(client, deep_check.partitions_sql(sources.ranges, sources.letters, target), parameters)
+        for row in _rows(
+            client, deep_check.partitions_sql(sources.ranges, sources.letters, sources.floors, target), parameters
+        )
     ]
     offenders: tuple[Offender, ...] = ()
     if not all(c.ok for c in checks):  # a second pass only to name what differs
-        offenders = _offenders(client, deep_check.offenders_sql(sources.ranges, sources.letters, target), parameters)
-    floors = dict(zip(parameters["floor_keys"], parameters["floors"]))
+        offenders = _offenders(
+            client, deep_check.offenders_sql(sources.ranges, sources.letters, sources.floors, target), parameters
+        )
+    floors = sources.floor_of
     expired = [
         f"{c.topic}-{c.partition}: {c.expired} rows below offset {floors.get(f'{c.topic}/{c.partition}', 0)}, "
         "whose commits expired from the ledger (coordinator.ledger_retention_days): not checked"
@@ -149,28 +158,23 @@ def verify_deep(
     tests and the demo: the ranges that name ``target``, and those naming no table whose topic is in
     ``topics``. ``dead_letters``: offsets expected in no table. ``topics``: the pipeline's topics in the
     target (None: every row). ``checked_from``: per partition, the first offset to check."""
-    mine = [
-        (row.txn, r)
+    mine = _joined(
+        (r.topic, r.partition, r.start, r.end, r.rows)
         for row in commits
         if not is_reset(row)
         for r in row.ranges
         if r.end > r.start and (r.table == target or (not r.table and (topics is None or r.topic in topics)))
-    ]
-    parameters = {
-        "r_txn": [t for t, _ in mine],
-        "r_topic": [r.topic for _, r in mine],
-        "r_partition": [r.partition for _, r in mine],
-        "r_lo": [r.start for _, r in mine],
-        "r_hi": [r.end for _, r in mine],
-        "r_rows": [r.rows for _, r in mine],
-        "r_table": [target] * len(mine),
-        **_given_letters(dead_letters or {}),
-        **_floors(checked_from or {}),
-    }
-    sources = _Sources(
-        ranges=deep_check.given_ranges_sql(), letters=deep_check.given_letters_sql(), parameters=parameters
     )
-    return check_table(client, database, target, sources, chain_anomalies or [], topics=topics, unsure_txns={})
+    letters = sorted((tp.topic, tp.partition, o) for tp, offsets in (dead_letters or {}).items() for o in offsets)
+    floors = sorted((tp.topic, tp.partition, o) for tp, o in (checked_from or {}).items())
+    sources = _Sources(
+        ranges=deep_check.given_ranges_sql([("", t, p, lo, hi, n, target) for t, p, lo, hi, n in mine]),
+        letters=deep_check.given_letters_sql(letters),
+        floors=deep_check.given_floors_sql(floors),
+        parameters={},
+        floor_of={f"{t}/{p}": o for t, p, o in floors},
+    )
+    return check_table(client, database, target, sources, chain_anomalies or [], topics=topics)
 
 
 def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartition, set[int]]:
@@ -193,25 +197,23 @@ def _rows(client: Any, sql: str, parameters: dict[str, Any]) -> list[tuple]:
     return list(client.query(sql, parameters=parameters).result_rows)
 
 
+def _joined(ranges: Iterable[tuple[str, int, int, int, int]]) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, start, end, rows) with ranges that abut joined into one: they cover the same
+    offsets the same number of times, and the SQL that carries them stays short."""
+    joined: list[tuple[str, int, int, int, int]] = []
+    for t, p, lo, hi, n in sorted(ranges):
+        if joined and joined[-1][:2] == (t, p) and joined[-1][3] == lo:
+            joined[-1] = (t, p, joined[-1][2], hi, joined[-1][4] + n)
+        else:
+            joined.append((t, p, lo, hi, n))
+    return joined
+
+
 def _offenders(client: Any, sql: str, parameters: dict[str, Any]) -> tuple[Offender, ...]:
     return tuple(
         Offender(topic=t, partition=int(p), offset=int(o), expected=int(e), rows=int(n), kind=k)
         for t, p, o, e, n, k in _rows(client, sql, parameters)
     )
-
-
-def _floors(checked_from: Mapping[TopicPartition, int]) -> dict[str, list]:
-    floored = sorted(checked_from.items())
-    return {"floor_keys": [f"{tp.topic}/{tp.partition}" for tp, _ in floored], "floors": [o for _, o in floored]}
-
-
-def _given_letters(letters: Mapping[TopicPartition, set[int]]) -> dict[str, list]:
-    flat = sorted((tp.topic, tp.partition, o) for tp, offsets in letters.items() for o in offsets)
-    return {
-        "l_topic": [t for t, _, _ in flat],
-        "l_partition": [p for _, p, _ in flat],
-        "l_offset": [o for *_, o in flat],
-    }
 
 
 def _missing_table(client: Any, database: str, table: str) -> str:

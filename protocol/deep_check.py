@@ -24,7 +24,9 @@ per-partition totals and the first few offenders comes back.
 
 from __future__ import annotations
 
-from protocol import dead_letters, ledger_sql, naming, range_tables
+from collections.abc import Sequence
+
+from protocol import dead_letters, ledger, ledger_sql, naming, range_tables
 
 #: Offenders listed per table (the first ones, by topic, partition and offset).
 OFFENDERS_SHOWN = 10
@@ -36,16 +38,15 @@ OK, UNSURE, DUPLICATE, OUTSIDE, MISSING = "ok", "unsure", "duplicate", "outside"
 #: Outcomes of a table and of the whole check.
 PASSED, FAILED, EXPIRED = "OK", "FAILED", "EXPIRED"
 
-_RANGE_COLUMNS = "txn, topic, partition, lo, hi, n, to_table"
-
 
 def ledger_ranges_sql(database: str) -> str:
     """The committed ranges of ``{pipeline:String}`` in slots ``{after:UInt64}``+1..``{through:UInt64}``
-    with rows (``lo < hi``), offset resets left out: (txn, topic, partition, lo, hi, n, to_table),
-    ``to_table`` by ``range_tables.table_sql`` with its route parameters."""
+    with rows (``lo < hi``), offset resets left out: (txn, topic, partition, lo, hi, n, to_table, d),
+    ``to_table`` by ``range_tables.table_sql`` with its route parameters, ``d`` the txn's dead letters
+    as its COMMITTED row counts them."""
     to_table = range_tables.table_sql("range_table", "target", "topic")
     return (
-        f"SELECT txn, topic, partition, lo, hi, n, {to_table} AS to_table "
+        f"SELECT txn, topic, partition, lo, hi, n, {to_table} AS to_table, dead_letters AS d "
         f"FROM ({ledger_sql.resolved_commits_sql(database)}) "
         "ARRAY JOIN topics AS topic, partitions AS partition, start_offsets AS lo, end_offsets AS hi, rows AS n, "
         "arrayResize(tables, length(topics)) AS range_table "
@@ -53,14 +54,13 @@ def ledger_ranges_sql(database: str) -> str:
     )
 
 
-def given_ranges_sql() -> str:
-    """``ledger_ranges_sql``'s columns from parameter arrays ``r_txn``, ``r_topic``, ``r_partition``,
-    ``r_lo``, ``r_hi``, ``r_rows``, ``r_table`` (one element per range)."""
-    return (
-        "SELECT r.1 AS txn, r.2 AS topic, r.3 AS partition, r.4 AS lo, r.5 AS hi, r.6 AS n, r.7 AS to_table "
-        "FROM (SELECT arrayJoin(arrayZip({r_txn:Array(String)}, {r_topic:Array(String)}, "
-        "{r_partition:Array(Int32)}, {r_lo:Array(Int64)}, {r_hi:Array(Int64)}, {r_rows:Array(UInt64)}, "
-        "{r_table:Array(String)})) AS r)"
+def given_ranges_sql(ranges: Sequence[tuple[str, str, int, int, int, int, str]]) -> str:
+    """``ledger_ranges_sql``'s columns from ``ranges`` given in Python, (txn, topic, partition, lo, hi,
+    rows, table) each, written into the SQL text (``d`` is 0: no letter is counted)."""
+    return _literal_rows(
+        "txn, topic, partition, lo, hi, n, to_table, d",
+        "String, String, Int32, Int64, Int64, UInt64, String, UInt64",
+        [(*r, 0) for r in ranges],
     )
 
 
@@ -75,19 +75,42 @@ def ledger_letters_sql(database: str, ranges: str) -> str:
     )
 
 
-def given_letters_sql() -> str:
-    """Dead-lettered offsets given without their txn (``l_topic``, ``l_partition``, ``l_offset``): such an
-    offset is expected in no table (``any_txn = 1``)."""
-    return (
-        "SELECT '' AS txn, x.1 AS topic, x.2 AS partition, x.3 AS o, toUInt8(1) AS any_txn "
-        "FROM (SELECT arrayJoin(arrayZip({l_topic:Array(String)}, {l_partition:Array(Int32)}, "
-        "{l_offset:Array(Int64)})) AS x)"
+def given_letters_sql(letters: Sequence[tuple[str, int, int]]) -> str:
+    """Dead-lettered offsets given without their txn, (topic, partition, offset) each: such an offset is
+    expected in no table (``any_txn = 1``)."""
+    return _literal_rows(
+        "txn, topic, partition, o, any_txn", "String, String, Int32, Int64, UInt8", [("", *x, 1) for x in letters]
     )
+
+
+def ledger_floors_sql(database: str) -> str:
+    """Per partition, the first offset the retained chain checks: the end offsets of the checkpoint at
+    slot ``{after:UInt64}`` (none when it is 0), (topic, partition, floor)."""
+    return (
+        "SELECT topic, partition, floor FROM (SELECT topics, partitions, end_offsets "
+        f"FROM {ledger.qualified(database)} WHERE pipeline = {{pipeline:String}} AND event = 'CHECKPOINT' "
+        "AND commit_seq = {after:UInt64} ORDER BY event_time, claim_id LIMIT 1) "
+        "ARRAY JOIN topics AS topic, partitions AS partition, end_offsets AS floor"
+    )
+
+
+def given_floors_sql(floors: Sequence[tuple[str, int, int]]) -> str:
+    """``ledger_floors_sql``'s columns from (topic, partition, floor) given in Python."""
+    return _literal_rows("topic, partition, floor", "String, Int32, Int64", floors)
 
 
 def letters_per_txn_sql(letters: str) -> str:
     """(txn, letters found) of a letters query: compared with each COMMITTED row's ``dead_letters``."""
-    return f"SELECT txn, count() FROM ({letters}) GROUP BY txn"
+    return f"SELECT txn, count() AS found FROM ({letters}) GROUP BY txn"
+
+
+def unsure_txns_sql(ranges: str, letters: str) -> str:
+    """The txns whose COMMITTED row counts more dead letters than the letters query finds of them:
+    their letters' records have expired (``chtxn_dead_letters``' TTL)."""
+    return (
+        f"SELECT c.txn FROM (SELECT txn, any(d) AS counted FROM ({ranges}) GROUP BY txn HAVING counted > 0) AS c "
+        f"LEFT JOIN ({letters_per_txn_sql(letters)}) AS f ON c.txn = f.txn WHERE f.found < c.counted"
+    )
 
 
 def range_tables_sql(ranges: str) -> str:
@@ -95,18 +118,27 @@ def range_tables_sql(ranges: str) -> str:
     return f"SELECT to_table, count(), sum(n) FROM ({ranges}) GROUP BY to_table ORDER BY to_table"
 
 
-def _per_offset(ranges: str, letters: str, target: str) -> str:
+def sql_string(text: str) -> str:
+    """``text`` as a ClickHouse string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _literal_rows(names: str, types: str, rows: Sequence[tuple]) -> str:
+    """A query of ``rows`` written into the SQL text (no parameters: a long list would not fit in a URL)."""
+    values = ", ".join(
+        "(" + ", ".join(sql_string(v) if isinstance(v, str) else str(int(v)) for v in r) + ")" for r in rows
+    )
+    columns = ", ".join(f"x.{i + 1} AS {name.strip()}" for i, name in enumerate(names.split(",")))
+    return f"SELECT {columns} FROM (SELECT arrayJoin(CAST([{values}], 'Array(Tuple({types}))')) AS x)"
+
+
+def _per_offset(ranges: str, letters: str, floors: str, target: str) -> str:
     """Per offset of table ``{table:String}``: covers, expected, rows (``n``), unsure, expired, dead-lettered,
     and the verdict. ``target`` is the table, quoted; ``{topics:Array(String)}`` the topics whose
-    rows in it are checked (``{all_topics:UInt8}`` = 1: every row); rows below ``{floors:Array(Int64)}``
-    of ``{floor_keys:Array(String)}`` ('topic/partition') are expired; ``{unsure_txns:Array(String)}``
-    the txns whose letters are no longer all recorded."""
+    rows in it are checked (``{all_topics:UInt8}`` = 1: every row); rows below their partition's
+    floor (``floors``) are expired."""
     mine = f"SELECT txn, topic, partition FROM ({ranges}) WHERE to_table = {{table:String}}"
-    floor = (
-        "_offset >= arrayElement({floors:Array(Int64)}, "
-        "indexOf({floor_keys:Array(String)}, concat(_topic, '/', toString(_partition))))"
-    )
-    unsure = "toInt64(has({unsure_txns:Array(String)}, txn))"
+    unsure = f"toInt64(txn IN ({unsure_txns_sql(ranges, letters)}))"
     counted = (
         f"SELECT topic, partition, arrayJoin(range(lo, hi)) AS o, toInt64(1) AS x_covers, toInt64(0) AS x_lettered, "
         f"toInt64(0) AS x_any, {unsure} AS x_unsure, toInt64(0) AS x_n, toInt64(0) AS x_expired "
@@ -115,8 +147,10 @@ def _per_offset(ranges: str, letters: str, target: str) -> str:
         f"SELECT topic, partition, o, toInt64(0), toInt64(any_txn = 0), toInt64(any_txn), -{unsure}, "
         f"toInt64(0), toInt64(0) FROM ({letters}) WHERE any_txn = 1 OR (txn, topic, partition) IN ({mine}) "
         "UNION ALL "
-        f"SELECT _topic, _partition, _offset, toInt64(0), toInt64(0), toInt64(0), toInt64(0), toInt64({floor}), "
-        f"toInt64(NOT ({floor})) FROM {target} WHERE {{all_topics:UInt8}} = 1 OR has({{topics:Array(String)}}, _topic)"
+        "SELECT t._topic, t._partition, t._offset, toInt64(0), toInt64(0), toInt64(0), toInt64(0), "
+        "toInt64(t._offset >= f.floor), toInt64(t._offset < f.floor) "
+        f"FROM {target} AS t LEFT JOIN ({floors}) AS f ON t._topic = f.topic AND t._partition = f.partition "
+        "WHERE {all_topics:UInt8} = 1 OR has({topics:Array(String)}, t._topic)"
     )
     grouped = (
         "SELECT topic, partition, o, sum(x_covers) AS covers, "
@@ -131,7 +165,7 @@ def _per_offset(ranges: str, letters: str, target: str) -> str:
     return f"SELECT *, {verdict} AS verdict FROM ({grouped})"
 
 
-def partitions_sql(ranges: str, letters: str, target: str) -> str:
+def partitions_sql(ranges: str, letters: str, floors: str, target: str) -> str:
     """Per partition of the table: committed from / to, expected (distinct offsets), rows, distinct
     offsets, duplicates, outside, missing, unsure, replayed, dead letters, expired rows, offenders."""
     return (
@@ -141,15 +175,15 @@ def partitions_sql(ranges: str, letters: str, target: str) -> str:
         f"sumIf(expected - n, verdict = '{MISSING}'), sumIf(expected - n, verdict = '{UNSURE}'), "
         "sum(greatest(expected - 1, 0)), countIf(covers > 0 AND lettered > 0), sum(expired), "
         f"countIf(verdict NOT IN ('{OK}', '{UNSURE}')) "
-        f"FROM ({_per_offset(ranges, letters, target)}) GROUP BY topic, partition ORDER BY topic, partition"
+        f"FROM ({_per_offset(ranges, letters, floors, target)}) GROUP BY topic, partition ORDER BY topic, partition"
     )
 
 
-def offenders_sql(ranges: str, letters: str, target: str) -> str:
+def offenders_sql(ranges: str, letters: str, floors: str, target: str) -> str:
     """The first ``{limit:UInt32}`` offsets of the table whose rows differ from what was committed:
     (topic, partition, offset, expected, rows, verdict)."""
     return (
-        f"SELECT topic, partition, o, expected, n, verdict FROM ({_per_offset(ranges, letters, target)}) "
+        f"SELECT topic, partition, o, expected, n, verdict FROM ({_per_offset(ranges, letters, floors, target)}) "
         f"WHERE verdict NOT IN ('{OK}', '{UNSURE}') ORDER BY topic, partition, o LIMIT {{limit:UInt32}}"
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from protocol import dead_letters
+from protocol import dead_letters, ledger
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.ledger_resets import reset_row
 from protocol.messages import TopicPartition
@@ -236,3 +236,42 @@ def test_ranges_of_an_earlier_multi_table_version_go_where_todays_routes_and_the
     assert code == 0 and report["outcome"] == "EXPIRED", report
     assert report["tables"]["t0"]["partitions"][0]["expected_rows"] == 10, report
     assert any("1 committed ranges (5 rows) written by an earlier chtxn" in x for x in report["deep"]["expired"])
+
+
+def test_a_long_chain_is_checked_by_verify_and_the_oracle_alike(stack, tmp_path):
+    """Thousands of committed ranges: ``chtxn verify --deep`` reads them from the ledger in ClickHouse and
+    the tests' oracle writes them into its SQL, neither into a URL (the embedded endpoint takes 64 KiB)."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("vlong"), partitions=2)
+    topic, commits = pipeline.topic, 3_000
+    rows = [
+        LedgerRow(
+            pipeline=pipeline.cfg.name,
+            txn=f"e1_t{seq}",
+            event=LedgerEvent.COMMITTED,
+            epoch=1,
+            commit_seq=seq,
+            claim_id=f"c{seq}",
+            target="events",
+            ranges=tuple(
+                PartitionRange(topic=topic, partition=p, start=(seq - 1) * 10, end=seq * 10, rows=10, table="events")
+                for p in range(2)
+            ),
+        )
+        for seq in range(1, commits + 1)
+    ]
+    pipeline.client().insert(
+        ledger.TABLE,
+        [ledger.to_insert_values(r) for r in rows],
+        column_names=list(ledger.INSERT_COLUMNS),
+        database=pipeline.cfg.clickhouse.database,
+    )
+    db = pipeline.cfg.clickhouse.database
+    pipeline.client().command(
+        f"INSERT INTO `{db}`.events SELECT number, 'u', 0, {{t:String}}, p, number "
+        f"FROM numbers({commits * 10}) ARRAY JOIN [0, 1] AS p",
+        parameters={"t": topic},
+    )
+    oracle = pipeline.oracle()
+    assert oracle.ok and oracle.rows_in_target == 2 * commits * 10, oracle.anomalies
+    code, report = deep(pipeline)
+    assert code == 0 and report["outcome"] == "OK" and report["deep"]["rows_in_target"] == 2 * commits * 10, report
