@@ -90,3 +90,10 @@ def test_expired_evidence_is_its_own_outcome_and_a_failure_outranks_it():
         ("b: t-0: 1 committed rows missing ...",),
     )
     assert deep_report.merged({"a": broken, "b": gone}).outcome == deep_check.FAILED
+
+
+def test_ranges_given_in_python_are_written_into_the_sql_text_quoted():
+    assert deep_check.sql_string("it's a \\ path") == "'it\\'s a \\\\ path'"
+    sql = deep_check.given_ranges_sql([("e1_t1", "o'rders", 0, 10, 20, 10, "events")])
+    assert "('e1_t1', 'o\\'rders', 0, 10, 20, 10, 'events', 0)" in sql and "{" not in sql
+    assert "CAST([], 'Array(Tuple(String, Int32, Int64))')" in deep_check.given_floors_sql([])
