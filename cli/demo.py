@@ -28,7 +28,7 @@ from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from coordinator.verify import dead_letter_offsets, own_topics, verify_deep
+from coordinator.verify import merged, verify_pipeline
 from embedded.stack import EmbeddedStack
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ChtxnError
@@ -261,16 +261,7 @@ def _throughput(cfg: PipelineConfig, console: Console) -> None:
 def _verify(cfg: PipelineConfig, console: Console) -> bool:
     client = make_client(cfg.clickhouse)
     ledger = LedgerHistory(client, cfg.clickhouse.database, cfg.name)
-    commits = ledger.commits()
-    report = verify_deep(
-        client,
-        cfg.clickhouse.database,
-        cfg.clickhouse.target_table,
-        commits,
-        dead_letter_offsets(cfg),
-        ledger.audit(),
-        topics=own_topics(cfg, commits),
-    )
+    report = merged(verify_pipeline(client, cfg, ledger))  # what chtxn verify --deep checks
     for check in report.partitions:
         console.print(
             f"  {check.topic}-{check.partition}: offsets [{check.committed_from}, {check.committed_to}) "

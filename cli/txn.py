@@ -21,7 +21,7 @@ from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from protocol import ledger, ledger_sql, routing
-from protocol.chcodes import UNKNOWN_TABLE
+from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.config import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger_view import TxnSummary
@@ -136,6 +136,12 @@ def _missing_ledger(exc: ClickHouseError, cfg: PipelineConfig, config_path: str)
         return SetupError(
             f"the ledger table {cfg.clickhouse.database}.{ledger.TABLE} does not exist: "
             f"run chtxn init --config {config_path}"
+        )
+    if exc.code == UNKNOWN_IDENTIFIER:  # a ledger read names a column an earlier version's ledger lacks
+        added = ", ".join(name for name, _ in ledger.ADDED_COLUMNS)
+        return SetupError(
+            f"the ledger table {cfg.clickhouse.database}.{ledger.TABLE} was made by an earlier chtxn and lacks "
+            f"columns this version reads ({added}): run chtxn init --config {config_path} to add them"
         )
     return exc
 

@@ -11,11 +11,12 @@ from rich.markup import escape
 
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
-from cli.txn import open_ledger
+from cli.txn import _missing_ledger, open_ledger
 from clients.clickhouse import make_client, retrying
-from coordinator.verify import DeepReport, dead_letter_offsets, merged, verify_tables
+from coordinator.verify import DeepReport, merged, verify_pipeline
+from protocol import deep_check
 from protocol.config import load_config
-from protocol.errors import SetupError
+from protocol.errors import ClickHouseError, SetupError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,9 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Without --deep: per partition, consecutive commits in the ledger must neither overlap, "
         "go backward nor leave a gap, and every checkpoint must agree with the chain; once the first commits "
         "have expired (coordinator.ledger_retention_days), the chain is checked from the oldest checkpoint left. "
-        "With --deep (needs the target's _topic, _partition, _offset columns): "
-        "the target holds every committed offset exactly once, less those sent to the dead-letter topic, "
-        "and nothing else. Exit code 0 when sound, 1 otherwise.",
+        "With --deep (needs the tables' _topic, _partition, _offset columns): every table the ledger sent rows "
+        "to (whatever today's routes say) holds each offset of them as often as committed ranges cover it "
+        "(twice after a rewinding reset), less the dead letters chtxn recorded, and no other row of the "
+        "pipeline's topics. The outcome per table is OK, FAILED, or EXPIRED: nothing wrong found, but some "
+        "evidence is gone (commits past the ledger's retention, dead letters past their TTL). "
+        "Exit code 1 when FAILED, else 0.",
         epilog="Examples:\n  chtxn verify --config pipeline.toml --deep\n"
         "  chtxn verify --config pipeline.toml --deep --format tsv\n  chtxn verify --config pipeline.toml --deep --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -41,28 +45,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     ledger = open_ledger(cfg)
-    anomalies = ledger.audit()
     report = None
     reports: dict[str, DeepReport] = {}
-    if args.deep:
-        start, commits, _ = ledger.retained_chain()
-        client = make_client(cfg.clickhouse)
-        for target in cfg.tables:
-            _check_metadata_columns(client, cfg.clickhouse.database, target)
-        reports = verify_tables(
-            client,
-            cfg,
-            commits,
-            dead_letter_offsets(cfg),
-            anomalies,
-            checked_from={r.tp: r.end for r in start.ranges} if start else None,
-        )
-        report = merged(reports)
-        anomalies = list(report.anomalies)
+    client = make_client(cfg.clickhouse)
+    for target in cfg.tables if args.deep else ():
+        _check_metadata_columns(client, cfg.clickhouse.database, target)
+    try:
+        if args.deep:
+            reports = verify_pipeline(client, cfg, ledger)  # the chain's audit included
+            report = merged(reports)
+            anomalies = list(report.anomalies)
+        else:
+            anomalies = ledger.audit()
+    except ClickHouseError as exc:
+        raise _missing_ledger(exc, cfg, args.config) from None
     ok = not anomalies
+    outcome = report.outcome if report is not None else deep_check.outcome(not ok, False)
     if args.format == "json":
         tables = reports if report is not None else None
-        print(msgspec.json.encode({"ok": ok, "anomalies": anomalies, "deep": report, "tables": tables}).decode())
+        print(
+            msgspec.json.encode(
+                {"ok": ok, "outcome": outcome, "anomalies": anomalies, "deep": report, "tables": tables}
+            ).decode()
+        )
         return 0 if ok else 1
     out = Output(args.format)
     noted = anomalies
@@ -79,12 +84,16 @@ def run(args: argparse.Namespace) -> int:
                     str(c.rows),
                     str(c.distinct_offsets),
                     str(c.duplicates),
+                    str(c.missing),
                     str(c.replayed),
                     str(c.outside),
                     str(c.dead_letters),
+                    str(c.unsure),
+                    str(c.expired),
                     Styled("yes", "green") if c.ok else Styled("NO", "red"),
                 )
             out.sheet(table)
+            out.note(f"{escape(target)}: {_styled(one.outcome)}, {escape(one.reason)}")
     elif args.format == "tsv":
         listed = Sheet("", [Column("anomaly", "anomaly")])
         for anomaly in anomalies:
@@ -93,8 +102,20 @@ def run(args: argparse.Namespace) -> int:
         noted = []  # listed on stdout
     for anomaly in noted:
         out.note(f"[red]anomaly:[/] {escape(anomaly)}")
-    out.note("[green]exactly-once: OK[/]" if ok else f"[red]exactly-once: FAILED ({len(anomalies)} anomalies)[/]")
+    for gone in report.expired if report is not None else ():
+        out.note(f"[yellow]expired:[/] {escape(gone)}")
+    if outcome == deep_check.FAILED:
+        out.note(f"[red]exactly-once: FAILED ({len(anomalies)} anomalies)[/]")
+    elif outcome == deep_check.EXPIRED:
+        out.note("[yellow]exactly-once: EXPIRED evidence (nothing wrong in what could be checked)[/]")
+    else:
+        out.note("[green]exactly-once: OK[/]")
     return 0 if ok else 1
+
+
+def _styled(outcome: str) -> str:
+    color = {deep_check.PASSED: "green", deep_check.FAILED: "red"}.get(outcome, "yellow")
+    return f"[{color}]{outcome}[/]"
 
 
 #: The columns ``--deep`` reads in the target.
@@ -129,8 +150,11 @@ CHECK_COLUMNS = (
     Column("rows", "rows", right=True),
     Column("distinct offsets", "distinct_offsets", right=True, wide=True),
     Column("duplicates", "duplicates", right=True),
+    Column("missing", "missing", right=True),
     Column("replayed", "replayed", right=True, wide=True),  # committed again after a rewinding offset reset
     Column("outside", "outside", right=True),
     Column("dead letters", "dead_letters", right=True),
+    Column("unsure", "unsure", right=True, wide=True),  # missing where a dead letter's record has expired
+    Column("expired", "expired", right=True, wide=True),  # below the retained ledger's first commit: not checked
     Column("ok", "ok"),
 )

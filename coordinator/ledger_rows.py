@@ -8,19 +8,22 @@ from typing import Any
 
 import msgspec
 
-from protocol import naming
+from protocol import naming, range_tables
 from protocol.coordinator_events import Txn
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 
 
 def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0, reason: str = "") -> LedgerRow:
-    """The ``event`` row of ``txn``; ``leader`` gives pipeline, epoch, coordinator, target and clock."""
+    """The ``event`` row of ``txn``; ``leader`` gives pipeline, epoch, coordinator, routes and clock.
+    Each range names the table its records were staged into (``protocol.range_tables``)."""
     shift = time.time() - leader.clock()  # monotonic -> unix seconds
 
     def wall(t: float) -> float:
         return t + shift if t else 0.0
 
+    tables = txn_tables(leader.cfg.name, txn.id, txn.stage_table)
+    table_of = range_tables.tables_at_commit(leader.cfg.routes, {tp.topic for tp in txn.start}, tables)
     ranges = tuple(
         PartitionRange(
             topic=tp.topic,
@@ -28,6 +31,7 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
             start=start,
             end=txn.statuses[tp].end_offset if tp in txn.statuses else start,
             rows=txn.statuses[tp].rows if tp in txn.statuses else 0,
+            table=table_of[tp.topic],
         )
         for tp, start in sorted(txn.start.items())
     )
@@ -40,7 +44,7 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
         commit_seq=commit_seq,
         coordinator=leader.coordinator,
         claim_id=uuid.uuid4().hex if event is LedgerEvent.COMMITTED else "",
-        target=",".join(txn_tables(leader.cfg.name, txn.id, txn.stage_table)),
+        target=",".join(tables),
         stage_table=txn.stage_table,
         ranges=ranges,
         total_rows=txn.rows,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from clients.clickhouse import ClickHouseRetrying, retrying
+from coordinator import ledger_upgrade
 from coordinator.commit_point import commit_point as make_commit_point
 from coordinator.ledger_upkeep import LedgerUpkeep
 from protocol import dead_letters, ledger, ledger_checkpoint, ledger_pauses, ledger_sql, naming
@@ -108,7 +109,8 @@ class LedgerStore:
     def ensure_tables(self) -> bool:
         """Create the ledger table and the dead-letter table if missing; True if this call created the ledger.
 
-        A ledger made by an earlier version gets the skip indexes it lacks (idempotent). With
+        A ledger made by an earlier version gets the skip indexes and columns it lacks
+        (``coordinator.ledger_upgrade``, idempotent). With
         ``commit_point = "keeper"`` the KeeperMap table of claims is created too."""
         self._retry("create the dead-letter table")(
             self._client.command,
@@ -117,19 +119,12 @@ class LedgerStore:
         self.commit_point.ensure_table()
         exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
         if int(exists) == 1:
-            found = {
-                r[0]
-                for r in self._query(
-                    "list the ledger's indexes",
-                    ledger.existing_indexes_sql(),
-                    database=self._database,
-                    table=ledger.TABLE,
-                )
-            }
-            for name, _ in ledger.SKIP_INDEXES:
-                if name not in found:
-                    for statement in ledger.add_index_sql(self._database, name, cluster=self._cluster):
-                        self._retry(f"add index {name} to the ledger")(self._client.command, statement)
+            ledger_upgrade.upgrade(
+                self._query,
+                lambda what, sql: self._retry(what)(self._client.command, sql),
+                self._database,
+                self._cluster,
+            )
             return False
         ddl = ledger.create_table_sql(self._database, replicated=self._replicated, cluster=self._cluster)
         self._retry("create the ledger table")(self._client.command, ddl)

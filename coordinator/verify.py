@@ -1,60 +1,52 @@
 """The exactly-once oracle (docs/architecture.md §11), used by tests, the demo and ``chtxn verify --deep``.
 
-With the metadata columns ``_topic``, ``_partition``, ``_offset`` in the target, for every
-partition the target holds each offset of every committed range exactly once (less the offsets
-sent to the dead-letter topic), and nothing outside those ranges. An offset an operator's reset
-rewound (``chtxn reset``) is committed again by later txns: it is expected once per commit.
+With the metadata columns ``_topic``, ``_partition``, ``_offset`` in a target table, each offset of
+every committed range the ledger sent to that table is there exactly as often as committed ranges
+cover it (once; twice after a rewinding reset), less those its txn dead-lettered, and no row of the
+pipeline's topics is anywhere else (``protocol.deep_check``, which counts in ClickHouse). The
+tables checked are today's and every table the retained ledger sent rows to; what the evidence
+left cannot judge is reported as expired, never as a pass or a failure.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from clients import kafka as kafka_clients
 from coordinator.dead_letter_view import DeadLetterReader, offsets_of
-from protocol import routing, topic_patterns
+from protocol import dead_letters as letters_table, deep_check, range_tables, topic_patterns
+from protocol.deep_report import DeepReport, Offender, PartitionCheck, amended, merged, partition_check, table_report
 from protocol.errors import SetupError
 from protocol.ledger import LedgerRow
 from protocol.ledger_resets import is_reset
+from protocol.ledger_sql import ALL_SLOTS
+from protocol.ledger_view import audit
 from protocol.messages import TopicPartition
 
-
-class PartitionCheck(msgspec.Struct, frozen=True, kw_only=True):
-    topic: str
-    partition: int
-    committed_from: int
-    committed_to: int  # next offset to read after the last commit
-    expected_rows: int
-    rows: int
-    distinct_offsets: int
-    duplicates: int
-    outside: int  # rows outside the committed ranges, or at a dead-lettered offset
-    dead_letters: int
-    ok: bool
-    replayed: int = 0  # rows committed a second time (or more) after an offset reset rewound the partition
+__all__ = [
+    "DeepReport",
+    "PartitionCheck",
+    "check_table",
+    "dead_letter_offsets",
+    "merged",
+    "own_topics",
+    "verify_deep",
+    "verify_pipeline",
+]
 
 
-class DeepReport(msgspec.Struct, frozen=True, kw_only=True):
-    ok: bool
-    partitions: tuple[PartitionCheck, ...]
-    anomalies: tuple[str, ...]  # ledger chain anomalies and per-partition failures, for people
-    rows_in_target: int
+class _Sources(msgspec.Struct, frozen=True, kw_only=True):
+    """The SQL of the committed ranges, the dead letters and each partition's first offset checked
+    (``floors``), with their parameters; ``floor_of`` holds the floors for people ('topic/partition')."""
 
-
-def committed_ranges(commits: list[LedgerRow]) -> dict[TopicPartition, list[tuple[int, int]]]:
-    """Per partition, the offset ranges committed with their rows (offset resets hold none)."""
-    ranges: dict[TopicPartition, list[tuple[int, int]]] = {}
-    for row in commits:
-        if is_reset(row):
-            continue
-        for r in row.ranges:
-            if r.end > r.start:
-                ranges.setdefault(r.tp, []).append((r.start, r.end))
-    return ranges
+    ranges: str
+    letters: str
+    floors: str
+    parameters: dict[str, Any]
+    floor_of: dict[str, int] = {}
 
 
 def own_topics(cfg: Any, commits: list[LedgerRow]) -> set[str]:
@@ -64,44 +56,92 @@ def own_topics(cfg: Any, commits: list[LedgerRow]) -> set[str]:
     return set(topic_patterns.names(cfg.source_topics)) | {r.topic for row in commits for r in row.ranges}
 
 
-def verify_tables(
-    client: Any,
-    cfg: Any,
-    commits: list[LedgerRow],
-    dead_letters: dict[TopicPartition, set[int]] | None = None,
-    chain_anomalies: list[str] | None = None,
-    checked_from: dict[TopicPartition, int] | None = None,
-) -> dict[str, DeepReport]:
-    """``verify_deep`` of every target table of the pipeline, each against the commits of the topics
-    its route sends there (``protocol.routing``); the chain's anomalies go with the first table's."""
-    topics = own_topics(cfg, commits)
-    routed = routing.table_map(sorted(topics), cfg.routes)
-    reports = {}
-    for i, table in enumerate(cfg.tables):
-        mine = {t for t, to in routed.items() if to == table}
-        reports[table] = verify_deep(
-            client,
-            cfg.clickhouse.database,
-            table,
-            commits,
-            dead_letters,
-            chain_anomalies if i == 0 else None,
-            topics=mine,
-            checked_from=checked_from,
-        )
-    return reports
-
-
-def merged(reports: dict[str, DeepReport]) -> DeepReport:
-    """One report of several tables' (the anomalies of each named by its table when there are several)."""
-    if len(reports) == 1:
-        return next(iter(reports.values()))
-    return DeepReport(
-        ok=all(r.ok for r in reports.values()),
-        partitions=tuple(c for r in reports.values() for c in r.partitions),
-        anomalies=tuple(f"{t}: {a}" for t, r in reports.items() for a in r.anomalies),
-        rows_in_target=sum(r.rows_in_target for r in reports.values()),
+def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]:
+    """``chtxn verify --deep``: a report per table (today's tables, then every other table the retained
+    ledger sent rows to), judged by the ledger's history; the chain's anomalies go with the first."""
+    start, commits, checkpoints = ledger.retained_chain()
+    chain = audit(commits, ledger.gaps(), ledger.lost(), start=start, checkpoints=checkpoints)  # LedgerHistory.audit
+    database = cfg.clickhouse.database
+    topics = own_topics(cfg, commits) | {r.topic for r in (start.ranges if start else ())}
+    today = range_tables.routed_today(cfg.routes, sorted(topics))
+    ranges = deep_check.ledger_ranges_sql(database)
+    parameters: dict[str, Any] = {
+        "pipeline": cfg.name,
+        "after": start.commit_seq if start else 0,
+        "through": ALL_SLOTS["through"],
+        **range_tables.route_parameters(today),
+    }
+    if int(client.command(f"EXISTS TABLE {letters_table.qualified(database)}")):
+        letters = deep_check.ledger_letters_sql(database, ranges)
+    else:
+        letters = deep_check.given_letters_sql([])
+    sources = _Sources(
+        ranges=ranges,
+        letters=letters,
+        floors=deep_check.ledger_floors_sql(database),
+        parameters=parameters,
+        floor_of={f"{r.topic}/{r.partition}": r.end for r in (start.ranges if start else ())},
     )
+    sent = {t: (int(n), int(rows)) for t, n, rows in _rows(client, deep_check.range_tables_sql(ranges), parameters)}
+    found = {txn: int(n) for txn, n in _rows(client, deep_check.letters_per_txn_sql(letters), parameters)}
+    gone = {c.txn: c.dead_letters - found.get(c.txn, 0) for c in commits if not is_reset(c)}
+    gone = {txn: n for txn, n in gone.items() if n > 0}
+    expired = _unattributed(*sent.pop("", (0, 0)))
+    reports: dict[str, DeepReport] = {}
+    for i, table in enumerate(dict.fromkeys([*cfg.tables, *sent])):
+        missing = _missing_table(client, database, table)
+        reports[table] = (
+            _failed_table(table, missing, sent.get(table, (0, 0)))
+            if missing
+            else check_table(client, database, table, sources, chain if i == 0 else [], topics=topics)
+        )
+    return _with_letter_bound(_with_notes(reports, expired), sum(gone.values()))
+
+
+def check_table(
+    client: Any,
+    database: str,
+    table: str,
+    sources: _Sources,
+    chain_anomalies: Sequence[str],
+    *,
+    topics: Collection[str] | None,
+) -> DeepReport:
+    """Count every offset of ``table`` against the committed ranges of ``sources`` (``protocol.deep_check``).
+    ``topics``: whose rows are checked (None: every row)."""
+    target = f"`{database}`.`{table}`"
+    parameters = {
+        **sources.parameters,
+        "table": table,
+        "topics": sorted(topics or ()),
+        "all_topics": int(topics is None),
+        "limit": deep_check.OFFENDERS_SHOWN,
+    }
+    checks = [
+        partition_check(row)
+        for row in _rows(
+            client, deep_check.partitions_sql(sources.ranges, sources.letters, sources.floors, target), parameters
+        )
+    ]
+    offenders: tuple[Offender, ...] = ()
+    if not all(c.ok for c in checks):  # a second pass only to name what differs
+        offenders = _offenders(
+            client, deep_check.offenders_sql(sources.ranges, sources.letters, sources.floors, target), parameters
+        )
+    floors = sources.floor_of
+    expired = [
+        f"{c.topic}-{c.partition}: {c.expired} rows below offset {floors.get(f'{c.topic}/{c.partition}', 0)}, "
+        "whose commits expired from the ledger (coordinator.ledger_retention_days): not checked"
+        for c in checks
+        if c.expired
+    ]
+    expired += [
+        f"{c.topic}-{c.partition}: {c.unsure} committed rows missing in txns whose dead letters expired from "
+        "chtxn_dead_letters: maybe letters, maybe lost"
+        for c in checks
+        if c.unsure
+    ]
+    return table_report(checks, chain=chain_anomalies, expired=expired, offenders=offenders)
 
 
 def verify_deep(
@@ -114,100 +154,27 @@ def verify_deep(
     topics: Collection[str] | None = None,
     checked_from: dict[TopicPartition, int] | None = None,
 ) -> DeepReport:
-    """Check the target against the committed ranges (``commits``: the resolved commit chain).
-
-    ``topics``: the pipeline's source topics; rows of other topics in a shared target belong to
-    other pipelines and are not checked (None: check every row). ``checked_from``: per partition,
-    the first offset to check, when the ledger's first commits have expired (the offsets of the
-    checkpoint the retained chain starts from); rows below it are not checked.
-    """
-    floored = sorted((checked_from or {}).items())
-    floors = {"floor_keys": [f"{tp.topic}/{tp.partition}" for tp, _ in floored], "floors": [o for _, o in floored]}
-    floor_sql = (
-        "_offset >= arrayElement({floors:Array(Int64)}, "
-        "indexOf({floor_keys:Array(String)}, concat(_topic, '/', toString(_partition))))"
+    """``check_table`` of ``target`` against ``commits`` (the resolved commit chain) given in Python, for
+    tests and the demo: the ranges that name ``target``, and those naming no table whose topic is in
+    ``topics``. ``dead_letters``: offsets expected in no table. ``topics``: the pipeline's topics in the
+    target (None: every row). ``checked_from``: per partition, the first offset to check."""
+    mine = _joined(
+        (r.topic, r.partition, r.start, r.end, r.rows)
+        for row in commits
+        if not is_reset(row)
+        for r in row.ranges
+        if r.end > r.start and (r.table == target or (not r.table and (topics is None or r.topic in topics)))
     )
-    dead_letters = dead_letters or {}
-    anomalies = list(chain_anomalies or [])
-    table = f"`{database}`.`{target}`"
-    stats = {
-        (t, int(p)): (int(n), int(u), int(lo), int(hi))
-        for t, p, n, u, lo, hi in client.query(
-            f"SELECT _topic, _partition, count(), uniqExact(_offset), min(_offset), max(_offset) FROM {table} "
-            f"WHERE {floor_sql} GROUP BY _topic, _partition",
-            parameters=floors,
-        ).result_rows
-    }
-    ranges = committed_ranges(commits)
-    if topics is not None:
-        stats = {k: v for k, v in stats.items() if k[0] in topics}
-        ranges = {tp: r for tp, r in ranges.items() if tp.topic in topics}
-    checks = []
-    for tp in sorted(set(ranges) | {TopicPartition(topic=t, partition=p) for t, p in stats}):
-        spans = sorted(ranges.get(tp, []))
-        covered: set[int] = set()
-        for start, end in spans:
-            covered.update(range(start, end))
-        dlq = {o for o in dead_letters.get(tp, set()) if o in covered}
-        rows, distinct, _, _ = stats.get((tp.topic, tp.partition), (0, 0, 0, 0))
-        lo = spans[0][0] if spans else 0
-        hi = max((end for _, end in spans), default=0)
-        replayed = _replayed(spans, len(covered), dlq)
-        outside = 0
-        if rows:
-            inside_sql = " OR ".join(f"(_offset >= {s} AND _offset < {e})" for s, e in spans) or "0"
-            outside = int(
-                client.command(
-                    f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
-                    f"AND {floor_sql} AND NOT ({inside_sql})",
-                    parameters={"t": tp.topic, "p": tp.partition, **floors},
-                )
-            )
-        if rows and dlq:  # a dead-lettered offset must not also be in the target
-            outside += int(
-                client.command(
-                    f"SELECT count() FROM {table} WHERE _topic = {{t:String}} AND _partition = {{p:Int32}} "
-                    "AND has({o:Array(Int64)}, _offset)",
-                    parameters={"t": tp.topic, "p": tp.partition, "o": sorted(dlq)},
-                )
-            )
-        expected = len(covered) - len(dlq)
-        duplicates = rows - distinct - replayed
-        ok = duplicates == 0 and outside == 0 and distinct == expected and rows == expected + replayed
-        if not ok:
-            again = f", {replayed} more read again after offset resets" if replayed else ""
-            anomalies.append(
-                f"{tp.topic}-{tp.partition}: committed [{lo}, {hi}) expects {expected} rows{again} "
-                f"({len(dlq)} dead-lettered); target has {rows} rows, {distinct} distinct offsets, "
-                f"{duplicates} duplicates, {outside} outside the committed ranges"
-            )
-        checks.append(
-            PartitionCheck(
-                topic=tp.topic,
-                partition=tp.partition,
-                committed_from=lo,
-                committed_to=hi,
-                expected_rows=expected,
-                rows=rows,
-                distinct_offsets=distinct,
-                duplicates=duplicates,
-                outside=outside,
-                dead_letters=len(dlq),
-                ok=ok,
-                replayed=replayed,
-            )
-        )
-    total = sum(c.rows for c in checks)
-    return DeepReport(ok=not anomalies, partitions=tuple(checks), anomalies=tuple(anomalies), rows_in_target=total)
-
-
-def _replayed(spans: list[tuple[int, int]], distinct: int, dead_letters: set[int]) -> int:
-    """Rows expected beyond one per offset: offsets that commits after a rewinding reset cover
-    again (``distinct`` offsets are covered in all); a dead-lettered one is expected in none."""
-    if sum(end - start for start, end in spans) == distinct:
-        return 0
-    times = Counter(o for start, end in spans for o in range(start, end))
-    return sum(n - 1 for o, n in times.items() if o not in dead_letters)
+    letters = sorted((tp.topic, tp.partition, o) for tp, offsets in (dead_letters or {}).items() for o in offsets)
+    floors = sorted((tp.topic, tp.partition, o) for tp, o in (checked_from or {}).items())
+    sources = _Sources(
+        ranges=deep_check.given_ranges_sql([("", t, p, lo, hi, n, target) for t, p, lo, hi, n in mine]),
+        letters=deep_check.given_letters_sql(letters),
+        floors=deep_check.given_floors_sql(floors),
+        parameters={},
+        floor_of={f"{t}/{p}": o for t, p, o in floors},
+    )
+    return check_table(client, database, target, sources, chain_anomalies or [], topics=topics)
 
 
 def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartition, set[int]]:
@@ -221,3 +188,77 @@ def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartitio
         except SetupError:
             return {}
         return offsets_of(reader.letters())
+
+
+# ---- plumbing ---------------------------------------------------------------------------------
+
+
+def _rows(client: Any, sql: str, parameters: dict[str, Any]) -> list[tuple]:
+    return list(client.query(sql, parameters=parameters).result_rows)
+
+
+def _joined(ranges: Iterable[tuple[str, int, int, int, int]]) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, start, end, rows) with ranges that abut joined into one: they cover the same
+    offsets the same number of times, and the SQL that carries them stays short."""
+    joined: list[tuple[str, int, int, int, int]] = []
+    for t, p, lo, hi, n in sorted(ranges):
+        if joined and joined[-1][:2] == (t, p) and joined[-1][3] == lo:
+            joined[-1] = (t, p, joined[-1][2], hi, joined[-1][4] + n)
+        else:
+            joined.append((t, p, lo, hi, n))
+    return joined
+
+
+def _offenders(client: Any, sql: str, parameters: dict[str, Any]) -> tuple[Offender, ...]:
+    return tuple(
+        Offender(topic=t, partition=int(p), offset=int(o), expected=int(e), rows=int(n), kind=k)
+        for t, p, o, e, n, k in _rows(client, sql, parameters)
+    )
+
+
+def _missing_table(client: Any, database: str, table: str) -> str:
+    """Why ``table`` cannot be checked ("" when it can): it does not exist, or lacks the metadata columns."""
+    names = {
+        r[0]
+        for r in _rows(
+            client,
+            "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String}",
+            {"d": database, "t": table},
+        )
+    }
+    if not names:
+        return f"table {database}.{table} does not exist"
+    lacking = [c for c in ("_topic", "_partition", "_offset") if c not in names]
+    return f"table {database}.{table} has no {', '.join(lacking)}" if lacking else ""
+
+
+def _failed_table(table: str, why: str, sent: tuple[int, int]) -> DeepReport:
+    ranges, rows = sent
+    return table_report([], chain=[f"the ledger committed {ranges} ranges ({rows} rows) to {table}, but {why}"])
+
+
+def _unattributed(ranges: int, rows: int) -> list[str]:
+    if not ranges:
+        return []
+    return [
+        f"{ranges} committed ranges ({rows} rows) written by an earlier chtxn name no table that today's routes "
+        "can place: not checked"
+    ]
+
+
+def _with_notes(reports: dict[str, DeepReport], notes: list[str]) -> dict[str, DeepReport]:
+    """Pipeline-wide expired evidence, carried by the first table's report."""
+    if not notes or not reports:
+        return reports
+    first = next(iter(reports))
+    return {**reports, first: amended(reports[first], expired=notes)}
+
+
+def _with_letter_bound(reports: dict[str, DeepReport], letters_gone: int) -> dict[str, DeepReport]:
+    """More rows missing where letters expired than letters are gone: some of them are lost."""
+    unsure = sum(c.unsure for r in reports.values() for c in r.partitions)
+    if unsure <= letters_gone:
+        return reports
+    first = next(iter(reports))
+    why = f"{unsure} committed rows are missing where dead letters expired, but only {letters_gone} letters are gone"
+    return {**reports, first: amended(reports[first], anomalies=[why])}

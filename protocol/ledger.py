@@ -74,13 +74,19 @@ STATE_PRECEDENCE: tuple[str, ...] = ("PUBLISHED", "LOST", "COMMITTED", "ABORTED"
 
 
 class PartitionRange(msgspec.Struct, frozen=True, kw_only=True):
-    """Offsets ``[start, end)`` of one partition in a txn, and the rows staged from them."""
+    """Offsets ``[start, end)`` of one partition in a txn, the rows staged from them and their table.
+
+    Evolution (the Keeper commit point stores rows as JSON, ``protocol.ledger_claims``): fields are
+    only appended, each with a default, so a row written by an earlier version still decodes."""
 
     topic: str
     partition: int
     start: int
     end: int
     rows: int = 0
+    #: The target table the range's records were staged into and published to (``protocol.range_tables``).
+    #: "" in rows of earlier versions: readers apply ``range_tables.table_of_range``.
+    table: str = ""
 
     @property
     def tp(self) -> TopicPartition:
@@ -135,7 +141,11 @@ INSERT_SCHEMA: tuple[tuple[str, str], ...] = (
     ("committed_at", "DateTime64(3, 'UTC')"),
     ("published_at", "DateTime64(3, 'UTC')"),
     ("reason", "String"),
+    ("tables", "Array(LowCardinality(String))"),  # per range, its table (``PartitionRange.table``)
 )
+#: Columns added after the first release, with their types: ``chtxn init`` and every coordinator
+#: start add them to a ledger made before (``add_column_sql``); rows stored before read as the default.
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("tables", "Array(LowCardinality(String))"),)
 INSERT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in INSERT_SCHEMA)
 INSERT_TYPES: tuple[str, ...] = tuple(kind for _, kind in INSERT_SCHEMA)
 
@@ -196,6 +206,18 @@ def add_index_sql(database: str, name: str, *, cluster: str = "") -> list[str]:
     ]
 
 
+def existing_columns_sql() -> str:
+    """Names of the columns of table ``{table:String}`` in ``{database:String}``."""
+    return "SELECT name FROM system.columns WHERE database = {database:String} AND table = {table:String}"
+
+
+def add_column_sql(database: str, name: str, *, cluster: str = "") -> str:
+    """Add column ``name`` of ``ADDED_COLUMNS`` to a ledger made before it existed (``ON CLUSTER``
+    when ``cluster`` is set); the rows already there read as its default."""
+    table = qualified(database) + (f" ON CLUSTER `{cluster}`" if cluster else "")
+    return f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {dict(ADDED_COLUMNS)[name]}"
+
+
 def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
@@ -226,6 +248,7 @@ def to_insert_values(row: LedgerRow) -> list[object]:
         _dt(row.committed_at),
         _dt(row.published_at),
         row.reason,
+        [p.table for p in r],
     ]
 
 
@@ -238,9 +261,12 @@ SELECT_COLUMNS = ", ".join(
 def from_result_row(values: Sequence[Any]) -> LedgerRow:
     """The ``LedgerRow`` of one result row of ``SELECT {SELECT_COLUMNS}``."""
     v = dict(zip((*INSERT_COLUMNS, "event_time"), values))
+    tables = list(v["tables"]) + [""] * (len(v["topics"]) - len(v["tables"]))  # [] in rows of earlier versions
     ranges = tuple(
-        PartitionRange(topic=t, partition=int(p), start=int(s), end=int(e), rows=int(n))
-        for t, p, s, e, n in zip(v["topics"], v["partitions"], v["start_offsets"], v["end_offsets"], v["rows"])
+        PartitionRange(topic=t, partition=int(p), start=int(s), end=int(e), rows=int(n), table=table)
+        for t, p, s, e, n, table in zip(
+            v["topics"], v["partitions"], v["start_offsets"], v["end_offsets"], v["rows"], tables
+        )
     )
     return LedgerRow(
         pipeline=v["pipeline"],

@@ -157,6 +157,8 @@ def test_verify_deep_after_the_first_commits_expired_checks_from_the_oldest_chec
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
     assert report["ok"] and report["anomalies"] == []
+    # the rows of the expired commits are neither passed nor failed: their evidence is gone
+    assert report["outcome"] == "EXPIRED" and sum(p["expired"] for p in report["deep"]["partitions"]) == first
     checked = sum(p["rows"] for p in report["deep"]["partitions"])
     assert checked == sum(p["expected_rows"] for p in report["deep"]["partitions"]) < first + more
     status = json.loads(chtxn("status", "--config", str(pipeline.config_path), "--json").stdout)
