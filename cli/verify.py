@@ -151,7 +151,7 @@ CHECK_COLUMNS = (
     Column("distinct offsets", "distinct_offsets", right=True, wide=True),
     Column("duplicates", "duplicates", right=True),
     Column("missing", "missing", right=True),
-    Column("replayed", "replayed", right=True, wide=True),  # committed again after a rewinding offset reset
+    Column("replayed", "replayed", right=True),  # committed again after a rewinding offset reset
     Column("outside", "outside", right=True),
     Column("dead letters", "dead_letters", right=True),
     Column("unsure", "unsure", right=True, wide=True),  # missing where a dead letter's record has expired

@@ -133,10 +133,12 @@ def _report(
     offenders: Sequence[Offender] = (),
 ) -> DeepReport:
     outcome = deep_check.outcome(bool(anomalies), bool(expired))
+    replayed = sum(c.replayed for c in checks)
+    again = f" ({replayed} of them read again after offset resets, as the resets asked)" if replayed else ""
     reason = {
         deep_check.FAILED: f"{len(anomalies)} anomalies",
         deep_check.EXPIRED: f"nothing wrong in what could be checked; evidence expired: {'; '.join(expired)}",
-        deep_check.PASSED: "every committed offset as often as committed, nothing else",
+        deep_check.PASSED: f"every committed offset as often as committed, nothing else{again}",
     }[outcome]
     return DeepReport(
         ok=not anomalies,

@@ -73,6 +73,9 @@ def test_a_reset_takes_the_slot_of_a_held_commit_and_the_rewound_records_are_com
     assert sum(c.replayed for c in report.partitions) == first
     verified = run_chtxn("verify", "--config", config, "--deep", "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+    shown = run_chtxn("verify", "--config", config, "--deep")  # the replayed rows said in the table too
+    assert f"({first} of them read again after offset resets, as the resets asked)" in shown.stdout, shown.stdout
+    assert "replayed" in shown.stdout.splitlines()[1] or "replayed" in shown.stdout
 
 
 def test_a_commit_that_lands_before_the_resets_claim_pushes_the_reset_to_the_next_slot(stack, tmp_path):
