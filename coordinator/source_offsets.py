@@ -13,7 +13,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
-from coordinator import ledger_rows
+from coordinator import first_start as first_starts, ledger_rows
 from coordinator.ledger_store import LedgerStore
 from protocol import routing
 from protocol.config import PipelineConfig
@@ -47,16 +47,23 @@ class SourceOffsets:
         """Where each partition's next txn may start, beyond its committed end: the recorded
         initial offset of a never-committed partition, or where a skipped gap ends.
 
-        ``start_from = latest`` applies to the partitions of a pipeline's very first start;
-        partitions added later start from their earliest offset (all their records came after
-        the pipeline started). The choice is recorded in the ledger once, so a later leader
-        never moves it.
+        ``start_from`` applies to the topics the pipeline sees at its first start; every topic and
+        partition it first sees later (created, matched by a pattern or added to the config since)
+        starts from its earliest offset. The first start is a fact of the ledger, not of this
+        listing: its first leader records the choice (an INITIAL row per partition, and one with no
+        partition when it sees none), so a run in which no topic matched still counts. Each choice
+        is recorded once, so a later leader never moves it.
         """
         recorded = self.ledger.initial_offsets()
-        latest = not head and not recorded and self.cfg.pipeline.start_from == "latest"
+        first_start = not head and not recorded and not first_starts.recorded(self.ledger)
+        latest = first_start and self.cfg.pipeline.start_from == "latest"
         marks = self.watermarks([tp for tp in partitions if tp not in head and tp not in recorded])
         choices = {tp: high if latest else low for tp, (low, high) in marks.items()}
         recorded.update(self.ledger.claim_initials(choices, epoch=self.epoch, coordinator=self.coordinator))
+        if first_start and not choices:
+            first_starts.record(
+                self.ledger, self.cfg.pipeline.start_from, epoch=self.epoch, coordinator=self.coordinator
+            )
         initial = {tp: recorded[tp] for tp in partitions if tp not in head}
         base = {tp: max(head.get(tp, 0), initial.get(tp, 0)) for tp in partitions}
         for tp, skip_to in self.gaps(base).items():
