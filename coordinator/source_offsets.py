@@ -1,6 +1,7 @@
 """Where each source partition starts, for the leader: the initial offsets of never-committed
 partitions, gaps left by retention, and the watermarks both are decided from; and, while leading,
-partitions added to the source topics and gaps that open."""
+partitions added to the source topics and gaps that open. Partitions whose log no longer matches
+the ledger (``coordinator.partition_logs``) are stopped: left out of the partitions txns read."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
 from coordinator import first_start as first_starts, ledger_rows
 from coordinator.ledger_store import LedgerStore
+from coordinator.partition_logs import PartitionLogs
 from protocol import routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import GapFound, PartitionsChanged
 from protocol.coordinator_state import CoordinatorState
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
+from protocol.partition_logs import Stop
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,9 @@ class SourceOffsets:
         self.cfg, self.ledger, self.epoch, self.coordinator = cfg, ledger, epoch, coordinator
         self._admin = admin
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
+        self.logs = PartitionLogs(cfg, admin, ledger, epoch=epoch, coordinator=coordinator)
+        #: Partitions not read: their log no longer matches the ledger (``PartitionLogs.check``).
+        self.stopped: dict[TopicPartition, Stop] = {}
 
     def partitions(self) -> list[TopicPartition]:
         """Every partition of the source topics, sorted; ``SetupError`` naming a topic that the routes
@@ -43,7 +49,9 @@ class SourceOffsets:
         routing.table_map(sorted({tp.topic for tp in found}), self.cfg.routes)
         return found
 
-    def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    def initial(
+        self, partitions: list[TopicPartition], head: dict[TopicPartition, int], *, head_seq: int | None = None
+    ) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded
         initial offset of a never-committed partition, or where a skipped gap ends.
 
@@ -53,6 +61,9 @@ class SourceOffsets:
         listing: its first leader records the choice (an INITIAL row per partition, and one with no
         partition when it sees none), so a run in which no topic matched still counts. Each choice
         is recorded once, so a later leader never moves it.
+
+        With ``head_seq`` (take-over), the logs of ``partitions`` are checked too (``stopped``),
+        and a stopped partition is never judged for gaps: its log is not the ledger's.
         """
         recorded = self.ledger.initial_offsets()
         first_start = not head and not recorded and not first_starts.recorded(self.ledger)
@@ -66,7 +77,9 @@ class SourceOffsets:
             )
         initial = {tp: recorded[tp] for tp in partitions if tp not in head}
         base = {tp: max(head.get(tp, 0), initial.get(tp, 0)) for tp in partitions}
-        for tp, skip_to in self.gaps(base).items():
+        if head_seq is not None:
+            self.stopped = self.logs.check(base, head_seq)
+        for tp, skip_to in self.gaps({tp: o for tp, o in base.items() if tp not in self.stopped}).items():
             initial[tp] = skip_to
         return initial
 
@@ -88,25 +101,29 @@ class SourceOffsets:
         if not state.ready:
             return []
         try:
-            skips = self.gaps({tp: state.base(tp) for tp in state.partitions})
+            skips = self.gaps({tp: state.base(tp) for tp in state.partitions if tp not in self.stopped})
         except BrokerUnreachable as exc:
             log.warning("could not check for gaps", extra={"error": str(exc)})
             return []
         return [GapFound(tp, offset) for tp, offset in skips.items()]
 
     def partitions_changed(self, state: CoordinatorState) -> list[PartitionsChanged]:
-        """The source partitions, with where new ones start, when they are no longer ``state``'s."""
+        """The source partitions txns read, with where new ones start, when they are no longer
+        ``state``'s: every listed partition but the stopped ones (their logs are checked here)."""
         try:
             partitions = self.partitions()
+            new = [tp for tp in partitions if tp not in state.head and tp not in state.initial]
+            initial = self.initial(new, dict(state.head))
+            bases = {tp: initial[tp] if tp in initial else state.base(tp) for tp in partitions}
+            self.stopped = self.logs.check(bases, state.head_seq)
         except ChtxnError as exc:
             log.warning("could not list partitions", extra={"error": str(exc)})
             return []
-        if tuple(partitions) == state.partitions:
+        read = tuple(tp for tp in partitions if tp not in self.stopped)
+        if read == state.partitions:
             return []
-        new = [tp for tp in partitions if tp not in state.head and tp not in state.initial]
-        initial = self.initial(new, dict(state.head))
-        log.warning("source partitions changed", extra={"partitions": len(partitions)})
-        return [PartitionsChanged(tuple(partitions), initial)]
+        log.warning("source partitions changed", extra={"partitions": len(read), "stopped": len(self.stopped)})
+        return [PartitionsChanged(read, initial)]
 
     def _gap(self, tp: TopicPartition, head: int, low: int) -> None:
         message = (
