@@ -112,6 +112,10 @@ def test_a_topic_re_created_under_a_running_pipeline_stops_its_partition_until_a
         check = wait_until(lambda: stopped_check(pipeline), 60, f"chtxn status to fail naming {a}/0")
         assert f"{a}/0" in check["found"] and "deleted and created again" in check["found"], check
         assert f"chtxn reset --partition {a}/0" in check["fix"], check
+        doctor = run_chtxn("doctor", "--config", config, "--json")
+        explained = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["partition logs"]
+        assert doctor.returncode == 1 and explained["status"] == "fail", doctor.stdout
+        assert f"{a}/0" in explained["found"] and "chtxn pause" in explained["fix"], explained
         produce(pipeline, b, 100, start_id=200)
         wait_until(lambda: len(ids_of(pipeline, b)) == 300, 60, "B still flows while A/0 is stopped")
         assert not [i for i in ids_of(pipeline, a) if i >= 1000], "records of the new A committed from the old offset"
