@@ -112,13 +112,16 @@ class SourceOffsets:
         ``state``'s: every listed partition but the stopped ones (their logs are checked here)."""
         try:
             partitions = self.partitions()
-            new = [tp for tp in partitions if tp not in state.head and tp not in state.initial]
-            initial = self.initial(new, dict(state.head))
-            bases = {tp: initial[tp] if tp in initial else state.base(tp) for tp in partitions}
-            self.stopped = self.logs.check(bases, state.head_seq)
         except ChtxnError as exc:
             log.warning("could not list partitions", extra={"error": str(exc)})
             return []
+        new = [tp for tp in partitions if tp not in state.head and tp not in state.initial]
+        initial = self.initial(new, dict(state.head)) if new else {}
+        bases = {tp: initial[tp] if tp in initial else state.base(tp) for tp in partitions}
+        try:
+            self.stopped = self.logs.check(bases, state.head_seq)
+        except BrokerUnreachable as exc:  # the last check stands until the next one
+            log.warning("could not check the partitions' logs", extra={"error": str(exc)})
         read = tuple(tp for tp in partitions if tp not in self.stopped)
         if read == state.partitions:
             return []
