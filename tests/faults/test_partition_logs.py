@@ -93,7 +93,9 @@ def test_a_topic_re_created_under_a_running_pipeline_stops_its_partition_until_a
     records than the committed offset, under a running pipeline that also reads topic B. A/0 stops,
     loudly: ``chtxn status`` fails naming it and the fix, no record of the new A is committed from the
     old offset, and B keeps flowing. ``chtxn reset --to-earliest`` on A/0 (recorded in the ledger) then
-    reads the new A whole: every record of each log exactly once, the oracle and ``verify --deep`` agree."""
+    reads the new A whole: every record of each log exactly once, the oracle and ``verify --deep`` agree.
+    A leader that takes over meanwhile keeps A/0 stopped, even once the new log has grown past the
+    old offset."""
     name = unique_name("recreate")
     a, b = f"{name}_events", f"{name}_other"
     pipeline = make_pipeline(stack, tmp_path, name, partitions=1, settings={"pipeline.topics": [a, b]})
@@ -103,37 +105,45 @@ def test_a_topic_re_created_under_a_running_pipeline_stops_its_partition_until_a
     config = str(pipeline.config_path)
     produce(pipeline, a, 300, start_id=0)
     produce(pipeline, b, 100, start_id=0)
-    with LogsMayVanish(pipeline.cfg, pipeline.partitions), ServiceThread(pipeline.cfg, "c1"):
-        wait_until(lambda: pipeline.target_count() == 400, 60, "the first records of A and B committed")
-        re_create(admin, a)
-        produce(pipeline, a, new_records, start_id=1000)
-        produce(pipeline, b, 100, start_id=100)
-        wait_until(lambda: len(ids_of(pipeline, b)) == 200, 60, "B's new records committed (B flows)")
-        check = wait_until(lambda: stopped_check(pipeline), 60, f"chtxn status to fail naming {a}/0")
-        assert f"{a}/0" in check["found"] and "deleted and created again" in check["found"], check
-        assert f"chtxn reset --partition {a}/0" in check["fix"], check
-        doctor = run_chtxn("doctor", "--config", config, "--json")
-        explained = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["partition logs"]
-        assert doctor.returncode == 1 and explained["status"] == "fail", doctor.stdout
-        assert f"{a}/0" in explained["found"] and "chtxn pause" in explained["fix"], explained
-        produce(pipeline, b, 100, start_id=200)
-        wait_until(lambda: len(ids_of(pipeline, b)) == 300, 60, "B still flows while A/0 is stopped")
-        assert not [i for i in ids_of(pipeline, a) if i >= 1000], "records of the new A committed from the old offset"
+    total_a = new_records
+    with LogsMayVanish(pipeline.cfg, pipeline.partitions):
+        with ServiceThread(pipeline.cfg, "c1"):
+            wait_until(lambda: pipeline.target_count() == 400, 60, "the first records of A and B committed")
+            re_create(admin, a)
+            produce(pipeline, a, new_records, start_id=1000)
+            produce(pipeline, b, 100, start_id=100)
+            wait_until(lambda: len(ids_of(pipeline, b)) == 200, 60, "B's new records committed (B flows)")
+            check = wait_until(lambda: stopped_check(pipeline), 60, f"chtxn status to fail naming {a}/0")
+            assert f"{a}/0" in check["found"] and "deleted and created again" in check["found"], check
+            assert f"chtxn reset --partition {a}/0" in check["fix"], check
+            doctor = run_chtxn("doctor", "--config", config, "--json")
+            explained = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["partition logs"]
+            assert doctor.returncode == 1 and explained["status"] == "fail", doctor.stdout
+            assert f"{a}/0" in explained["found"] and "chtxn pause" in explained["fix"], explained
+            if new_records < 300:  # the new log grows past the old offset while no leader runs
+                total_a += produce(pipeline, a, 300, start_id=1000 + new_records)
+        with ServiceThread(pipeline.cfg, "c2"):  # a new leader keeps A/0 stopped, from the ledger
+            produce(pipeline, b, 100, start_id=200)
+            wait_until(lambda: len(ids_of(pipeline, b)) == 300, 60, "B still flows while A/0 is stopped")
+            assert stopped_check(pipeline), "the new leader does not keep A/0 stopped"
+            assert not [i for i in ids_of(pipeline, a) if i >= 1000], (
+                "records of the new A committed from the old offset"
+            )
 
-        assert run_chtxn("pause", "--config", config, "--reason", "A was re-created").returncode == 0
-        reset = run_chtxn("reset", "--config", config, "--partition", f"{a}/0", "--to-earliest", "--json")
-        assert reset.returncode == 0, reset.stderr
-        moved = json.loads(reset.stdout)["partitions"]
-        assert moved == [{"partition": f"{a}/0", "committed": 300, "reset_to": 0}], reset.stdout
-        assert run_chtxn("resume", "--config", config).returncode == 0
-        wait_until(
-            lambda: len([i for i in ids_of(pipeline, a) if i >= 1000]) == new_records, 90, "the new A read whole"
-        )
-        wait_until(lambda: stopped_check(pipeline) is None, 30, "chtxn status to pass the partition logs again")
-    assert ids_of(pipeline, a) == dict.fromkeys([*range(300), *range(1000, 1000 + new_records)], 1)
+            assert run_chtxn("pause", "--config", config, "--reason", "A was re-created").returncode == 0
+            reset = run_chtxn("reset", "--config", config, "--partition", f"{a}/0", "--to-earliest", "--json")
+            assert reset.returncode == 0, reset.stderr
+            moved = json.loads(reset.stdout)["partitions"]
+            assert moved == [{"partition": f"{a}/0", "committed": 300, "reset_to": 0}], reset.stdout
+            assert run_chtxn("resume", "--config", config).returncode == 0
+            wait_until(
+                lambda: len([i for i in ids_of(pipeline, a) if i >= 1000]) == total_a, 90, "the new A read whole"
+            )
+            wait_until(lambda: stopped_check(pipeline) is None, 30, "chtxn status to pass the partition logs again")
+    assert ids_of(pipeline, a) == dict.fromkeys([*range(300), *range(1000, 1000 + total_a)], 1)
     assert ids_of(pipeline, b) == dict.fromkeys(range(300), 1)
-    both = min(300, new_records)
-    assert offsets_of(pipeline, a) == {o: 2 if o < both else 1 for o in range(max(300, new_records))}
+    both = min(300, total_a)
+    assert offsets_of(pipeline, a) == {o: 2 if o < both else 1 for o in range(max(300, total_a))}
     report = pipeline.oracle()
     assert report.ok, report.anomalies
     verified = run_chtxn("verify", "--config", config, "--deep", "--json")
