@@ -3,8 +3,8 @@
 A txn may reach the commit point only when its stage table holds exactly the rows its
 participants reported (and, with the metadata columns, each partition's rows and offsets match
 its WRITE-STATUS), the target's structure still matches the stage table's, every partition
-starts where the ledger head ends, and no topic it read was deleted and created again. Anything else aborts the txn before the commit point, and its
-records are read again.
+starts where the ledger head ends, and no topic it read was deleted and created again. Anything
+else aborts the txn before the commit point, and its records are read again.
 """
 
 from __future__ import annotations
