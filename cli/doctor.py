@@ -17,10 +17,14 @@ from rich.markup import escape
 from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
+from cli.txn import open_ledger
+from coordinator import partition_logs
 from coordinator.doctor import clickhouse_facts, kafka_facts
-from protocol.config import load_config
+from protocol.config import PipelineConfig, load_config
 from protocol.doctor_facts import Check, Report
 from protocol.doctor_rules import clickhouse_checks, failed, kafka_checks
+from protocol.errors import ChtxnError
+from protocol.partition_logs import stops_check
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         'KeeperMap probe with ledger.commit_point = "keeper" or a replicated target); insert_quorum and '
         "select_sequential_consistency; async_insert; materialized views against transaction.publish_mode; "
         "the metadata columns chtxn verify --deep needs, against clickhouse.input_format; the control and "
-        "source topics; the broker's transactions, which dead letters are published in. Each row says ok, "
+        "source topics; the broker's transactions, which dead letters are published in; partitions stopped because their "
+        "log no longer matches the ledger (a topic deleted and created again), with why and how to decide "
+        "where they go on. Each row says ok, "
         "warn or fail, what was found and what to do; what the coordinator, the participants and chtxn init "
         "refuse of the target fails its row with the line they print as the fix. Exit code 0 when no check "
         "failed (warnings do not fail), 1 when one did.",
@@ -58,6 +64,14 @@ COLUMNS = (
 _STYLES = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
+def _partition_logs(cfg: PipelineConfig) -> Check:
+    """Whether a partition is stopped because its log no longer matches the ledger, and what to do."""
+    try:
+        return stops_check(partition_logs.stops(open_ledger(cfg, retries=1)))
+    except ChtxnError as exc:  # no ledger yet, or ClickHouse unreachable (the checks above say which)
+        return Check(name="partition logs", status="warn", found=f"could not read the ledger: {exc}")
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     checks: list[Check] = []
@@ -69,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         for one, found in facts:  # each table's checks, those another table made already once
             checks += [c for c in clickhouse_checks(one, found.result()) if c not in checks]
         checks += kafka_checks(cfg, kafka.result())
+    checks.append(_partition_logs(cfg))
     report = Report(pipeline=cfg.name, ok=not failed(checks), checks=tuple(checks))
     if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(report)).decode())

@@ -23,6 +23,7 @@ from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
+from coordinator import partition_logs
 from coordinator.ledger_history import LedgerHistory
 from protocol import codec, naming, pipeline_health, routing
 from protocol.config import PipelineConfig, load_config
@@ -31,6 +32,7 @@ from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import LedgerEvent
 from protocol.ledger_view import TxnSummary
 from protocol.messages import Heartbeat, LeaderHeartbeat, StandbyHeartbeat, TopicPartition
+from protocol.partition_logs import stops_check
 from protocol.pipeline_health import Heard, Replica
 from protocol.standby_replicas import STANDBY, with_standbys
 
@@ -98,7 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rows/s of the latest commits, and four checks: leader (one heard within "
         "coordinator.leader_lease_s), participants (every partition held by one heard within the heartbeat "
         "timeout), commits (one within 2 x (interval_s + write_status_timeout_s)) and routes (no topic that the "
-        "routes of several tables match: the leader holds it and reads none of it). Exit code 0 when no check "
+        "routes of several tables match: the leader holds it and reads none of it) and partition logs (no "
+        "partition stopped because its log no longer matches the ledger: a topic deleted and created again, "
+        "a log that ends before the committed offset). Exit code 0 when no check "
         "failed, 1 otherwise; the failed checks are named.",
         epilog="Examples:\n  chtxn status --config pipeline.toml\n  chtxn status --config pipeline.toml --format tsv\n"
         "  chtxn status --config pipeline.toml --json | jq '{leader, epoch: .leader_epoch, failed}'",
@@ -134,6 +138,7 @@ def collect(
         latest = ledger.history(limit=1)
         aborted = ledger.last_abort()
         pause = ledger.pause()
+        stopped = partition_logs.stops(ledger)
     except ClickHouseError as exc:
         raise _missing_ledger(exc, cfg, config_path) from None
     now = time.time()
@@ -176,6 +181,7 @@ def collect(
         found_pause = f"paused by {pause.coordinator}" + (f": {pause.reason}" if pause.reason else "")
         checks = (*checks[:2], Check(name="commits", status="warn", found=found_pause, fix="chtxn resume"))
     checks = (*checks, pipeline_health.routes_check(routed.ambiguous))
+    checks = (*checks, stops_check({tp: s for tp, s in stopped.items() if tp in set(partitions)}))
     failed = tuple(c.name for c in checks if c.status == "fail")
     return Status(
         pipeline=cfg.name,

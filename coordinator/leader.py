@@ -49,6 +49,7 @@ from protocol.coordinator_events import (
     CreateStage,
     DropStage,
     Event,
+    PartitionsChanged,
     Publish,
     Ready,
     Received,
@@ -120,6 +121,7 @@ class Leader:
         self._progress_at = clock()
         self._lanes = Lanes(epoch, clock)
         self._gap_check_due = False
+        self._partition_check_due = False  # a topic was re-created under a txn: check the logs at once
         # No I/O until ``run``: the dead-letter publisher connects on its first publish.
         self._dead_letters = DeadLetterPublisher(cfg, stages.client, ledger, epoch=epoch, kafka=self.kafka)
         self._publisher = TxnPublisher(
@@ -200,12 +202,15 @@ class Leader:
         )
         failpoints.hit("leader.after-take-over", self.coordinator)
         partitions = self._offsets.partitions()
-        initial = self._offsets.initial(partitions, head)
+        initial = self._offsets.initial(partitions, head, head_seq=head_seq)
         pause = self.ledger.pause()
         paused = pause is not None and pause.event is LedgerEvent.PAUSED
         if pause is not None and paused:
             log.warning("the pipeline is paused: no txn starts until chtxn resume", extra={"reason": pause.reason})
         outcome = self._feed(Ready(head_seq, head, initial, paused=paused))
+        if self._offsets.stopped:  # no START before this: none goes out until participants are heard
+            read = tuple(tp for tp in self.state.partitions if tp not in self._offsets.stopped)
+            outcome = outcome or self._feed(PartitionsChanged(read, {}))
         next_gauges = next_partition_check = self.clock()
         shutting, give_up_at = False, 0.0
         fresh_s = self.cfg.heartbeat_timeout_s / 4
@@ -218,8 +223,8 @@ class Leader:
             if now >= next_gauges:
                 next_gauges = now + self.cfg.coordinator.leader_lease_s / 3
                 self._gauges(now)
-            if now >= next_partition_check:
-                next_partition_check = now + PARTITION_CHECK_S
+            if now >= next_partition_check or self._partition_check_due:
+                next_partition_check, self._partition_check_due = now + PARTITION_CHECK_S, False
                 outcome = outcome or self._feed_all(self._offsets.partitions_changed(self.state))
                 self._gap_check_due = True
             if self._gap_check_due:  # every PARTITION_CHECK_S, and after a participant-error abort
@@ -288,6 +293,7 @@ class Leader:
         for tp, lag in self.state.lag().items():
             self.metrics.lag.labels(self.cfg.name, tp.topic, str(tp.partition)).set(lag)
         self.metrics.hold_topics(self._offsets.held)
+        self.metrics.set_stopped(self._offsets.stopped)
 
     # ---- the loop's actions and the commit lane's (commit steps 5 and 6) --------------------
 
@@ -300,6 +306,9 @@ class Leader:
         failpoints.hit("leader.before-count", self.coordinator)
         table = action.stage_table
         try:
+            if changed := self._offsets.logs.changed():  # a re-created topic: stop its partitions now
+                self._partition_check_due = True
+                return Counted(action.txn, None, log_changed=changed)
             check = self.retry(f"check {table} against the target")(self.stages.check, table)
         except ChtxnError as exc:
             return Counted(action.txn, None, error=str(exc))

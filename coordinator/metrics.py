@@ -39,7 +39,7 @@ from protocol.coordinator_events import (
     Publish,
     RecordStarted,
 )
-from protocol.messages import ParticipantFigures
+from protocol.messages import ParticipantFigures, TopicPartition
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: The leader's ClickHouse steps, as its lanes run them (``coordinator.lanes.LANES``), by action:
@@ -143,6 +143,12 @@ class CoordinatorMetrics:
             ["pipeline", "topic"],
             registry=self.registry,
         )
+        self.stopped = Gauge(
+            "chtxn_partition_stopped",
+            "1 for a source partition whose log no longer matches the ledger: not read until chtxn reset (leader only)",
+            ["pipeline", "topic", "partition"],
+            registry=self.registry,
+        )
         self.participants = ParticipantCollector(pipeline)
         self.registry.register(self.participants)
         self.pipeline = pipeline
@@ -185,6 +191,7 @@ class CoordinatorMetrics:
         self.live_partitions.labels(self.pipeline).set(0)
         self.lag.clear()
         self.topics_held.clear()
+        self.stopped.clear()
         self.participants.stop()
 
     def hold_topics(self, topics: Iterable[str]) -> None:
@@ -192,6 +199,14 @@ class CoordinatorMetrics:
         self.topics_held.clear()
         for topic in topics:
             self.topics_held.labels(self.pipeline, topic).set(1)
+        self.stopped.clear()
+        self.participants.stop()
+
+    def set_stopped(self, partitions: Iterable[TopicPartition]) -> None:
+        """Leading: ``partitions`` are the stopped ones now (the series of the others go)."""
+        self.stopped.clear()
+        for tp in partitions:
+            self.stopped.labels(self.pipeline, tp.topic, str(tp.partition)).set(1)
 
     def committed(self) -> None:
         """This replica, leading, has just won a commit slot (commit step 6)."""

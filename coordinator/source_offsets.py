@@ -1,6 +1,7 @@
 """Where each source partition starts, for the leader: the initial offsets of never-committed
 partitions, gaps left by retention, and the watermarks both are decided from; and, while leading,
-partitions added to the source topics and gaps that open."""
+partitions added to the source topics and gaps that open. Partitions whose log no longer matches
+the ledger (``coordinator.partition_logs``) are stopped: left out of the partitions txns read."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from confluent_kafka.admin import OffsetSpec
 
 from clients import kafka as kafka_clients
 from clients.kafka import BrokerUnreachable
-from coordinator import ledger_rows
+from coordinator import first_start as first_starts, ledger_rows
 from coordinator.ledger_store import LedgerStore
+from coordinator.partition_logs import PartitionLogs
 from protocol import routing
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import GapFound, PartitionsChanged
 from protocol.coordinator_state import CoordinatorState
 from protocol.errors import ChtxnError, SetupError
 from protocol.messages import TopicPartition
+from protocol.partition_logs import Stop
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,9 @@ class SourceOffsets:
         self._gaps_recorded: set[tuple[TopicPartition, int, int]] = set()
         self._ambiguous: dict[str, str] = {}  # topic -> why: the routes of several tables match it
         self._unreadable: dict[str, str] = {}  # new topic -> why: its offsets could not be read
+        self.logs = PartitionLogs(cfg, admin, ledger, epoch=epoch, coordinator=coordinator)
+        #: Partitions not read: their log no longer matches the ledger (``PartitionLogs.check``).
+        self.stopped: dict[TopicPartition, Stop] = {}
 
     @property
     def held(self) -> dict[str, str]:
@@ -54,23 +60,37 @@ class SourceOffsets:
         self._ambiguous = _hold(self._ambiguous, {t: routing.ambiguity(t, tables) for t, tables in ambiguous.items()})
         return [tp for tp in found if tp.topic not in self._ambiguous]
 
-    def initial(self, partitions: list[TopicPartition], head: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    def initial(
+        self, partitions: list[TopicPartition], head: dict[TopicPartition, int], *, head_seq: int | None = None
+    ) -> dict[TopicPartition, int]:
         """Where each partition's next txn may start, beyond its committed end: the recorded
         initial offset of a never-committed partition, or where a skipped gap ends.
 
-        ``start_from = latest`` applies to the partitions of a pipeline's very first start;
-        partitions added later start from their earliest offset (all their records came after
-        the pipeline started). The choice is recorded in the ledger once, so a later leader
-        never moves it.
+        ``start_from`` applies to the topics the pipeline sees at its first start; every topic and
+        partition it first sees later (created, matched by a pattern or added to the config since)
+        starts from its earliest offset. The first start is a fact of the ledger, not of this
+        listing: its first leader records the choice (an INITIAL row per partition, and one with no
+        partition when it sees none), so a run in which no topic matched still counts. Each choice
+        is recorded once, so a later leader never moves it.
+
+        With ``head_seq`` (take-over), the logs of ``partitions`` are checked too (``stopped``),
+        and a stopped partition is never judged for gaps: its log is not the ledger's.
         """
         recorded = self.ledger.initial_offsets()
-        latest = not head and not recorded and self.cfg.pipeline.start_from == "latest"
+        first_start = not head and not recorded and not first_starts.recorded(self.ledger)
+        latest = first_start and self.cfg.pipeline.start_from == "latest"
         marks = self.watermarks([tp for tp in partitions if tp not in head and tp not in recorded])
         choices = {tp: high if latest else low for tp, (low, high) in marks.items()}
         recorded.update(self.ledger.claim_initials(choices, epoch=self.epoch, coordinator=self.coordinator))
+        if first_start and not choices:
+            first_starts.record(
+                self.ledger, self.cfg.pipeline.start_from, epoch=self.epoch, coordinator=self.coordinator
+            )
         initial = {tp: recorded[tp] for tp in partitions if tp not in head}
         base = {tp: max(head.get(tp, 0), initial.get(tp, 0)) for tp in partitions}
-        for tp, skip_to in self.gaps(base).items():
+        if head_seq is not None:
+            self.stopped = self.logs.check(base, head_seq)
+        for tp, skip_to in self.gaps({tp: o for tp, o in base.items() if tp not in self.stopped}).items():
             initial[tp] = skip_to
         return initial
 
@@ -92,14 +112,15 @@ class SourceOffsets:
         if not state.ready:
             return []
         try:
-            skips = self.gaps({tp: state.base(tp) for tp in state.partitions})
+            skips = self.gaps({tp: state.base(tp) for tp in state.partitions if tp not in self.stopped})
         except BrokerUnreachable as exc:
             log.warning("could not check for gaps", extra={"error": str(exc)})
             return []
         return [GapFound(tp, offset) for tp, offset in skips.items()]
 
     def partitions_changed(self, state: CoordinatorState) -> list[PartitionsChanged]:
-        """The source partitions, with where new ones start, when they are no longer ``state``'s; a new
+        """The source partitions txns read, with where new ones start, when they are no longer
+        ``state``'s: every listed partition but the stopped ones (their logs are checked here); a new
         topic whose offsets cannot be read is held until they can (``held``), the others join."""
         try:
             partitions = self.partitions()
@@ -110,14 +131,21 @@ class SourceOffsets:
         try:
             self._unreadable = _hold(self._unreadable, self._unreadable_topics(new))
             partitions = [tp for tp in partitions if tp.topic not in self._unreadable]
-            if tuple(partitions) == state.partitions:
-                return []
-            initial = self.initial([tp for tp in new if tp.topic not in self._unreadable], dict(state.head))
+            new = [tp for tp in new if tp.topic not in self._unreadable]
+            initial = self.initial(new, dict(state.head)) if new else {}
         except BrokerUnreachable as exc:
             log.warning("could not read the offsets of new partitions", extra={"error": str(exc)})
             return []
-        log.warning("source partitions changed", extra={"partitions": len(partitions)})
-        return [PartitionsChanged(tuple(partitions), initial)]
+        bases = {tp: initial[tp] if tp in initial else state.base(tp) for tp in partitions}
+        try:
+            self.stopped = self.logs.check(bases, state.head_seq)
+        except BrokerUnreachable as exc:  # the last check stands until the next one
+            log.warning("could not check the partitions' logs", extra={"error": str(exc)})
+        read = tuple(tp for tp in partitions if tp not in self.stopped)
+        if read == state.partitions:
+            return []
+        log.warning("source partitions changed", extra={"partitions": len(read), "stopped": len(self.stopped)})
+        return [PartitionsChanged(read, initial)]
 
     def _unreadable_topics(self, new: list[TopicPartition]) -> dict[str, str]:
         """The topics of ``new`` partitions whose offsets cannot be read, each with why; when none of

@@ -36,8 +36,11 @@ class PipelineSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         description="Where records ClickHouse refuses are published, once their txn commits.",
         extra={"brief": 'default "<name>.chtxn-dlq"'})] = ""
     start_from: Annotated[Literal["earliest", "latest"], Meta(description=(
-        "Where a never-committed partition starts, for the partitions of the pipeline's first start. The choice is "
-        "recorded once in the ledger (an INITIAL row). Partitions added later start from `earliest`."))] = "earliest"
+        "Where a never-committed partition starts, decided per topic the first time the pipeline sees it: a topic "
+        "seen at the pipeline's first start (its first leader's take-over, even one that saw no topic) starts here; "
+        "every topic or partition first seen later (created, matched by a `re:` pattern or added to `topics` since) "
+        "starts from `earliest`, as all its records came after the pipeline started. Each choice is recorded once "
+        "in the ledger (INITIAL rows)."))] = "earliest"
     on_gap: Annotated[Literal["fail", "skip"], Meta(description=(
         "When offsets a partition still needs are gone (retention): `fail` stops the coordinator naming the gap, "
         "`skip` goes on from the earliest offset left. Either way the gap is recorded as a GAP row and `chtxn verify` "

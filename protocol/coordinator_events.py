@@ -124,7 +124,8 @@ class Counted:
 
     ``partitions`` is the per-partition view when the target has the metadata columns (else
     None); ``altered`` describes how the target's structure now differs from the stage table's
-    ("" when they match).
+    ("" when they match); ``log_changed`` why a log the txn read is no longer the ledger's ("" when
+    none changed, ``coordinator.partition_logs``).
     """
 
     txn: str
@@ -132,6 +133,7 @@ class Counted:
     error: str = ""
     partitions: dict[TopicPartition, PartitionStats] | None = None
     altered: str = ""
+    log_changed: str = ""
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,7 @@ class AbortKind(str, enum.Enum):
     TARGET_ALTERED = "target-altered"
     STEP_DOWN = "step-down"  # counted by the runner: the machine stops at ``StepDown``
     TAKE_OVER = "take-over"  # an orphan stage table a new leader dropped (``coordinator.takeover``)
+    LOG_CHANGED = "log-changed"  # a topic the txn read was re-created (``protocol.partition_logs``)
 
     def __str__(self) -> str:
         return self.value

@@ -2,9 +2,9 @@
 
 A txn may reach the commit point only when its stage table holds exactly the rows its
 participants reported (and, with the metadata columns, each partition's rows and offsets match
-its WRITE-STATUS), the target's structure still matches the stage table's, and every partition
-starts where the ledger head ends. Anything else aborts the txn before the commit point, and its
-records are read again.
+its WRITE-STATUS), the target's structure still matches the stage table's, every partition
+starts where the ledger head ends, and no topic it read was deleted and created again. Anything
+else aborts the txn before the commit point, and its records are read again.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from protocol.messages import TopicPartition
 def verdict(txn: Txn, counted: Counted, base: Callable[[TopicPartition], int]) -> tuple[str, AbortKind] | None:
     """Why ``txn`` must abort, and how to file it; None when it may commit. ``base`` gives where each
     partition's next txn must start (``CoordinatorState.base``)."""
+    if counted.log_changed:
+        return counted.log_changed, AbortKind.LOG_CHANGED
     if counted.count is None:
         return f"could not count the stage table: {counted.error}", AbortKind.COUNT_FAILED
     if counted.altered:

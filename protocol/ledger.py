@@ -15,6 +15,8 @@ database. Events:
   ``<pipeline>/initial/<topic>/<partition>``, first write wins) so a new leader never moves it;
 - ``COMMIT_POINT``: slots after ``commit_seq`` are claimed by the commit point named in ``reason``
   (``protocol.commit_points``): written once, changed only by ``chtxn commit-point switch``;
+- ``TOPIC``, ``STOPPED``: the identity of the log a partition's offsets count in, and a partition
+  whose log no longer matches it (``protocol.partition_logs``);
 - ``CHECKPOINT``: the head at slot ``commit_seq`` (every partition's committed end offset), for a
   prefix of the chain that is decided and settled (``protocol.ledger_checkpoint``). Readers start
   from the latest one, so what they read does not grow with the chain.
@@ -67,6 +69,8 @@ class LedgerEvent(str, enum.Enum):
     PAUSED = "PAUSED"  # an operator paused the pipeline (chtxn pause): no new txn starts
     RESUMED = "RESUMED"  # an operator resumed it (chtxn resume)
     COMMIT_POINT = "COMMIT_POINT"  # the commit point slots after commit_seq are claimed by (protocol.commit_points)
+    TOPIC = "TOPIC"  # the identity of a source topic's partition logs, from a slot on (protocol.partition_logs)
+    STOPPED = "STOPPED"  # a partition whose log no longer matches the ledger: not read until chtxn reset
 
 
 #: A txn's state is the first of these it has an event for.
@@ -102,7 +106,7 @@ class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int
     commit_seq: int = 0  # 0 except on COMMITTED rows
     coordinator: str = ""
-    claim_id: str = ""  # random id of the insert claiming a COMMITTED or EPOCH slot
+    claim_id: str = ""  # random id of the insert claiming a COMMITTED or EPOCH slot; TOPIC, STOPPED: the topic ID
     target: str = ""
     stage_table: str = ""
     ranges: tuple[PartitionRange, ...] = ()

@@ -56,6 +56,8 @@ _EVENT_ORDER = {
             LedgerEvent.PUBLISHED,
             LedgerEvent.INITIAL,
             LedgerEvent.CHECKPOINT,
+            LedgerEvent.TOPIC,
+            LedgerEvent.STOPPED,
         )
     )
 }

@@ -50,6 +50,7 @@ def test_status_names_leader_and_participants_and_verify_passes(stack, tmp_path)
             ("participants", "ok"),
             ("commits", "ok"),
             ("routes", "ok"),
+            ("partition logs", "ok"),
         ]
         assert status["failed"] == [] and 0 <= status["commit_age_s"] < 21
         assert status["last_commit_seq"] >= 2 and status["rows_per_s"] > 0 and status["rate_commits"] >= 2

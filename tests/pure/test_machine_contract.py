@@ -88,6 +88,7 @@ def test_abort_kinds_are_the_strings_written_to_metrics_and_logs() -> None:
         "target-altered",
         "step-down",
         "take-over",
+        "log-changed",
     )
     assert all(type(kind) is str for kind in ABORT_KINDS)
     kind = AbortKind.PARTICIPANT_DEAD
