@@ -122,28 +122,9 @@ def test_a_topic_two_tables_routes_match_is_never_started_and_stops_no_other_top
 
 
 def test_a_held_partition_stages_nothing_keeps_fetching_and_ends_where_it_started() -> None:
-    m = ParticipantState(
-        pipeline=PIPE,
-        sender="task-0",
-        partitions=[CLICKS, ORDERS],
-        chunk_rows=2,
-        chunk_bytes=10_000,
-        heartbeat_interval_s=1.0,
-    )
-    start = StartCommit(
-        pipeline=PIPE,
-        epoch=EPOCH,
-        txn="e3_t1",
-        sender="c",
-        stage_table=stages(1, "orders"),
-        offsets=(
-            PartitionOffset(topic="clicks", partition=0, offset=10),
-            PartitionOffset(topic="orders", partition=0, offset=40),
-        ),
-        stage_tables=(
-            TopicStage(topic="clicks", stage_table=""),
-            TopicStage(topic="orders", stage_table=stages(1, "orders")),
-        ),
+    m = _clicks_and_orders()
+    start = _start_clicks_at_10_orders_at_40(
+        TopicStage(topic="clicks", stage_table=""), TopicStage(topic="orders", stage_table=stages(1, "orders"))
     )
     assert m.handle(PReceived(start), 0) == [Seek("clicks", 0, 10), Seek("orders", 0, 40)]  # both fetch; none paused
     read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11)] + [Rec("orders", 0, 40, b'{"o":2}')]), 0)
@@ -161,7 +142,20 @@ def test_a_partition_whose_topic_a_start_names_no_stage_table_for_is_held_never_
     route was removed; the leader still listed it) gives it no stage table: the participant holds its
     partition, stages none of its records into the txn's only stage table, and reports it ending where
     it started, so the txn commits nothing of it."""
-    m = ParticipantState(
+    m = _clicks_and_orders()
+    start = _start_clicks_at_10_orders_at_40(
+        TopicStage(topic="orders", stage_table=stages(1, "orders"))
+    )  # clicks: none
+    m.handle(PReceived(start), 0)
+    read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11, 12)] + [Rec("orders", 0, 40, b"{}")]), 0)
+    ended = read + m.handle(PReceived(_end("e3_t1")), 0)
+    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, ended)] == [(stages(1, "orders"), "orders")]
+    reports = [a.message for a in ended if hasattr(a, "message")]
+    assert [(w.topic, w.start_offset, w.end_offset, w.rows, w.errors) for w in reports] == [("clicks", 10, 10, 0, ())]
+
+
+def _clicks_and_orders() -> ParticipantState:
+    return ParticipantState(
         pipeline=PIPE,
         sender="task-0",
         partitions=[CLICKS, ORDERS],
@@ -169,24 +163,22 @@ def test_a_partition_whose_topic_a_start_names_no_stage_table_for_is_held_never_
         chunk_bytes=10_000,
         heartbeat_interval_s=1.0,
     )
-    start = StartCommit(
+
+
+def _start_clicks_at_10_orders_at_40(*stage_tables: TopicStage) -> StartCommit:
+    """txn e3_t1 of clicks/0 from 10 and orders/0 from 40, its only stage table orders'."""
+    return StartCommit(
         pipeline=PIPE,
         epoch=EPOCH,
         txn="e3_t1",
         sender="c",
-        stage_table=stages(1, "orders"),  # the txn's only stage table
+        stage_table=stages(1, "orders"),
         offsets=(
             PartitionOffset(topic="clicks", partition=0, offset=10),
             PartitionOffset(topic="orders", partition=0, offset=40),
         ),
-        stage_tables=(TopicStage(topic="orders", stage_table=stages(1, "orders")),),  # clicks: none
+        stage_tables=stage_tables,
     )
-    m.handle(PReceived(start), 0)
-    read = m.handle(Polled([Rec("clicks", 0, o, b'{"o":1}') for o in (10, 11, 12)] + [Rec("orders", 0, 40, b"{}")]), 0)
-    ended = read + m.handle(PReceived(_end("e3_t1")), 0)
-    assert [(a.stage_table, a.chunk.topic) for a in of(StageChunk, ended)] == [(stages(1, "orders"), "orders")]
-    reports = [a.message for a in ended if hasattr(a, "message")]
-    assert [(w.topic, w.start_offset, w.end_offset, w.rows, w.errors) for w in reports] == [("clicks", 10, 10, 0, ())]
 
 
 def _end(txn: str) -> EndCommit:

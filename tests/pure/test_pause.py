@@ -6,6 +6,8 @@ invariants are checked after every event (``tests/pure/conftest.py``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from protocol.coordinator_events import (
     Commit,
     CommitResult,
@@ -86,23 +88,24 @@ def test_a_pause_of_another_pipeline_changes_nothing() -> None:
 def test_a_commit_that_claimed_past_a_pauses_slot_moves_the_head_to_the_slot_it_won() -> None:
     """The pause's marker took slot head + 1; the leader claimed head + 2 instead (a marker moves no
     offset). The ACK names the slot won, and the next txn commits after it."""
-    d = Driver()
-    t1 = d.started(T0)
-    d.spare_ready(2, T0 + 0.05)
-    assert d.at(T0 + 0.1, pause()) == [end(1)]
-    assert d.at(T0 + 0.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
-    assert d.at(T0 + 0.3, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
+    d, t1 = _paused_and_committing()
     won = CommitResult(t1.id, won=True, commit_seq=HEAD_SEQ + 2)
     assert d.at(T0 + 0.4, won) == [ack(1, END_1, HEAD_SEQ + 2), Publish(t1)]
     assert d.state.head_seq == HEAD_SEQ + 2 and t1.commit_seq == HEAD_SEQ + 2
 
 
 def test_a_commit_that_lost_the_slot_past_a_pauses_names_the_slot_it_lost() -> None:
+    d, t1 = _paused_and_committing()
+    lost = CommitResult(t1.id, won=False, commit_seq=HEAD_SEQ + 2)
+    assert d.at(T0 + 0.4, lost) == [StepDown(f"lost commit slot {HEAD_SEQ + 2} of {t1.id} to another leader")]
+
+
+def _paused_and_committing() -> tuple[Driver, Any]:
+    """Txn 1 ended by a pause, counted, its commit of slot head + 1 asked for."""
     d = Driver()
     t1 = d.started(T0)
     d.spare_ready(2, T0 + 0.05)
     assert d.at(T0 + 0.1, pause()) == [end(1)]
     assert d.at(T0 + 0.2, ws(t1.id, P0, 40, 50, 10), ws(t1.id, P1, 0, 5, 5)) == [CountStage(t1.id, t1.stage_table)]
     assert d.at(T0 + 0.3, Counted(t1.id, 15)) == [Commit(t1, HEAD_SEQ + 1)]
-    lost = CommitResult(t1.id, won=False, commit_seq=HEAD_SEQ + 2)
-    assert d.at(T0 + 0.4, lost) == [StepDown(f"lost commit slot {HEAD_SEQ + 2} of {t1.id} to another leader")]
+    return d, t1
