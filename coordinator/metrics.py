@@ -199,8 +199,6 @@ class CoordinatorMetrics:
         self.topics_held.clear()
         for topic in topics:
             self.topics_held.labels(self.pipeline, topic).set(1)
-        self.stopped.clear()
-        self.participants.stop()
 
     def set_stopped(self, partitions: Iterable[TopicPartition]) -> None:
         """Leading: ``partitions`` are the stopped ones now (the series of the others go)."""

@@ -101,9 +101,9 @@ def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged
                 wait_until(lambda: pipeline.ledger().epoch_owner(1) == "c1", 60, "c1 leads")
                 procs["c2"] = spawn(fast_config, "c2", tmp_path / "c2.log")
                 proxy.delay(0.3)  # c1's ClickHouse is slow from now on
-                wait_until(
+                wait_until(  # through a proxy adding 0.3 s to each request: about 35 s on a quiet 2-core machine
                     lambda: f"failpoint {point} fires" in (tmp_path / "c1.log").read_text(),
-                    60,
+                    120,
                     f"c1 counted a txn and reached {point}",
                 )
                 os.killpg(procs["c1"].pid, signal.SIGSTOP)  # frozen: no heartbeat either

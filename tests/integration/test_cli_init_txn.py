@@ -179,7 +179,7 @@ def test_txn_list_and_show(ledger_pipeline) -> None:
     assert shown.returncode == 0, shown.stderr
     detail = json.loads(shown.stdout)
     assert (detail["state"], detail["epoch"], detail["commit_seq"], detail["total_rows"]) == ("COMMITTED", 1, 1, 40)
-    assert detail["ranges"] == [{"topic": "src", "partition": 0, "start": 0, "end": 42, "rows": 40}]
+    assert detail["ranges"] == [{"topic": "src", "partition": 0, "start": 0, "end": 42, "rows": 40, "table": ""}]
     assert (detail["consume_ms"], detail["commit_ms"], detail["dead_letters"]) == (1000.0, 200.0, 2)
 
     table = chtxn("txn", "list", "--config", str(path))
