@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import msgspec
-
 from protocol import naming
 from protocol.ledger import LedgerEvent, LedgerRow
 
@@ -75,7 +73,3 @@ def latest(rows: Iterable[LedgerRow]) -> LedgerRow | None:
 def in_chain(pause: LedgerRow | None) -> bool:
     """``pause`` (from ``latest``) is a pause that took a commit slot: a reset may rely on it."""
     return pause is not None and pause.event is LedgerEvent.PAUSED and pause.commit_seq > 0
-
-
-def with_slot(row: LedgerRow, commit_seq: int) -> LedgerRow:
-    return msgspec.structs.replace(row, commit_seq=commit_seq)
