@@ -86,6 +86,7 @@ def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]
     found = {txn: int(n) for txn, n in _rows(client, deep_check.letters_per_txn_sql(letters), parameters)}
     gone = {c.txn: c.dead_letters - found.get(c.txn, 0) for c in commits if not is_reset(c)}
     gone = {txn: n for txn, n in gone.items() if n > 0}
+    skips = sum(_not_records(c) for c in commits if c.txn in gone)
     expired = _unattributed(*sent.pop("", (0, 0)))
     reports: dict[str, DeepReport] = {}
     for i, table in enumerate(dict.fromkeys([*cfg.tables, *sent])):
@@ -95,7 +96,7 @@ def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]
             if missing
             else check_table(client, database, table, sources, chain if i == 0 else [], topics=topics)
         )
-    return _with_letter_bound(_with_notes(reports, expired), sum(gone.values()))
+    return _with_letter_bound(_with_notes(reports, expired), sum(gone.values()), skips)
 
 
 def check_table(
@@ -168,7 +169,9 @@ def verify_deep(
     letters = sorted((tp.topic, tp.partition, o) for tp, offsets in (dead_letters or {}).items() for o in offsets)
     floors = sorted((tp.topic, tp.partition, o) for tp, o in (checked_from or {}).items())
     sources = _Sources(
-        ranges=deep_check.given_ranges_sql([("", t, p, lo, hi, n, target) for t, p, lo, hi, n in mine]),
+        ranges=deep_check.given_ranges_sql(  # a name each: a range's skips are counted per range
+            [(f"r{i}", t, p, lo, hi, n, target) for i, (t, p, lo, hi, n) in enumerate(mine)]
+        ),
         letters=deep_check.given_letters_sql(letters),
         floors=deep_check.given_floors_sql(floors),
         parameters={},
@@ -254,11 +257,19 @@ def _with_notes(reports: dict[str, DeepReport], notes: list[str]) -> dict[str, D
     return {**reports, first: amended(reports[first], expired=notes)}
 
 
-def _with_letter_bound(reports: dict[str, DeepReport], letters_gone: int) -> dict[str, DeepReport]:
-    """More rows missing where letters expired than letters are gone: some of them are lost."""
+def _not_records(commit: LedgerRow) -> int:
+    """Offsets of ``commit``'s ranges that hold no record (transaction markers, aborted records): its
+    offsets, less its rows, less its dead letters."""
+    return max(0, sum(r.end - r.start - r.rows for r in commit.ranges) - commit.dead_letters)
+
+
+def _with_letter_bound(reports: dict[str, DeepReport], letters_gone: int, skips: int = 0) -> dict[str, DeepReport]:
+    """More rows missing where letters expired than letters are gone, and offsets of their txns that
+    hold no record (``skips``): some of them are lost."""
     unsure = sum(c.unsure for r in reports.values() for c in r.partitions)
-    if unsure <= letters_gone:
+    if unsure <= letters_gone + skips:
         return reports
     first = next(iter(reports))
     why = f"{unsure} committed rows are missing where dead letters expired, but only {letters_gone} letters are gone"
+    why += f" (and {skips} offsets of those txns hold no record)" if skips else ""
     return {**reports, first: amended(reports[first], anomalies=[why])}

@@ -20,6 +20,13 @@ per-partition totals and the first few offenders comes back.
   all in ``chtxn_dead_letters`` (its TTL): ``unsure`` offsets, as long as they are no more than
   the letters gone (``coordinator.verify`` checks the bound, else it is a failure);
 - committed ranges of rows of earlier versions whose table cannot be told (``range_tables``).
+
+**Offsets that hold no record.** A ``read_committed`` consumer never sees a transaction marker or a
+record of an aborted Kafka transaction, yet each takes an offset, and a committed range may span
+them. Each range knows how many: its offsets, less the rows it staged, less its letters. So an
+offset with no row is *skipped* (neither missing nor a pass by itself) when every range covering it
+has no more offsets without a row than that; a range with more has lost rows, and the excess is
+counted missing (each of its offsets without a row is named: the lost ones are among them).
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ from protocol import dead_letters, ledger, ledger_sql, naming, range_tables
 #: Offenders listed per table (the first ones, by topic, partition and offset).
 OFFENDERS_SHOWN = 10
 
-#: An offset's verdict: as committed; short of rows where a dead letter's record expired; more rows
-#: than committed where some are committed; rows where none is; fewer rows than committed.
-OK, UNSURE, DUPLICATE, OUTSIDE, MISSING = "ok", "unsure", "duplicate", "outside", "missing"
+#: An offset's verdict: as committed; short of rows where a dead letter's record expired; no row, and
+#: no record as its ranges' counts allow (a transaction marker, an aborted record); more rows than
+#: committed where some are committed; rows where none is; fewer rows than committed.
+OK, UNSURE, SKIPPED, DUPLICATE, OUTSIDE, MISSING = "ok", "unsure", "skipped", "duplicate", "outside", "missing"
+#: Verdicts that are no failure.
+_FINE = f"('{OK}', '{UNSURE}', '{SKIPPED}')"
 
 #: Outcomes of a table and of the whole check.
 PASSED, FAILED, EXPIRED = "OK", "FAILED", "EXPIRED"
@@ -134,47 +144,79 @@ def _literal_rows(names: str, types: str, rows: Sequence[tuple]) -> str:
 
 def _per_offset(ranges: str, letters: str, floors: str, target: str) -> str:
     """Per offset of table ``{table:String}``: covers, expected, rows (``n``), unsure, expired, dead-lettered,
-    and the verdict. ``target`` is the table, quoted; ``{topics:Array(String)}`` the topics whose
-    rows in it are checked (``{all_topics:UInt8}`` = 1: every row); rows below their partition's
-    floor (``floors``) are expired."""
+    skippable, the rows its ranges lack beyond what they skip (``excess``, on a range's first offset), and
+    the verdict. ``target`` is the table, quoted; ``{topics:Array(String)}`` the topics whose rows in it
+    are checked (``{all_topics:UInt8}`` = 1: every row); rows below their partition's floor
+    (``floors``) are expired."""
     mine = f"SELECT txn, topic, partition FROM ({ranges}) WHERE to_table = {{table:String}}"
     unsure = f"toInt64(txn IN ({unsure_txns_sql(ranges, letters)}))"
     counted = (
         f"SELECT topic, partition, arrayJoin(range(lo, hi)) AS o, toInt64(1) AS x_covers, toInt64(0) AS x_lettered, "
-        f"toInt64(0) AS x_any, {unsure} AS x_unsure, toInt64(0) AS x_n, toInt64(0) AS x_expired "
+        f"toInt64(0) AS x_any, {unsure} AS x_unsure, toInt64(0) AS x_n, toInt64(0) AS x_expired, '' AS x_txn "
         f"FROM ({ranges}) WHERE to_table = {{table:String}} "
         "UNION ALL "
         f"SELECT topic, partition, o, toInt64(0), toInt64(any_txn = 0), toInt64(any_txn), -{unsure}, "
-        f"toInt64(0), toInt64(0) FROM ({letters}) WHERE any_txn = 1 OR (txn, topic, partition) IN ({mine}) "
+        f"toInt64(0), toInt64(0), txn FROM ({letters}) WHERE any_txn = 1 OR (txn, topic, partition) IN ({mine}) "
         "UNION ALL "
         "SELECT t._topic, t._partition, t._offset, toInt64(0), toInt64(0), toInt64(0), toInt64(0), "
-        "toInt64(t._offset >= f.floor), toInt64(t._offset < f.floor) "
+        "toInt64(t._offset >= f.floor), toInt64(t._offset < f.floor), '' "
         f"FROM {target} AS t LEFT JOIN ({floors}) AS f ON t._topic = f.topic AND t._partition = f.partition "
         "WHERE {all_topics:UInt8} = 1 OR has({topics:Array(String)}, t._topic)"
     )
     grouped = (
         "SELECT topic, partition, o, sum(x_covers) AS covers, "
         "if(max(x_any) > 0, 0, sum(x_covers) - sum(x_lettered)) AS expected, sum(x_n) AS n, "
-        "sum(x_unsure) AS unsure, sum(x_expired) AS expired, toUInt8(sum(x_lettered) + max(x_any) > 0) AS lettered "
+        "sum(x_unsure) AS unsure, sum(x_expired) AS expired, toUInt8(sum(x_lettered) + max(x_any) > 0) AS lettered, "
+        "max(x_any) AS any_letter, groupUniqArrayIf(x_txn, x_lettered > 0) AS letter_txns "
         f"FROM ({counted}) GROUP BY topic, partition, o"
+    )
+    judged = (
+        "SELECT g.*, s.skippable AS skippable, s.excess AS excess "
+        f"FROM ({grouped}) AS g LEFT JOIN ({_skips(ranges, grouped, unsure)}) AS s "
+        "ON g.topic = s.topic AND g.partition = s.partition AND g.o = s.o"
     )
     verdict = (
         f"multiIf(n = expected, '{OK}', n < expected AND n >= expected - unsure, '{UNSURE}', "
-        f"n > expected AND expected > 0, '{DUPLICATE}', n > expected, '{OUTSIDE}', '{MISSING}')"
+        f"n = 0 AND skippable = 1, '{SKIPPED}', n > expected AND expected > 0, '{DUPLICATE}', n > expected, "
+        f"'{OUTSIDE}', '{MISSING}')"
     )
-    return f"SELECT *, {verdict} AS verdict FROM ({grouped})"
+    return f"SELECT *, {verdict} AS verdict FROM ({judged})"
+
+
+def _skips(ranges: str, grouped: str, unsure: str) -> str:
+    """Per offset covered by a range to ``{table:String}``: ``skippable`` (1 when every range covering
+    it has no more offsets without a row than it holds offsets that are no records: its offsets, less
+    its rows, less its letters) and ``excess`` (on each range's first offset: the offsets without a
+    row beyond that, in ranges of txns whose letters are all there)."""
+    here = "(g.any_letter > 0 OR has(g.letter_txns, r.txn))"  # dead-lettered by the range's txn
+    covered = (
+        "SELECT r.topic AS topic, r.partition AS partition, r.o AS o, r.lo AS lo, r.unsure AS range_unsure, "
+        f"toInt64(r.hi - r.lo) - toInt64(r.staged) - sum(toInt64({here})) OVER w AS skips, "
+        f"sum(toInt64(g.n = 0 AND g.expected > 0 AND NOT {here})) OVER w AS empties "
+        f"FROM (SELECT txn, topic, partition, lo, hi, n AS staged, {unsure} AS unsure, "
+        f"arrayJoin(range(lo, hi)) AS o FROM ({ranges}) WHERE to_table = {{table:String}}) AS r "
+        f"INNER JOIN ({grouped}) AS g ON g.topic = r.topic AND g.partition = r.partition AND g.o = r.o "
+        "WINDOW w AS (PARTITION BY r.txn, r.topic, r.partition, r.lo)"
+    )
+    return (
+        "SELECT topic, partition, o, toUInt8(min(empties <= skips)) AS skippable, "
+        "sum(if(o = lo AND range_unsure = 0, greatest(empties - skips, 0), 0)) AS excess "
+        f"FROM ({covered}) GROUP BY topic, partition, o"
+    )
 
 
 def partitions_sql(ranges: str, letters: str, floors: str, target: str) -> str:
-    """Per partition of the table: committed from / to, expected (distinct offsets), rows, distinct
-    offsets, duplicates, outside, missing, unsure, replayed, dead letters, expired rows, offenders."""
+    """Per partition of the table: committed from / to, expected (distinct offsets holding records), rows,
+    distinct offsets, duplicates, outside, missing, unsure, replayed, dead letters, expired rows,
+    offenders, skipped (offsets that hold no record)."""
     return (
         "SELECT topic, partition, if(countIf(covers > 0) = 0, 0, minIf(o, covers > 0)), "
-        "if(countIf(covers > 0) = 0, 0, maxIf(o, covers > 0) + 1), countIf(expected > 0), sum(n), countIf(n > 0), "
-        f"sumIf(n - expected, verdict = '{DUPLICATE}'), sumIf(n, verdict = '{OUTSIDE}'), "
-        f"sumIf(expected - n, verdict = '{MISSING}'), sumIf(expected - n, verdict = '{UNSURE}'), "
-        "sum(greatest(expected - 1, 0)), countIf(covers > 0 AND lettered > 0), sum(expired), "
-        f"countIf(verdict NOT IN ('{OK}', '{UNSURE}')) "
+        f"if(countIf(covers > 0) = 0, 0, maxIf(o, covers > 0) + 1), countIf(expected > 0 AND verdict != '{SKIPPED}'), "
+        f"sum(n), countIf(n > 0), sumIf(n - expected, verdict = '{DUPLICATE}'), sumIf(n, verdict = '{OUTSIDE}'), "
+        f"sumIf(expected - n, verdict = '{MISSING}' AND n > 0) + sum(excess), "
+        f"sumIf(expected - n, verdict = '{UNSURE}'), sumIf(greatest(expected - 1, 0), verdict != '{SKIPPED}'), "
+        f"countIf(covers > 0 AND lettered > 0), sum(expired), countIf(verdict NOT IN {_FINE}), "
+        f"countIf(verdict = '{SKIPPED}') "
         f"FROM ({_per_offset(ranges, letters, floors, target)}) GROUP BY topic, partition ORDER BY topic, partition"
     )
 
@@ -184,7 +226,7 @@ def offenders_sql(ranges: str, letters: str, floors: str, target: str) -> str:
     (topic, partition, offset, expected, rows, verdict)."""
     return (
         f"SELECT topic, partition, o, expected, n, verdict FROM ({_per_offset(ranges, letters, floors, target)}) "
-        f"WHERE verdict NOT IN ('{OK}', '{UNSURE}') ORDER BY topic, partition, o LIMIT {{limit:UInt32}}"
+        f"WHERE verdict NOT IN {_FINE} ORDER BY topic, partition, o LIMIT {{limit:UInt32}}"
     )
 
 

@@ -40,6 +40,7 @@ class PartitionCheck(msgspec.Struct, frozen=True, kw_only=True):
     missing: int = 0  # rows committed to the table and not in it
     unsure: int = 0  # rows missing where a dead letter's record has expired: maybe letters, maybe lost
     expired: int = 0  # rows below the retained ledger's first commit: not checked
+    skipped: int = 0  # offsets with no row that hold no record, as their ranges' counts allow (markers)
 
 
 class DeepReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,10 +73,10 @@ def merged(reports: dict[str, DeepReport]) -> DeepReport:
 
 
 def partition_check(row: Sequence[Any]) -> PartitionCheck:
-    topic, partition, lo, hi, expected, rows, distinct, dup, outside, missing, unsure, replayed, dlq, expired, bad = row
+    t, p, lo, hi, expected, rows, distinct, dup, outside, missing, unsure, replayed, dlq, expired, bad, skip = row
     return PartitionCheck(
-        topic=topic,
-        partition=int(partition),
+        topic=t,
+        partition=int(p),
         committed_from=int(lo),
         committed_to=int(hi),
         expected_rows=int(expected),
@@ -89,14 +90,16 @@ def partition_check(row: Sequence[Any]) -> PartitionCheck:
         missing=int(missing),
         unsure=int(unsure),
         expired=int(expired),
+        skipped=int(skip),
     )
 
 
 def _anomaly(c: PartitionCheck) -> str:
     again = f", {c.replayed} more read again after offset resets" if c.replayed else ""
+    skipped = f", {c.skipped} offsets holding no record" if c.skipped else ""
     return (
         f"{c.topic}-{c.partition}: committed [{c.committed_from}, {c.committed_to}) expects {c.expected_rows} rows"
-        f"{again} ({c.dead_letters} dead-lettered); target has {c.rows} rows, {c.distinct_offsets} distinct offsets, "
+        f"{again} ({c.dead_letters} dead-lettered{skipped}); target has {c.rows} rows, {c.distinct_offsets} distinct offsets, "
         f"{c.duplicates} duplicates, {c.missing} missing, {c.outside} outside the committed ranges"
     )
 

@@ -275,3 +275,34 @@ def test_a_long_chain_is_checked_by_verify_and_the_oracle_alike(stack, tmp_path)
     assert oracle.ok and oracle.rows_in_target == 2 * commits * 10, oracle.anomalies
     code, report = deep(pipeline)
     assert code == 0 and report["outcome"] == "OK" and report["deep"]["rows_in_target"] == 2 * commits * 10, report
+
+
+def test_offsets_holding_no_record_are_skipped_as_each_ranges_counts_allow_and_a_lost_row_still_fails(stack, tmp_path):
+    """Issue 36, item 6b: transaction markers (and aborted records) take offsets no ``read_committed``
+    consumer sees, so committed ranges span offsets with no row. A range knows how many: its offsets,
+    less its rows, less its letters. Up to that many offsets without a row pass in it, never more: a lost
+    row still fails, and beside a marker it is counted once."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("vmarkers"), partitions=1)
+    topic = pipeline.topic
+    # [0, 10): markers at 4 and 9, a letter at 3; [10, 20): a marker at 15; [20, 25): no marker
+    claim(pipeline, 1, "e1_t1", rng(topic, 0, 10, "events", rows=7), letters=1)
+    store_letter(pipeline, "e1_t1", 3)
+    claim(pipeline, 2, "e1_t2", rng(topic, 10, 20, "events", rows=9))
+    claim(pipeline, 3, "e1_t3", rng(topic, 20, 25, "events"))
+    records = [o for o in range(25) if o not in (3, 4, 9, 15)]
+    put_rows(pipeline, "events", topic, records)
+    code, report = deep(pipeline)
+    assert code == 0 and report["outcome"] == "OK", report
+    [check] = report["deep"]["partitions"]
+    assert (check["expected_rows"], check["rows"], check["skipped"], check["missing"]) == (21, 21, 3, 0), check
+
+    db = pipeline.cfg.clickhouse.database
+    pipeline.client().command(f"DELETE FROM `{db}`.`events` WHERE _offset IN (6, 22)")  # two lost rows
+    code, report = deep(pipeline)
+    assert code == 1 and report["outcome"] == "FAILED", report
+    [check] = report["deep"]["partitions"]
+    assert (check["missing"], check["skipped"]) == (2, 1), check  # [10, 20) still skips its marker
+    named = [(o["offset"], o["kind"]) for o in report["deep"]["offenders"]]
+    assert named == [(4, "missing"), (6, "missing"), (9, "missing"), (22, "missing")], named  # 6 among 4, 6, 9
+    text = chtxn("verify", "--config", str(pipeline.config_path), "--deep")
+    assert text.returncode == 1 and "FAILED" in text.stdout and "2 missing" in text.stdout, text.stdout
