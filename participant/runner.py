@@ -7,7 +7,8 @@ One task holds several source partitions and runs, until stopped:
   read in offset order with no record left out (``clients.control_reader``);
 - one data consumer: its partitions by ``assign`` (no group membership), committing to the group
   ``naming.consumer_group(pipeline)`` only after ACK-COMMIT, ``read_committed``, and
-  ``auto.offset.reset=error`` (an out-of-range START offset fails the txn instead of skipping);
+  ``auto.offset.reset=error`` (an out-of-range START offset fails the txn instead of skipping),
+  with partition EOF events: where a partition ends, past transaction markers (``ReadToEnd``);
 - one producer, for control messages only (dead letters go to ClickHouse with their chunk:
   ``participant.dead_letters``);
 - a small pool of insert workers (``Stager``), so consumption and heartbeats go on while chunks
@@ -59,6 +60,7 @@ from protocol.participant_events import (
     PartitionFailed,
     Pause,
     Polled,
+    ReadToEnd,
     Received,
     Resume,
     Seek,
@@ -162,7 +164,7 @@ class _Loop:
             **{
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "error",
-                "enable.partition.eof": False,
+                "enable.partition.eof": True,  # where a partition ends, past markers: ``ReadToEnd``
             }
         )
         self.stager = Stager(
@@ -222,13 +224,21 @@ class _Loop:
     def _poll_data(self) -> None:
         batch = self.data.consume(num_messages=self.cfg.participant.poll_batch, timeout=POLL_S)
         records = [m for m in batch if m.error() is None]
+        ends: list[ReadToEnd] = []
         if len(records) < len(batch):
             for m in batch:
-                if (error := m.error()) is not None:
+                if (error := m.error()) is None:
+                    continue
+                topic, partition, offset = m.topic(), m.partition(), m.offset()
+                if error.code() == KafkaError._PARTITION_EOF and None not in (topic, partition, offset):
+                    ends.append(ReadToEnd(cast("str", topic), cast("int", partition), cast("int", offset)))
+                else:
                     self._on_data_error(m, error)
         if records:  # without an error, a record has its topic, partition and offset:
             self.tally.read(len(records))
             self._feed(Polled(cast("list[RecordLike]", records)))
+        for end in ends:  # after the records: an end only moves a txn's range forward, past them
+            self._feed(end)
 
     def _on_data_error(self, m: Message, error: KafkaError) -> None:
         topic, partition = m.topic(), m.partition()

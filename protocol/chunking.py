@@ -77,8 +77,8 @@ class Chunk:
 class ChunkBuilder:
     """Cuts the records of one partition in one txn into chunks, by rule 2 above.
 
-    ``next_offset`` is the offset after the last record taken. Records below it (stale
-    deliveries) are skipped, never chunked twice.
+    ``next_offset`` is the offset after the last record taken, or where the partition was read to
+    past it (``passed``). Records below it (stale deliveries) are skipped, never chunked twice.
     """
 
     def __init__(
@@ -164,22 +164,29 @@ class ChunkBuilder:
                 open_ = self._open
         return closed
 
+    def passed(self, offset: int) -> None:
+        """Every record below ``offset`` was delivered: offsets past the last record taken and below it
+        hold none a ``read_committed`` consumer sees (transaction markers, aborted records), so the
+        txn's range goes on to ``offset``. Never moves back."""
+        self.next_offset = max(self.next_offset, offset)
+
     def flush(self) -> Chunk | None:
         """Close the open chunk (END); None when it holds no record."""
         return self._cut() if self._open else None
 
     def _cut(self) -> Chunk:
+        next_offset = self._open[-1].offset() + 1  # not ``self.next_offset``: a chunk ends at its records
         chunk = Chunk(
             txn=self.txn,
             topic=self.topic,
             partition=self.partition,
             chunk_no=self.chunks_cut,
             token=chunk_token(
-                self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut, self._open_first, self.next_offset
+                self.pipeline, self.txn, self.topic, self.partition, self.chunks_cut, self._open_first, next_offset
             ),
             records=tuple(self._open),
             first_offset=self._open_first,
-            next_offset=self.next_offset,
+            next_offset=next_offset,
             bytes=self._open_bytes,
         )
         self.chunks_cut += 1

@@ -31,6 +31,17 @@ class Polled:
 
 
 @dataclass(frozen=True)
+class ReadToEnd:
+    """The data consumer read ``topic``/``partition`` to its end at ``offset`` (partition EOF): every
+    record below it was delivered before this event, and the offsets after the last one hold none a
+    ``read_committed`` consumer sees (transaction markers, records of aborted transactions)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class ChunkStaged:
     """The outcome of a ``StageChunk``: rows stored, records sent to the dead-letter topic.
 
@@ -63,7 +74,7 @@ class Tick:
     log_ends: Mapping[TopicPartition, int] = field(default_factory=dict)
 
 
-Event = Received | Polled | ChunkStaged | PartitionFailed | Tick
+Event = Received | Polled | ReadToEnd | ChunkStaged | PartitionFailed | Tick
 
 # ---- actions ----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from protocol.participant_events import (
     ChunkStaged,
     PartitionFailed,
     Pause,
+    ReadToEnd,
     Resume,
     Seek,
     Send,
@@ -218,6 +219,20 @@ class Partitions:
                 p.position = max(p.position, records[j - 1].offset() + 1)
             i = j
         return actions
+
+    def read_to_end(self, e: ReadToEnd) -> None:
+        """Participant step 2, at the partition's end: a txn reading it goes on to ``e.offset``, past
+        trailing markers, so its END does not stop before them (and the committed offset, the lag and
+        the leader's "records waiting" see no record where there is none)."""
+        p = self.parts.get((e.topic, e.partition))
+        if p is None:
+            return
+        stint = p.open
+        if stint is not None and stint.status is Status.STAGING:
+            stint.builder.passed(e.offset)
+            p.position = stint.builder.next_offset
+        else:  # read outside a txn, like records delivered then: a later START seeks back
+            p.position = max(p.position, e.offset)
 
     def staged(self, e: ChunkStaged) -> list[Action]:
         p = self.parts.get((e.topic, e.partition))

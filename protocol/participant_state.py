@@ -13,8 +13,9 @@ code calls these "participant step N":
    reached, or this partition full, without waiting for the next beat; a full partition stops
    reading until END (which a full partition brings at once, with the next START).
 3. END: cut the open chunk at the current position and stage it; once every chunk of the txn is
-   staged, send one WRITE-STATUS (end offset = next offset to read; errors, if any, make the
-   coordinator abort the txn). WRITE-STATUS of one partition go out in txn order. When END
+   staged, send one WRITE-STATUS (end offset = next offset to read: after the last record, or the
+   partition's end when the consumer read to it past offsets that hold no record, such as a
+   transaction marker; errors, if any, make the coordinator abort the txn). WRITE-STATUS of one partition go out in txn order. When END
    carries the next txn (``EndCommit.next``), the partition goes straight on reading into it
    from the cut, without a pause; otherwise it stops reading (nothing is polled, the fetched
    records stay buffered) until the next START.
@@ -72,6 +73,7 @@ from protocol.participant_events import (
     Event,
     PartitionFailed,
     Polled,
+    ReadToEnd,
     Received,
     Send,
     Tick,
@@ -180,6 +182,10 @@ class ParticipantState:
             actions += self._heartbeat(now)
         return actions
 
+    def _on_read_to_end(self, event: ReadToEnd, now: float) -> list[Action]:
+        self.partitions.read_to_end(event)
+        return []
+
     def _on_received(self, event: Received, now: float) -> list[Action]:
         m = event.message
         if isinstance(m, Leave):  # the job's driver, not a coordinator: no epoch to check
@@ -279,6 +285,7 @@ class ParticipantState:
     #: The handler of each event type, taken by ``handle``.
     _HANDLERS: ClassVar[dict[type, Callable[[Any, Any, float], list[Action]]]] = {
         Polled: _on_polled,
+        ReadToEnd: _on_read_to_end,
         Received: _on_received,
         ChunkStaged: _on_staged,
         Tick: _on_tick,

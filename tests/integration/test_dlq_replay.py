@@ -16,9 +16,10 @@ from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator.dlq_replay import DeadLetterReplay, ReplayError
 from participant.bad_records import TOMBSTONE, Letter
 from protocol.dlq_replay import INTENT_KEY, Selection, replay_log_topic
-from tests.helpers import REPO, create_topic, run_chtxn, unique_name
+from tests.helpers import REPO, create_topic, run_chtxn, unique_name, wait_until
 from tests.integration.ledger_writes import publish_letters
-from tests.pipelines import Pipeline, make_pipeline
+from tests.integration.live_pipeline import coordinator, participants
+from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
 from tests.records import Rec
 
 #: ``python -m cli`` of this checkout, without the session's ``CHTXN_*`` settings.
@@ -111,6 +112,34 @@ def test_a_dry_run_produces_nothing_and_execute_replays_each_letter_once(stack, 
     table = chtxn("dlq", "replay", "--config", config, "--all")
     assert table.returncode == 0, table.stderr
     assert "dry run" in table.stdout and "already replayed" in table.stdout and "by tester at" in table.stdout
+
+
+def letters_if(pipeline: Pipeline, n: int) -> dict | None:
+    """The offsets in the dead-letter topic once partition 0 has ``n`` of them, else None."""
+    found = pipeline.dead_letter_offsets()
+    return found if len(found.get(pipeline.partitions[0], ())) == n else None
+
+
+def test_once_the_replayed_records_are_committed_status_shows_no_lag(stack, tmp_path):
+    """Issue 36, item 6b: a replay produces in a Kafka transaction, so the source partition ends in its
+    marker. Once the replayed records are committed, the commit reaches past the marker: ``chtxn status``
+    shows lag 0 (on main, 1 for good), and the oracle and ``chtxn verify --deep`` agree."""
+    pipeline = make_pipeline(stack, tmp_path, unique_name("replaylag"), partitions=1)
+    config = str(pipeline.config_path)
+    produced = pipeline.produce(20, bad_every=10)  # ids 9 and 19 are malformed: letters
+    with coordinator(pipeline), participants(pipeline):
+        wait_until(lambda: letters_if(pipeline, 2), 60, "the malformed records dead-lettered", interval_s=0.5)
+        done = replay(config, "--all", "--execute")
+        assert done["counts"]["replayed"] == 2, done
+        last = max(int(x["replay"]["to"].rsplit("/", 1)[1]) for x in done["letters"])
+        wait_until(lambda: pipeline.ledger().head()[1].get(pipeline.partitions[0], 0) > last, 60, "replays committed")
+        status = chtxn("status", "--config", config, "--json")
+        lags = {(p["partition"], p["log_end"]): p["lag"] for p in json.loads(status.stdout)["partitions"]}
+        assert lags == {(0, last + 2): 0}, lags  # the replayed records, then the replay's marker
+        letters = wait_until(lambda: letters_if(pipeline, 4), 60, "the replayed records dead-lettered", interval_s=0.5)
+    assert_exactly_once(pipeline, produced - 2, letters)
+    deep = chtxn("verify", "--config", config, "--deep", "--json")
+    assert deep.returncode == 0 and json.loads(deep.stdout)["outcome"] == "OK", deep.stdout + deep.stderr
 
 
 def test_a_range_replayed_to_another_topic_is_not_replayed_again_to_the_source(stack, tmp_path, kafka_admin):
