@@ -56,8 +56,11 @@ demo: install
 	$(VENV)/bin/chtxn demo --events 200000
 
 # A randomized soak: faults drawn from SEED for DURATION seconds, then the exactly-once checks.
+# CHANGES=no leaves out the operator's changes (topics re-created, routes, resets, switches).
+CHANGES ?= yes
 soak: install
-	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION) --commit-point $(COMMIT_POINT)
+	$(PY) -m tests.soak --seed $(SEED) --duration $(DURATION) --commit-point $(COMMIT_POINT) \
+		$(if $(filter no,$(CHANGES)),--no-changes,--changes)
 
 # Not part of `make test`: it measures, and takes minutes (benchmarks/README.md).
 # make bench [REPS=3] [ARGS="--events 100000 --paced-seconds 15 ..."]

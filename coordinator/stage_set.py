@@ -21,8 +21,9 @@ With one table (the one-table form) it is that table's ``StageTables`` and nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
 
 from clients import failpoints
 from clients.clickhouse import error_code
@@ -236,3 +237,33 @@ class StageSet:
 
 #: What the leader, its take-over and its publisher work with: one table's stage tables, or a set.
 Stages = StageTables | StageSet
+
+
+@contextmanager
+def adopting(
+    stages: Stages, tables: Iterable[str], publish_mode_of: Callable[[str], Literal["move", "insert-select"]]
+) -> Iterator[None]:
+    """``tables`` are targets of ``stages`` too while the block runs: the take-over of a leader whose
+    routes no longer name a table that committed txns still go to (publish them, drop its orphans)."""
+    added = [t for t in tables if isinstance(stages, StageTables) or t not in stages.tables]
+    if not added:
+        yield
+        return
+    if not isinstance(stages, StageSet):
+        raise ValueError(f"one table's stage tables cannot publish into {', '.join(added)}")
+    one = next(iter(stages.tables.values()))
+    for table in added:
+        stages.tables[table] = StageTables(
+            one.client,
+            database=one.database,
+            target=table,
+            pipeline=one.pipeline,
+            publish_mode=publish_mode_of(table),
+            copy_settings=one.copy_settings,
+            cluster=one.cluster,
+        )
+    try:
+        yield
+    finally:
+        for table in added:
+            del stages.tables[table]

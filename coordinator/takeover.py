@@ -7,7 +7,9 @@
    leader's slots). Until the seal is ours, no stage table is touched: an older leader's commit
    that lands first is rolled forward below, and one that comes later loses its slot and steps
    down. A seal lost to a newer epoch means a newer leader exists: step down.
-3. Roll forward, in commit order, every committed txn not yet published.
+3. Roll forward, in commit order, every committed txn not yet published, into the tables the ledger
+   committed it for: a table no route names any more (the routes changed between restarts) is
+   checked and published like the others.
 4. Drop this pipeline's other stage tables (orphans): nothing older can commit them any more.
    Each gets an ABORTED row, but for a spare made one txn ahead that never held a row and never
    reached the ledger: nothing happened there to abort, and ``txn list`` is not flooded.
@@ -24,10 +26,10 @@ from clients import failpoints
 from clients.target_table import check_target
 from coordinator import commit_points, ledger_rows
 from coordinator.ledger_store import LedgerStore
-from coordinator.stage_set import Stages
+from coordinator.stage_set import Stages, adopting
 from protocol.config import PipelineConfig
 from protocol.coordinator_events import AbortKind
-from protocol.errors import ChtxnError, SetupError
+from protocol.errors import ChtxnError
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 
@@ -81,49 +83,56 @@ def take_over(
     assert seal is not None
     ledger.append(ledger_rows.published_from(seal, epoch=epoch, coordinator=coordinator))
     unpublished = ledger.committed_unpublished()
-    if missing := sorted({t for row in unpublished for t in ledger_rows.targets_of(row)} - set(cfg.tables)):
-        raise SetupError(
-            f"committed txns still to publish go to {', '.join(missing)}, which no route of the config names: "
-            "put the tables back in [[route]] until chtxn status shows nothing to publish"
-        )
-    for row in unpublished:  # Take-over step 3: roll forward, in commit order
-        log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
-        publish(
-            row.txn, row.stage_table, partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator)
-        )
-        progress()
-    for txn_id, table in retry("list stage tables")(stages.existing).items():  # Take-over step 4: drop orphans
-        summary = ledger.txn(txn_id)
-        if summary is not None and summary.state == LedgerEvent.PUBLISHED:  # its rows are in the target: only clean up
-            retry(f"drop {table}")(stages.drop_all, table)
-        elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
+    # The routes changed between restarts: a committed txn still goes where the ledger sent it.
+    owed = sorted({t for row in unpublished for t in ledger_rows.targets_of(row)} - set(cfg.tables))
+    for target in owed:
+        log.warning("publishing committed txns into a table no route names any more", extra={"table": target})
+        retry(f"check the target table {target}")(check_target, stages.client, cfg, target)
+    with adopting(stages, owed, cfg.publish_mode_of):
+        for row in unpublished:  # Take-over step 3: roll forward, in commit order
+            log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
             publish(
-                txn_id,
-                summary.stage_table or table,  # the stage tables it committed (``table``: every table's)
-                partial(
-                    ledger_rows.published_from_summary, summary, pipeline=cfg.name, epoch=epoch, coordinator=coordinator
-                ),
+                row.txn, row.stage_table, partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator)
             )
-            retry(f"drop {table}")(stages.drop_all, table)
-        elif summary is None and retry(f"count {table}")(_rows_in, stages, table) == 0:
-            # a spare made one txn ahead that never held a row (or only side tables are left): nothing to abort
-            log.info("dropping an unused spare stage table", extra={"txn": txn_id, "table": table})
-            retry(f"drop {table}")(stages.drop_all, table)
-        else:
-            log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
-            retry(f"drop {table}")(stages.drop_all, table)
-            ledger.append(
-                ledger_rows.orphan_aborted(
+            progress()
+        for txn_id, table in retry("list stage tables")(stages.existing).items():  # Take-over step 4: drop orphans
+            summary = ledger.txn(txn_id)
+            if (
+                summary is not None and summary.state == LedgerEvent.PUBLISHED
+            ):  # its rows are in the target: only clean up
+                retry(f"drop {table}")(stages.drop_all, table)
+            elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
+                publish(
                     txn_id,
-                    table,
-                    pipeline=cfg.name,
-                    target=",".join(cfg.tables),
-                    epoch=epoch,
-                    coordinator=coordinator,
+                    summary.stage_table or table,  # the stage tables it committed (``table``: every table's)
+                    partial(
+                        ledger_rows.published_from_summary,
+                        summary,
+                        pipeline=cfg.name,
+                        epoch=epoch,
+                        coordinator=coordinator,
+                    ),
                 )
-            )
-            aborted(AbortKind.TAKE_OVER)
-        progress()
+                retry(f"drop {table}")(stages.drop_all, table)
+            elif summary is None and retry(f"count {table}")(_rows_in, stages, table) == 0:
+                # a spare made one txn ahead that never held a row (or only side tables are left): nothing to abort
+                log.info("dropping an unused spare stage table", extra={"txn": txn_id, "table": table})
+                retry(f"drop {table}")(stages.drop_all, table)
+            else:
+                log.warning("dropping an orphan stage table", extra={"txn": txn_id, "table": table})
+                retry(f"drop {table}")(stages.drop_all, table)
+                ledger.append(
+                    ledger_rows.orphan_aborted(
+                        txn_id,
+                        table,
+                        pipeline=cfg.name,
+                        target=",".join(cfg.tables),
+                        epoch=epoch,
+                        coordinator=coordinator,
+                    )
+                )
+                aborted(AbortKind.TAKE_OVER)
+            progress()
     return head_seq + 1, head
 
 

@@ -117,15 +117,18 @@ def accepted_of(rows: Iterable[LedgerRow]) -> dict[TopicPartition, Accepted]:
 
 
 def stops_of(rows: Iterable[LedgerRow]) -> dict[TopicPartition, Stop]:
-    """The partitions stopped now: a ``STOPPED`` row that no ``TOPIC`` row of a later slot lifts."""
+    """The partitions stopped now: a ``STOPPED`` row that no ``TOPIC`` row of a later slot lifts; of
+    several, the first since the partition's log was last accepted (a partition stopped, reset and
+    stopped again is stopped)."""
     rows = list(rows)
     accepted = accepted_of(rows)
     stops: dict[TopicPartition, Stop] = {}
     for row in sorted(rows, key=lambda r: (r.commit_seq, r.event_time)):
         if row.event is LedgerEvent.STOPPED:
             for g in row.ranges:
-                stops.setdefault(g.tp, Stop(tp=g.tp, offset=g.start, slot=row.commit_seq, reason=row.reason))
-    return {tp: s for tp, s in stops.items() if tp not in accepted or accepted[tp].slot <= s.slot}
+                if g.tp not in accepted or accepted[g.tp].slot <= row.commit_seq:
+                    stops.setdefault(g.tp, Stop(tp=g.tp, offset=g.start, slot=row.commit_seq, reason=row.reason))
+    return stops
 
 
 def identity_row(

@@ -74,6 +74,15 @@ def test_a_stop_holds_until_an_identity_row_of_a_later_slot_names_the_partition(
     assert set(partition_logs.stops_of([_identity(1, "id1", 0, 1), _stop(5), _identity(6, "id2", 1)])) == {TP}
 
 
+def test_a_partition_stopped_again_after_a_reset_lifted_its_first_stop_is_stopped() -> None:
+    """Found by the change soak: a topic re-created twice, reset in between. The leader kept the
+    partition stopped, but status, doctor and the gauge read the first stop, lifted, and said OK."""
+    rows = [_identity(1, "id1", 0, 1), _stop(5), _identity(8, "id2", 0, 1), _stop(12), _stop(13)]
+    stops = partition_logs.stops_of(rows)
+    assert set(stops) == {TP} and stops[TP].slot == 12
+    assert partition_logs.stops_of([*rows, _identity(14, "id3", 0, 1)]) == {}
+
+
 def test_the_stop_is_kept_as_first_recorded() -> None:
     stops = partition_logs.stops_of([_stop(5), _stop(6)])
     assert stops[TP].slot == 5 and stops[TP].offset == 300

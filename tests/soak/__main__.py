@@ -48,12 +48,25 @@ def main(argv: list[str] | None = None) -> int:
         default="token",
         help="ledger.commit_point of the pipeline; keeper adds a ZooKeeper and its restarts as a fault",
     )
+    parser.add_argument(
+        "--changes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the operator's changes among the faults: topic re-created, route moved and removed, reset races, "
+        "a rolling commit-point switch, dead letters expired (default on; adds a ZooKeeper)",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        metavar="KIND,...",
+        help="inject only these fault kinds (e.g. topic-recreate,reset-race), to replay one kind",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"where the JSON report goes (default {RESULTS})")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chtxn-soak-seed{args.seed}-"))
     console = Console(width=200)
     console.print(f"soak seed {args.seed}, {args.duration:g}s; logs in {workdir}/logs", soft_wrap=True)
-    stack = TestStack(workdir / "embedded", keeper=args.commit_point == "keeper")
+    stack = TestStack(workdir / "embedded", keeper=args.commit_point == "keeper" or args.changes)
     started = time.monotonic()
     try:
         result = run_soak(
@@ -65,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             rate=args.rate,
             stuck_after_s=args.stuck_after,
             commit_point=args.commit_point,
+            changes=args.changes,
+            only=tuple(filter(None, args.only.split(","))),
         )
     finally:
         stack.stop()

@@ -45,7 +45,7 @@ class Cluster:
 
     # ---- starting ---------------------------------------------------------------------------
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def _start(self, name: str, argv: list[str], env: dict[str, str], config: Path | None = None) -> subprocess.Popen:
         path = self.logs / f"{name}.log"
         with open(path, "a") as log:
             log.write(
@@ -55,7 +55,7 @@ class Cluster:
         log = open(path, "a")  # noqa: SIM115 -- the child holds it; ours closes with the Popen
         full_env = {**os.environ, **self.extra_env, "PYTHONPATH": str(REPO), **env}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv, "--config", str(self.config_path)],
+            [sys.executable, "-m", "cli", *argv, "--config", str(config or self.config_path)],
             cwd=REPO,
             env=full_env,
             stdout=log,
@@ -67,15 +67,16 @@ class Cluster:
         self.held.discard(name)
         return proc
 
-    def start_coordinator(self, name: str, failpoints: str = "") -> subprocess.Popen:
-        """Start replica ``name``; ``failpoints`` (``CHTXN_FAILPOINTS``, armed by the CLI) for this run only."""
+    def start_coordinator(self, name: str, failpoints: str = "", config: Path | None = None) -> subprocess.Popen:
+        """Start replica ``name``; ``failpoints`` (``CHTXN_FAILPOINTS``, armed by the CLI) and ``config``
+        (another config file) for this run only."""
         env = {"CHTXN_COORDINATOR_ID": name}
         if failpoints:
             env["CHTXN_FAILPOINTS"] = failpoints
             self.armed[name] = failpoints
         else:
             self.armed.pop(name, None)
-        return self._start(name, ["--log-level", "INFO", "coordinator"], env)
+        return self._start(name, ["--log-level", "INFO", "coordinator"], env, config)
 
     def start_participant(self) -> subprocess.Popen:
         return self._start(PARTICIPANT, ["participant", "--master", f"local[{self.slots},4]"], {})

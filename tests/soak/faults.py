@@ -18,6 +18,7 @@ from coordinator.ledger_store import LedgerStore
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import wait_until
 from tests.pipelines import Pipeline
+from tests.soak.changes import ChangeFaults
 from tests.soak.cluster import COORDINATORS, Cluster
 from tests.soak.schedule import FaultPlan
 from tests.soak.traffic import Traffic
@@ -60,7 +61,7 @@ class FaultRecord:
         }
 
 
-class Injector:
+class Injector(ChangeFaults):
     def __init__(
         self,
         cluster: Cluster,
@@ -266,8 +267,9 @@ class Injector:
 
     def _alter(self, record: FaultRecord, clause: str) -> None:
         ch = self.check.cfg.clickhouse
-        self.check.client().command(f"ALTER TABLE `{ch.database}`.`{ch.target_table}` {clause}")
-        record.target = f"{ch.database}.{ch.target_table}"
+        table = getattr(self, "table", ch.target_table)  # a route move changes it
+        self.check.client().command(f"ALTER TABLE `{ch.database}`.`{table}` {clause}")
+        record.target = f"{ch.database}.{table}"
 
     def _leader(self) -> str:
         leader = self.leader()

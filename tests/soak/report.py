@@ -30,7 +30,7 @@ from rich.table import Table
 
 from protocol.ledger import LedgerRow
 from tests.soak.faults import FaultRecord
-from tests.soak.schedule import KEEPER_KINDS, KINDS, FaultPlan
+from tests.soak.schedule import CHANGE_KINDS, KEEPER_KINDS, KINDS, FaultPlan
 
 
 def recovery_times(records: list[FaultRecord], commits: list[LedgerRow], topic: str) -> None:
@@ -72,7 +72,8 @@ class SoakResult:
     git_commit: str
     pipeline: str
     logs: str
-    commit_point: str = "token"  # ledger.commit_point of the soaked pipeline
+    commit_point: str = "token"  # ledger.commit_point of the soaked pipeline (at its start)
+    changes: bool = False  # the operator's changes among the faults (the oracle counts ids)
     started_at: float = 0.0  # unix time the fault phase began (after warm-up)
     schedule: list[FaultPlan] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
@@ -89,10 +90,14 @@ class SoakResult:
 
     @property
     def duplicates(self) -> int:
+        if "duplicates" in self.oracle:  # the id oracle
+            return int(self.oracle["duplicates"])
         return sum(p["duplicates"] for p in self.oracle.get("partitions", []))
 
     @property
     def losses(self) -> int:
+        if "losses" in self.oracle:
+            return int(self.oracle["losses"]) + sum(self.drain.get("uncommitted", {}).values())
         unseen = sum(max(0, p["expected_rows"] - p["distinct_offsets"]) for p in self.oracle.get("partitions", []))
         return unseen + sum(self.drain.get("uncommitted", {}).values())
 
@@ -114,7 +119,9 @@ class SoakResult:
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
-        for kind in KINDS + (KEEPER_KINDS if self.commit_point == "keeper" else ()):
+        for kind in (
+            KINDS + (KEEPER_KINDS if self.commit_point == "keeper" else ()) + (CHANGE_KINDS if self.changes else ())
+        ):
             done = [f for f in self.faults if f.plan.kind == kind]
             injected = [f for f in done if f.injected]
             times = [f.recovery_s for f in injected if f.recovery_s is not None]
@@ -136,6 +143,7 @@ class SoakResult:
             "git_commit": self.git_commit,
             "pipeline": self.pipeline,
             "commit_point": self.commit_point,
+            "changes": self.changes,
             "logs": self.logs,
             "started_at": self.started_at,
             "duplicates": self.duplicates,
@@ -158,7 +166,7 @@ class SoakResult:
 
         stamp = datetime.fromtimestamp(self.started_at or 0, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         directory.mkdir(parents=True, exist_ok=True)
-        mode = "" if self.commit_point == "token" else f"-{self.commit_point}"
+        mode = ("" if self.commit_point == "token" else f"-{self.commit_point}") + ("-changes" if self.changes else "")
         path = directory / f"{stamp}-seed{self.seed}{mode}.json"
         path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
         return path

@@ -14,6 +14,9 @@ Steps:
    log end (read to EOF) is committed and every committed txn is published.
 4. Check: the oracle (``Pipeline.oracle`` with the dead-letter offsets), ``chtxn verify --deep
    --json``, and dead-letter routing (every good record in the target, every bad one dead-lettered).
+   With ``changes`` (the operator's changes among the faults, ``tests.soak.changes``), offsets no
+   longer name one record (a topic re-created starts again at 0), so the oracle is the records' own
+   ids instead (``tests.soak.ids``), and routing is checked against chtxn's record of its letters.
 """
 
 from __future__ import annotations
@@ -30,14 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from confluent_kafka.admin import AdminClient
 
 from protocol.messages import TopicPartition
 from tests.faults.proxied import Addresses, direct, via
 from tests.faults.tcp_proxy import TcpProxy
-from tests.helpers import unique_name, wait_until
-from tests.pipelines import Pipeline, make_pipeline
+from tests.helpers import create_topic, unique_name, wait_until
+from tests.pipelines import TARGET_DDL, Pipeline, make_pipeline
+from tests.soak.changes import OTHER_TABLE
 from tests.soak.cluster import COORDINATORS, REPO, Cluster
 from tests.soak.faults import FaultRecord, Injector, NotReady
+from tests.soak.ids import check_ids, check_letters
 from tests.soak.report import SoakResult, recovery_times, stuck_spells
 from tests.soak.schedule import draw_schedule
 from tests.soak.traffic import Traffic, log_end
@@ -67,20 +73,32 @@ def run_soak(
     recovery_timeout_s: float = 90.0,
     drain_timeout_s: float = 240.0,
     commit_point: str = "token",
+    changes: bool = False,
+    only: tuple[str, ...] = (),
 ) -> SoakResult:
     """Run one soak on ``stack`` (anything with ``kafka_bootstrap``, ``clickhouse_url``,
-    ``clickhouse_host``, ``clickhouse_port``); logs and the config go under ``workdir``."""
+    ``clickhouse_host``, ``clickhouse_port``; with ``changes``, a ``keeper`` too); logs and the
+    config go under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    schedule = draw_schedule(seed, duration_s, keeper=commit_point == "keeper")
+    schedule = draw_schedule(seed, duration_s, keeper=commit_point == "keeper", changes=changes, only=only)
+    name = unique_name(f"soak{seed}")
+    side = f"{name}_side"  # a change soak's quiet second topic
+    settings: dict[str, Any] = {**SETTINGS, "ledger.commit_point": commit_point}
+    if changes:
+        settings["pipeline.topics"] = [f"{name}_events", side]
     with TcpProxy(stack.clickhouse_host, stack.clickhouse_port, lifetime_s=duration_s + 7200) as proxy:
         pipeline = make_pipeline(
             Addresses(stack.kafka_bootstrap, via(stack.clickhouse_url, proxy)),
             workdir,
-            unique_name(f"soak{seed}"),
+            name,
             partitions=partitions,
-            settings={**SETTINGS, "ledger.commit_point": commit_point},
+            settings=settings,
         )
         check = direct(pipeline, stack.clickhouse_url)
+        if changes:
+            create_topic(AdminClient({"bootstrap.servers": stack.kafka_bootstrap}), side, 1)
+            db = f"`{check.cfg.clickhouse.database}`"
+            check.client().command(TARGET_DDL.format(db=db, table=f"`{OTHER_TABLE}`"))
         ledger = check.ledger()
         result = SoakResult(
             seed=seed,
@@ -90,10 +108,13 @@ def run_soak(
             logs=str(workdir / "logs"),
             schedule=schedule,
             commit_point=commit_point,
+            changes=changes,
         )
-        cluster = Cluster(pipeline.config_path, workdir / "logs", slots=partitions)
+        cluster = Cluster(pipeline.config_path, workdir / "logs", slots=partitions + (1 if changes else 0))
         traffic = Traffic(stack.kafka_bootstrap, pipeline.topic, partitions, rate)
         injector = Injector(cluster, traffic, proxy, check, ledger, stack)
+        if changes:
+            injector.setup_changes(side, stack.clickhouse_url, commit_point)
         try:
             for name in COORDINATORS:
                 cluster.start_coordinator(name)
@@ -119,7 +140,7 @@ def run_soak(
                     result.errors.append("harness error in the fault phase:\n" + traceback.format_exc())
             _drain(result, cluster, traffic, proxy, check, drain_timeout_s)
             ended = time.time()
-            _check(result, check, traffic, stack.clickhouse_url)
+            _check(result, check, traffic, stack.clickhouse_url, injector if changes else None)
             commits = ledger.commits()
             recovery_times(result.faults, commits, pipeline.topic)
             result.stuck += stuck_spells(commits, result.faults, result.started_at, ended, stuck_after_s)
@@ -147,14 +168,14 @@ def _faults(
         if not _recovered(record, injector, ledger, recovery_timeout_s):
             result.stuck.append(
                 f"fault {record.plan.describe()}: not recovered within {recovery_timeout_s:g}s "
-                f"(acknowledged {record.acked_at_end}, committed {_heads(ledger)})"
+                f"(acknowledged {record.acked_at_end}, committed {_heads(ledger, injector.check.topic)})"
             )
             return
     injector.hold(max(0.0, end - time.monotonic()))
 
 
-def _heads(ledger) -> dict[int, int]:  # LedgerStore
-    return {tp.partition: end for tp, end in ledger.head()[1].items()}
+def _heads(ledger, topic: str) -> dict[int, int]:  # LedgerStore
+    return {tp.partition: end for tp, end in ledger.head()[1].items() if tp.topic == topic}
 
 
 def _recovered(record: FaultRecord, injector: Injector, ledger, timeout_s: float) -> bool:
@@ -162,7 +183,7 @@ def _recovered(record: FaultRecord, injector: Injector, ledger, timeout_s: float
 
     def covered() -> bool:
         injector.cluster.supervise()
-        heads = _heads(ledger)
+        heads = _heads(ledger, injector.check.topic)
         return all(heads.get(p, 0) >= end for p, end in target.items())
 
     try:
@@ -190,7 +211,7 @@ def _drain(
 
     def drained() -> bool:
         cluster.supervise()
-        heads = _heads(ledger)
+        heads = _heads(ledger, check.topic)
         behind.clear()
         behind.update({p: max(0, end - heads.get(p, 0)) for p, end in ends.items()})
         return not any(behind.values()) and not ledger.committed_unpublished()
@@ -210,9 +231,19 @@ def _drain(
         result.errors.append(f"{len(traffic.failed)} records not delivered: {traffic.failed[:3]}")
 
 
-def _check(result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url: str) -> None:
+def _check(
+    result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url: str, changed: Injector | None
+) -> None:
     ledger = check.ledger()
     commits = ledger.commits()
+    if changed is not None:
+        result.errors += changed.violations
+        database = check.cfg.clickhouse.database
+        result.oracle = check_ids(check.client(), database, traffic, changed.changes)
+        committed = {c.txn for c in commits}
+        result.routing = check_letters(check.client(), database, check.cfg.name, committed, traffic, changed.changes)
+        result.verify = _verify(check, clickhouse_url)
+        return
     expected_dead = sum(c.dead_letters for c in commits)
     ranges: dict[TopicPartition, list[tuple[int, int]]] = {}
     for c in commits:
@@ -232,7 +263,25 @@ def _check(result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url
         result.errors.append(f"dead letters: {exc}")
     report = check.oracle(dead)
     result.oracle = msgspec.to_builtins(report)
+    result.verify = _verify(check, clickhouse_url)
 
+    dead_by_p = {tp.partition: offs for tp, offs in dead.items() if tp.topic == check.topic}
+    good_dead = {p: sorted(traffic.good[p] & dead_by_p.get(p, set())) for p in traffic.good}
+    bad_alive = {p: sorted(traffic.bad[p] - dead_by_p.get(p, set())) for p in traffic.bad}
+    result.routing = {
+        "dead_lettered": sum(len(v) for v in dead_by_p.values()),
+        "bad_produced": sum(len(v) for v in traffic.bad.values()),
+        "good_dead_lettered": sum(len(v) for v in good_dead.values()),
+        "bad_not_dead_lettered": sum(len(v) for v in bad_alive.values()),
+        "examples": {
+            "good_dead_lettered": {p: v[:10] for p, v in good_dead.items() if v},
+            "bad_not_dead_lettered": {p: v[:10] for p, v in bad_alive.items() if v},
+        },
+    }
+
+
+def _verify(check: Pipeline, clickhouse_url: str) -> dict[str, Any]:
+    """``chtxn verify --deep --json`` of the pipeline, as an operator runs it."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CHTXN_CLICKHOUSE_URL": clickhouse_url}
     verify = subprocess.run(
         [sys.executable, "-m", "cli", "verify", "--config", str(check.config_path), "--deep", "--json"],
@@ -251,24 +300,11 @@ def _check(result: SoakResult, check: Pipeline, traffic: Traffic, clickhouse_url
                 f"no JSON from chtxn verify (exit {verify.returncode}): {verify.stdout[-500:]} {verify.stderr[-1500:]}"
             ],
         }
-    result.verify = {
+    return {
         "ok": verify.returncode == 0 and bool(out.get("ok")),
         "exit_code": verify.returncode,
+        "outcome": out.get("outcome"),
         "anomalies": out.get("anomalies", []),
-    }
-
-    dead_by_p = {tp.partition: offs for tp, offs in dead.items() if tp.topic == check.topic}
-    good_dead = {p: sorted(traffic.good[p] & dead_by_p.get(p, set())) for p in traffic.good}
-    bad_alive = {p: sorted(traffic.bad[p] - dead_by_p.get(p, set())) for p in traffic.bad}
-    result.routing = {
-        "dead_lettered": sum(len(v) for v in dead_by_p.values()),
-        "bad_produced": sum(len(v) for v in traffic.bad.values()),
-        "good_dead_lettered": sum(len(v) for v in good_dead.values()),
-        "bad_not_dead_lettered": sum(len(v) for v in bad_alive.values()),
-        "examples": {
-            "good_dead_lettered": {p: v[:10] for p, v in good_dead.items() if v},
-            "bad_not_dead_lettered": {p: v[:10] for p, v in bad_alive.items() if v},
-        },
     }
 
 

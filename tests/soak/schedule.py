@@ -43,6 +43,19 @@ KEEPER_KINDS: tuple[str, ...] = (
     "keeper-restart",  # stop the ZooKeeper process for hold_s (every session is lost), then start it again
 )
 
+#: Changes an operator (or the world around the pipeline) makes, in a soak with ``changes``
+#: (``tests.soak.changes``): each ends with the operator's documented answer to it.
+CHANGE_KINDS: tuple[str, ...] = (
+    "topic-recreate",  # the source topic deleted and created again; chtxn pause, reset --to-earliest, resume
+    "route-move",  # the topic's table changed (events <-> events_b); coordinators and job restarted one by one
+    "route-remove",  # the topic's route removed for hold_s (rolling restart), then put back the same way
+    "reset-race",  # chtxn pause, reset (rewind) and resume, raced against each other and the leader's commits
+    "commit-point-switch",  # a rolling switch token <-> keeper: refused beside the old mode, then pause, switch, resume
+    "dlq-expire",  # the dead-letter topic's records gone (retention): deleted and created again, empty
+)
+#: How a ``reset-race`` interleaves the operator's commands.
+RESET_RACES: tuple[str, ...] = ("in-order", "resume-beside-reset", "reset-at-once")
+
 #: The failpoints a soak arms: the leader's commit path.
 KEEPER_POINTS: tuple[str, ...] = ("leader.after-keeper-claim",)
 LEADER_POINTS: tuple[str, ...] = tuple(sorted(p for p in POINTS if p.startswith("leader.") and p not in KEEPER_POINTS))
@@ -88,11 +101,16 @@ class FaultPlan:
         }
 
 
-def draw_schedule(seed: int, duration_s: float, *, keeper: bool = False) -> list[FaultPlan]:
+def draw_schedule(
+    seed: int, duration_s: float, *, keeper: bool = False, changes: bool = False, only: tuple[str, ...] = ()
+) -> list[FaultPlan]:
     """Enough faults to fill ``duration_s`` however fast the pipeline recovers; with ``keeper``, the
-    faults of the Keeper commit point too (``KEEPER_KINDS``, ``KEEPER_POINTS``)."""
+    faults of the Keeper commit point too (``KEEPER_KINDS``, ``KEEPER_POINTS``); with ``changes``,
+    the operator's changes (``CHANGE_KINDS``); with ``only``, those kinds alone (to replay one)."""
     rng = random.Random(seed)
-    kinds = KINDS + KEEPER_KINDS if keeper else KINDS
+    kinds = KINDS + (KEEPER_KINDS if keeper else ()) + (CHANGE_KINDS if changes else ())
+    if only:
+        kinds = tuple(k for k in kinds if k in only)
     points = LEADER_POINTS + KEEPER_POINTS if keeper else LEADER_POINTS
     count = max(1, math.ceil(duration_s / MIN_CYCLE_S))
     plans: list[FaultPlan] = []
@@ -130,6 +148,16 @@ def _draw(rng: random.Random, index: int, kind: str, points: tuple[str, ...]) ->
             params["action"] = f"stall({hold})*1"
     elif kind == "keeper-restart":
         hold = rng.uniform(2.0, 10.0)
+    elif kind == "topic-recreate":
+        hold = rng.uniform(0.5, 5.0)  # the topic is gone this long
+    elif kind == "route-remove":
+        hold = rng.uniform(3.0, 15.0)
+    elif kind == "reset-race":
+        params["race"] = rng.choice(RESET_RACES)
+        params["rewind"] = rng.randint(20, 600)  # records per partition read again
+        params["gap_s"] = round(rng.uniform(0.0, 2.0), 2)  # between pause and reset
+    elif kind in ("route-move", "commit-point-switch", "dlq-expire"):
+        pass
     elif kind == "bad-records":
         params["records"] = rng.randint(50, 300)
         params["bad_every"] = rng.randint(3, 20)

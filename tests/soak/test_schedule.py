@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clients.failpoints import POINTS
-from tests.soak.schedule import KEEPER_KINDS, KEEPER_POINTS, KINDS, draw_schedule
+from tests.soak.schedule import CHANGE_KINDS, KEEPER_KINDS, KEEPER_POINTS, KINDS, RESET_RACES, draw_schedule
 
 
 def test_the_same_seed_draws_the_same_schedule():
@@ -42,3 +42,16 @@ def test_the_keeper_faults_come_only_with_the_keeper_commit_point() -> None:
     assert set(KEEPER_KINDS) <= {p.kind for p in keeper[: len(KINDS) + len(KEEPER_KINDS)]}, "one round has each kind"
     assert set(KEEPER_POINTS) <= {p.params.get("point") for p in keeper}
     assert all(2.0 <= p.hold_s <= 10.0 for p in keeper if p.kind == "keeper-restart")
+
+
+def test_the_change_faults_come_only_with_changes_and_each_in_every_round() -> None:
+    plain = draw_schedule(9, 600)
+    changes = draw_schedule(9, 600, changes=True)
+    assert not {p.kind for p in plain} & set(CHANGE_KINDS)
+    kinds = len(KINDS) + len(CHANGE_KINDS)
+    assert sorted(p.kind for p in changes[:kinds]) == sorted(KINDS + CHANGE_KINDS), "one round has each kind"
+    for plan in changes:
+        if plan.kind == "reset-race":
+            assert plan.params["race"] in RESET_RACES and 20 <= plan.params["rewind"] <= 600
+        if plan.kind == "route-remove":
+            assert 3.0 <= plan.hold_s <= 15.0

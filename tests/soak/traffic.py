@@ -6,6 +6,10 @@ records on demand: malformed JSON, and records that are not exactly one row. It 
 partition, the offsets the broker acknowledged (delivery reports), split into *good* records
 (each must be in the target exactly once) and *bad* ones (each must be in the dead-letter topic).
 
+A topic deleted and created again starts a new *generation*: ``new_generation()`` (with the
+producers paused) starts a new producer on the new log and keeps, per generation and partition,
+which record id each offset holds, for the soak's id oracle (``tests.soak.ids``).
+
 ``log_end`` reads a partition's end by consuming to partition EOF: the embedded broker's high
 watermark (``get_watermark_offsets``) can lag behind what it has acknowledged.
 """
@@ -51,10 +55,18 @@ class Traffic:
         self.topic = topic
         self.partitions = partitions
         self.rate = rate
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        self._bootstrap = bootstrap
+        self._producer = self._new_producer()
         self._lock = threading.Lock()
         self._next_id = 0
         self._stop = threading.Event()
+        self._running = threading.Event()  # cleared while paused
+        self._running.set()
+        self._idle = threading.Event()  # set while the steady loop is not producing
+        self.generation = 0
+        #: per generation, per partition: offset -> the good record's id, or the bad record's value
+        self.placed: list[dict[int, dict[int, int]]] = [{p: {} for p in range(partitions)}]
+        self.placed_bad: list[dict[int, dict[int, bytes]]] = [{p: {} for p in range(partitions)}]
         self._thread: threading.Thread | None = None
         self.ends: dict[int, int] = {p: 0 for p in range(partitions)}  # acknowledged end (next offset)
         self.good: dict[int, set[int]] = {p: set() for p in range(partitions)}
@@ -71,6 +83,7 @@ class Traffic:
     def stop(self) -> None:
         """Stop the steady stream and wait until every record is acknowledged (or failed)."""
         self._stop.set()
+        self._running.set()
         if self._thread is not None:
             self._thread.join(30)
         left = self._producer.flush(60)
@@ -79,8 +92,36 @@ class Traffic:
 
     def close(self) -> None:
         self._stop.set()
+        self._running.set()
         if self._thread is not None:
             self._thread.join(30)
+
+    def pause(self) -> None:
+        """Stop producing and wait until everything sent is acknowledged (or failed)."""
+        self._idle.clear()
+        self._running.clear()
+        if self._thread is not None and self._thread.is_alive():
+            self._idle.wait(30)
+        left = self._producer.flush(60)
+        if left:
+            self.failed.append(f"{left} records still undelivered after 60 s (pause)")
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def new_generation(self) -> None:
+        """The topic was deleted and created again (call while paused): a new producer, offsets from 0."""
+        self._producer = self._new_producer()
+        with self._lock:
+            self.generation += 1
+            self.placed.append({p: {} for p in range(self.partitions)})
+            self.placed_bad.append({p: {} for p in range(self.partitions)})
+            self.ends = {p: 0 for p in range(self.partitions)}
+            self.good = {p: set() for p in range(self.partitions)}
+            self.bad = {p: set() for p in range(self.partitions)}
+
+    def _new_producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 5, "enable.idempotence": True})
 
     def _ids(self, count: int) -> range:
         with self._lock:
@@ -97,7 +138,7 @@ class Traffic:
                     value=value,
                     key=str(i).encode(),
                     partition=partition,
-                    on_delivery=partial(self._delivered, kind),
+                    on_delivery=partial(self._delivered, kind, i, value, self.generation),
                 )
                 break
             except BufferError:  # the local queue is full: serve delivery reports, then retry
@@ -105,19 +146,33 @@ class Traffic:
         with self._lock:
             self.sent += 1
 
-    def _delivered(self, kind: str, err: KafkaError | None, msg) -> None:  # a Message
+    def _delivered(
+        self, kind: str, i: int, value: bytes, generation: int, err: KafkaError | None, msg
+    ) -> None:  # a Message
         if err is not None:
             self.failed.append(str(err))
             return
         p, o = msg.partition(), msg.offset()
         with self._lock:
+            if generation != self.generation:
+                self.failed.append(f"record {i} acknowledged on generation {generation} after the topic was re-created")
+                return
             (self.good if kind == "good" else self.bad)[p].add(o)
             self.ends[p] = max(self.ends[p], o + 1)
+            if kind == "good":
+                self.placed[generation][p][o] = i
+            else:
+                self.placed_bad[generation][p][o] = value
 
     def _steady(self) -> None:
         started = time.monotonic()
         sent = 0
         while not self._stop.wait(TICK_S):
+            if not self._running.is_set():
+                self._idle.set()
+                self._running.wait()
+                started, sent = time.monotonic(), 0  # no burst to catch up after a pause
+                continue
             due = int((time.monotonic() - started) * self.rate) - sent
             for i in self._ids(max(0, due)):
                 self._send(good_value(i), i, "good")
