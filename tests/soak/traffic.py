@@ -235,10 +235,14 @@ def log_end(
         )
         ends = {p: hint.get(p, 0) for p in range(partitions)}
         at_eof: set[int] = set()
+        errors: list[str] = []
         deadline = time.monotonic() + timeout_s
         while len(at_eof) < partitions:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no partition EOF within {timeout_s:g} s for {set(range(partitions)) - at_eof}")
+                raise TimeoutError(
+                    f"no partition EOF within {timeout_s:g} s for {set(range(partitions)) - at_eof} "
+                    f"(errors: {errors[-3:]})"
+                )
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
@@ -247,6 +251,8 @@ def log_end(
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     ends[p] = max(ends[p], msg.offset())
                     at_eof.add(p)
+                else:
+                    errors.append(str(msg.error()))
                 continue
             ends[p] = max(ends[p], msg.offset() + 1)
             at_eof.discard(p)
