@@ -205,11 +205,12 @@ class Traffic:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {
+            return {  # every generation of the topic
                 "sent": self.sent,
-                "good": sum(map(len, self.good.values())),
-                "bad": sum(map(len, self.bad.values())),
+                "good": sum(len(r) for parts in self.placed for r in parts.values()),
+                "bad": sum(len(r) for parts in self.placed_bad for r in parts.values()),
                 "failed": len(self.failed),
+                "generations": self.generation + 1,
             }
 
 
