@@ -121,7 +121,14 @@ class Traffic:
             self.bad = {p: set() for p in range(self.partitions)}
 
     def _new_producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        return Producer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "linger.ms": 5,
+                "enable.idempotence": True,
+                "allow.auto.create.topics": False,  # a topic deleted stays deleted until the soak creates it
+            }
+        )
 
     def _ids(self, count: int) -> range:
         with self._lock:
