@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from tests.helpers import create_topic, wait_until
@@ -115,24 +116,31 @@ class ChangeFaults:
         partitions = len(self.check.partitions)
         self.traffic.pause()
         self.changes.deleted[self.traffic.generation] = self.main_heads()
-        for future in self._admin.delete_topics([topic], operation_timeout=30).values():
-            future.result(30)
-        wait_until(lambda: topic not in self._admin.list_topics(timeout=5).topics, 30, f"topic {topic} deleted")
+        self._delete(topic)
         self.hold(plan.hold_s)
-        create_topic(self._admin, topic, partitions)
+        for _ in range(3):  # a client may auto-create it meanwhile, with the broker's default partitions
+            try:
+                create_topic(self._admin, topic, partitions)
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+                record.detail += "auto-created meanwhile: deleted again; "
+                self._delete(topic)
         self.traffic.new_generation()
         self.traffic.resume()
         started = time.monotonic()
+        record.detail += f"created again with {partitions} partitions; "
         try:
             found = wait_until(
                 self._stopped_check, STOPPED_TIMEOUT_S, f"chtxn status to name {topic} stopped", interval_s=1
             )
-            record.detail = f"stopped after {time.monotonic() - started:.1f}s ({found[:80]}); "
+            record.detail += f"stopped after {time.monotonic() - started:.1f}s ({found[:80]}); "
         except AssertionError:
             self.violations.append(
                 f"fault #{plan.index}: {topic} re-created, not reported stopped in {STOPPED_TIMEOUT_S:g}s"
             )
-            record.detail = "never reported stopped; "
+            record.detail += "never reported stopped; "
         self.operator("pause", "--reason", "soak: topic re-created")
         args = [a for p in range(partitions) for a in ("--partition", f"{topic}/{p}")]
         reset = json.loads(self.operator("reset", *args, "--to-earliest", "--json").stdout)
@@ -266,7 +274,10 @@ class ChangeFaults:
         """Retention took every dead letter from the topic (the embedded broker cannot delete
         records, so the topic is deleted and created again, empty); chtxn's own record stays."""
         topic = record.target = self.check.cfg.dead_letter_topic
+        self._delete(topic)
+        create_topic(self._admin, topic, 1)
+
+    def _delete(self, topic: str) -> None:
         for future in self._admin.delete_topics([topic], operation_timeout=30).values():
             future.result(30)
         wait_until(lambda: topic not in self._admin.list_topics(timeout=5).topics, 30, f"topic {topic} deleted")
-        create_topic(self._admin, topic, 1)

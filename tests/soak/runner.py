@@ -51,6 +51,8 @@ from tests.soak.traffic import Traffic, log_end
 SETTINGS = {"transaction.interval_s": 0.5, "participant.chunk_rows": 2_000}
 WARMUP_TIMEOUT_S = 300.0
 DEAD_LETTERS_TIMEOUT_S = 30.0
+#: Fresh consumers tried, 30 s each, to read the source partitions' ends at the drain.
+LOG_END_ATTEMPTS = 4
 
 
 def git_commit() -> str:
@@ -138,6 +140,7 @@ def run_soak(
                     result.stuck.append(f"the pipeline did not become whole again: {exc}")
                 except Exception:  # a harness error still gets a drain and the checks
                     result.errors.append("harness error in the fault phase:\n" + traceback.format_exc())
+                    print(result.errors[-1], flush=True)
             _drain(result, cluster, traffic, proxy, check, drain_timeout_s)
             ended = time.time()
             _check(result, check, traffic, stack.clickhouse_url, injector if changes else None)
@@ -165,6 +168,11 @@ def _faults(
             break
         record = injector.inject(plan)
         result.faults.append(record)
+        print(  # progress: a soak runs for minutes
+            f"[+{time.time() - result.started_at:6.1f}s] {plan.describe()}: {record.target} "
+            f"({record.ended - record.started:.1f}s) {record.detail[:160]}",
+            flush=True,
+        )
         if not _recovered(record, injector, ledger, recovery_timeout_s):
             result.stuck.append(
                 f"fault {record.plan.describe()}: not recovered within {recovery_timeout_s:g}s "
@@ -205,7 +213,14 @@ def _drain(
             cluster.resume(name)  # SIGCONT: a no-op unless it was stopped
         cluster.held.discard(name)
     cluster.supervise()
-    ends = log_end(check.cfg.kafka.bootstrap_servers, check.topic, len(check.partitions), traffic.acked_ends())
+    ends = traffic.acked_ends()
+    for attempt in range(LOG_END_ATTEMPTS):  # a consumer of a topic just created again may see nothing at first
+        try:
+            ends = log_end(check.cfg.kafka.bootstrap_servers, check.topic, len(check.partitions), ends)
+            break
+        except TimeoutError as exc:
+            if attempt == LOG_END_ATTEMPTS - 1:
+                result.errors.append(f"the log ends could not be read (the acknowledged ends stand): {exc}")
     ledger = check.ledger()
     behind: dict[int, int] = {}
 

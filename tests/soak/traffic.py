@@ -121,7 +121,14 @@ class Traffic:
             self.bad = {p: set() for p in range(self.partitions)}
 
     def _new_producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        return Producer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "linger.ms": 5,
+                "enable.idempotence": True,
+                "allow.auto.create.topics": False,  # a topic deleted stays deleted until the soak creates it
+            }
+        )
 
     def _ids(self, count: int) -> range:
         with self._lock:
@@ -205,11 +212,12 @@ class Traffic:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {
+            return {  # every generation of the topic
                 "sent": self.sent,
-                "good": sum(map(len, self.good.values())),
-                "bad": sum(map(len, self.bad.values())),
+                "good": sum(len(r) for parts in self.placed for r in parts.values()),
+                "bad": sum(len(r) for parts in self.placed_bad for r in parts.values()),
                 "failed": len(self.failed),
+                "generations": self.generation + 1,
             }
 
 
@@ -235,10 +243,14 @@ def log_end(
         )
         ends = {p: hint.get(p, 0) for p in range(partitions)}
         at_eof: set[int] = set()
+        errors: list[str] = []
         deadline = time.monotonic() + timeout_s
         while len(at_eof) < partitions:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no partition EOF within {timeout_s:g} s for {set(range(partitions)) - at_eof}")
+                raise TimeoutError(
+                    f"no partition EOF within {timeout_s:g} s for {set(range(partitions)) - at_eof} "
+                    f"(errors: {errors[-3:]})"
+                )
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
@@ -247,6 +259,8 @@ def log_end(
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     ends[p] = max(ends[p], msg.offset())
                     at_eof.add(p)
+                else:
+                    errors.append(str(msg.error()))
                 continue
             ends[p] = max(ends[p], msg.offset() + 1)
             at_eof.discard(p)
