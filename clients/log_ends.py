@@ -36,14 +36,19 @@ CONSUMER_PROPERTIES: dict[str, Any] = {
 
 
 def log_ends(
-    consumer: Any, partitions: Sequence[tuple[str, int]], timeout_s: float = 10.0
+    consumer: Any,
+    partitions: Sequence[tuple[str, int]],
+    timeout_s: float = 10.0,
+    *,
+    unconfirmed: set[tuple[str, int]] | None = None,
 ) -> dict[tuple[str, int], int]:
     """The log end offset (the offset the next record will get) of each ``(topic, partition)``.
 
     ``consumer`` is a confluent-kafka ``Consumer`` made with ``CONSUMER_PROPERTIES``; its
     assignment is replaced, and left empty on return. A partition whose Fetch does not answer
-    within ``timeout_s`` keeps its ListOffsets answer (a lower bound). Raises ``BrokerUnreachable``
-    when ListOffsets fails.
+    within ``timeout_s`` keeps its ListOffsets answer (a lower bound) and is added to
+    ``unconfirmed``: a caller that judges a log by its end must not judge it by that. Raises
+    ``BrokerUnreachable`` when ListOffsets fails.
     """
     listed: dict[tuple[str, int], int] = {}
     for topic, partition in partitions:
@@ -73,4 +78,6 @@ def log_ends(
                 ends[where] = max(listed[where], fetched, record.offset() + (0 if eof else 1))
     finally:
         consumer.unassign()
+    if unconfirmed is not None:
+        unconfirmed.update(waiting)
     return ends

@@ -102,7 +102,15 @@ def targets(
     low = source.list_offsets(partitions, OffsetSpec.earliest())
     consumer = factory.consumer(**CONSUMER_PROPERTIES, **{"group.id": f"chtxn-reset-{cfg.name}"})
     try:
-        ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s=LOOKUP_TIMEOUT_S)
+        late: set[tuple[str, int]] = set()
+        ends = log_ends(
+            consumer, [(tp.topic, tp.partition) for tp in partitions], timeout_s=LOOKUP_TIMEOUT_S, unconfirmed=late
+        )
+        if late:  # the listed end is only a lower bound: a reset must not move to it
+            raise BrokerUnreachable(
+                f"the log end of {', '.join(f'{t}/{p}' for t, p in sorted(late))} was not confirmed within "
+                f"{LOOKUP_TIMEOUT_S:g} s (the broker is slow): nothing was changed; run the command again"
+            )
         high = {tp: ends[(tp.topic, tp.partition)] for tp in partitions}
         if to.to == "time":
             answers = source.list_offsets(partitions, OffsetSpec.for_timestamp(to.value))

@@ -153,7 +153,7 @@ class PartitionLogs:
         """The log of each partition of ``offsets`` as the broker shows it now; a partition of a topic
         it does not know is left out. The log end is confirmed by a fetch wherever the listed end is
         below the offset (the embedded broker lists the end of a batch's first record,
-        ``clients.log_ends``)."""
+        ``clients.log_ends``); a partition whose fetch does not answer in time is left out too."""
         ids = self.topic_ids(sorted({tp.topic for tp in offsets}))
         tps = [tp for tp in offsets if tp.topic in ids]
         if not tps:
@@ -161,14 +161,26 @@ class PartitionLogs:
         low = self._list(tps, OffsetSpec.earliest())
         high = self._list(tps, OffsetSpec.latest())
         behind = [tp for tp in tps if offsets[tp] > high[tp]]
+        late: set[tuple[str, int]] = set()
         if behind:  # a consumer per call: one that fetched a topic later re-created can crash (librdkafka)
             consumer = self._kafka.consumer(**CONSUMER_PROPERTIES, **{"group.id": f"chtxn-logs-{self.cfg.name}"})
             try:
-                ends = log_ends(consumer, [(tp.topic, tp.partition) for tp in behind], LOOKUP_TIMEOUT_S)
+                ends = log_ends(
+                    consumer, [(tp.topic, tp.partition) for tp in behind], LOOKUP_TIMEOUT_S, unconfirmed=late
+                )
             finally:
                 consumer.close()
             high.update({tp: ends[(tp.topic, tp.partition)] for tp in behind})
-        return {tp: Seen(topic_id=ids[tp.topic], low=low[tp], high=high[tp]) for tp in tps}
+        if late:  # a slow broker is no evidence of a lost log: judged at the next check
+            log.warning(
+                "could not confirm the log end of %s in time: judged at the next check",
+                ", ".join(f"{t}/{p}" for t, p in sorted(late)),
+            )
+        return {
+            tp: Seen(topic_id=ids[tp.topic], low=low[tp], high=high[tp])
+            for tp in tps
+            if (tp.topic, tp.partition) not in late
+        }
 
     def topic_ids(self, topics: list[str]) -> dict[str, str]:
         """Each of ``topics`` the broker knows, with its topic ID ("" where the broker has none)."""
