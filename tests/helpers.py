@@ -4,6 +4,7 @@ the ``chtxn`` command run as a process, and whether a process is gone."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,3 +111,22 @@ def last_txn(ledger):
     """The newest txn of ``ledger`` (a ``LedgerHistory``) that is not an operator's commit (a
     reset, a pause or a resume: ``protocol.naming.is_control_txn``)."""
     return next(s for s in ledger.history(limit=10) if not naming.is_control_txn(s.txn))
+
+
+def crash_a_coordinator_at(config_path: Path, point: str, timeout_s: float) -> None:
+    """Run ``chtxn coordinator`` (id ``doomed``) with failpoint ``point`` armed to crash once, and
+    return once it has SIGKILLed itself there (failing the test with its output otherwise)."""
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "cli", "coordinator", "--config", str(config_path)],
+        env={
+            **os.environ,
+            "CHTXN_FAILPOINTS": f"{point}=crash*1",
+            "PYTHONPATH": str(REPO),
+            "CHTXN_COORDINATOR_ID": "doomed",
+        },
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert doomed.wait(timeout_s) == -signal.SIGKILL, doomed.stdout.read() if doomed.stdout else ""

@@ -11,10 +11,6 @@ failpoints hold a leader at a chosen step. Every test ends with the exactly-once
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -23,7 +19,7 @@ from clients.kafka import KafkaClientFactory
 from coordinator.leader import Leader
 from protocol import naming
 from protocol.config import parse_config
-from tests.helpers import REPO, run_chtxn, unique_name, wait_until
+from tests.helpers import crash_a_coordinator_at, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.leaders import LeaderThread, leaders
@@ -69,17 +65,8 @@ def test_a_leader_killed_between_two_tables_publishes_is_rolled_forward_by_the_n
     """The coordinator process SIGKILLs itself (failpoint ``crash``) with one of three tables published."""
     pipeline = make_routed_pipeline(stack, tmp_path, unique_name("mtkill"), tables=3)
     produced = {f"t{i}": produce_to(pipeline, f"{pipeline.cfg.name}_t{i}", 300) for i in range(3)}
-    env = {**os.environ, "CHTXN_FAILPOINTS": "leader.between-table-publishes=crash*1", "PYTHONPATH": str(REPO)}
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
-        doomed = subprocess.Popen(
-            [sys.executable, "-m", "cli", "coordinator", "--config", str(pipeline.config_path)],
-            env={**env, "CHTXN_COORDINATOR_ID": "doomed"},
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert doomed.wait(WAIT_S * 2) == -signal.SIGKILL, doomed.stdout.read() if doomed.stdout else ""
+        crash_a_coordinator_at(pipeline.config_path, "leader.between-table-publishes", WAIT_S * 2)
         (k,) = [t.txn for t in pipeline.ledger().history(limit=50, state="COMMITTED")]
         assert table_count(pipeline, "t0") > 0 and table_count(pipeline, "t1") == table_count(pipeline, "t2") == 0
         with coordinator(pipeline, coordinator_id="next"):

@@ -4,13 +4,8 @@ table the ledger committed it for, and the new route takes the records after it 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 from protocol.config import parse_config
-from tests.helpers import REPO, run_chtxn, unique_name, wait_until
+from tests.helpers import crash_a_coordinator_at, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import TARGET_DDL, Pipeline
@@ -35,17 +30,8 @@ def test_a_txn_committed_for_a_table_no_route_names_any_more_is_published_there(
     name, db = old.cfg.name, old.cfg.clickhouse.database
     old.client().command(TARGET_DDL.rstrip().format(db=f"`{db}`", table="`t1b`"))
     first = {f"t{i}": produce_to(old, f"{name}_t{i}", 200) for i in range(2)}
-    env = {**os.environ, "CHTXN_FAILPOINTS": "leader.before-publish=crash*1", "PYTHONPATH": str(REPO)}
     with ScriptedParticipants(old.cfg, old.partitions):
-        doomed = subprocess.Popen(
-            [sys.executable, "-m", "cli", "coordinator", "--config", str(old.config_path)],
-            env={**env, "CHTXN_COORDINATOR_ID": "doomed"},
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert doomed.wait(WAIT_S * 2) == -signal.SIGKILL, doomed.stdout.read() if doomed.stdout else ""
+        crash_a_coordinator_at(old.config_path, "leader.before-publish", WAIT_S * 2)
     (k,) = [t.txn for t in old.ledger().history(limit=50, state="COMMITTED")]
     assert next(c for c in old.ledger().commits() if c.txn == k).target == "t0,t1"
     assert table_count(old, "t0") == table_count(old, "t1") == 0, "k is committed, not published"
