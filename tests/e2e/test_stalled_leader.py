@@ -98,14 +98,21 @@ def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged
         try:
             with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
                 procs["c1"] = spawn(slow.config_path, "c1", tmp_path / "c1.log", failpoints=f"{point}@c1=stall(12)*1")
-                wait_until(lambda: pipeline.ledger().epoch_owner(1) == "c1", 60, "c1 leads")
+                # Leading, not just owning epoch 1: with the keeper commit point the epoch's key is
+                # c1's before its ledger row is, and a standby started in between (c1's ClickHouse
+                # slowed below) would rightly take a lease c1 has not begun to heartbeat.
+                wait_until(lambda: '"msg": "leading"' in (tmp_path / "c1.log").read_text(), 60, "c1 leads")
+                assert pipeline.ledger().epoch_owner(1) == "c1"
                 procs["c2"] = spawn(fast_config, "c2", tmp_path / "c2.log")
                 proxy.delay(0.3)  # c1's ClickHouse is slow from now on
-                wait_until(  # through a proxy adding 0.3 s to each request: about 35 s on a quiet 2-core machine
-                    lambda: f"failpoint {point} fires" in (tmp_path / "c1.log").read_text(),
+                c1_log = wait_until(  # through a proxy adding 0.3 s to each request: about 35 s on a quiet 2-core machine
+                    lambda: (text := (tmp_path / "c1.log").read_text())
+                    and (f"failpoint {point} fires" in text or "no longer leading" in text)
+                    and text,
                     120,
                     f"c1 counted a txn and reached {point}",
                 )
+                assert f"failpoint {point} fires" in c1_log, f"c1 lost its lease before reaching {point}:\n{c1_log}"
                 os.killpg(procs["c1"].pid, signal.SIGSTOP)  # frozen: no heartbeat either
                 ledger = pipeline.ledger()
                 wait_until(lambda: ledger.epoch_owner(ledger.max_epoch()) == "c2", 30, "c2 takes over")
