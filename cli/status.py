@@ -22,6 +22,7 @@ from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
+from clients.clickhouse import retry_budget_s
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
 from coordinator import partition_logs
 from coordinator.ledger_history import LedgerHistory
@@ -172,7 +173,7 @@ def collect(
     age = round(max(0.0, now - committed_at), 1) if committed_at else None
     rate, window = pipeline_health.rows_per_s([(c.committed_at, c.total_rows) for c in commits])
     checks: tuple[Check, ...] = (
-        pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch, every=every),
+        pipeline_health.leader_check(found, lease_s=lease_s, highest_epoch=epoch, every=every, retry_s=_retry_s(cfg)),
         pipeline_health.participants_check(holders, partitions, timeout_s=cfg.heartbeat_timeout_s),
         _commits_check(age, head_seq, every, cfg),
     )
@@ -251,7 +252,13 @@ def _commits_check(age: float | None, head_seq: int, every: Sequence[Replica], c
     )
     if check.status != "fail":
         return check
-    return pipeline_health.problem_check("commits", every, lease_s=cfg.coordinator.leader_lease_s) or check
+    lease_s = cfg.coordinator.leader_lease_s
+    return pipeline_health.problem_check("commits", every, lease_s=lease_s, retry_s=_retry_s(cfg)) or check
+
+
+def _retry_s(cfg: PipelineConfig) -> float:
+    """How long a coordinator may say nothing while it retries one ClickHouse operation."""
+    return retry_budget_s(cfg.coordinator.clickhouse_retries)
 
 
 def _heartbeats(

@@ -182,12 +182,22 @@ class ClickHouseRetrying(tenacity.Retrying):
         raise converted from exc
 
 
+#: The waits between tries of ``retrying``: from this, doubling, up to ``RETRY_MAX_S`` (plus jitter).
+RETRY_INITIAL_S = 0.1
+RETRY_MAX_S = 5.0
+
+
+def retry_budget_s(attempts: int) -> float:
+    """The longest ``retrying(attempts, ...)`` sleeps in all before it gives up (the tries' own time aside)."""
+    return sum(min(RETRY_MAX_S, RETRY_INITIAL_S * 2**n) + RETRY_INITIAL_S for n in range(max(0, attempts - 1)))
+
+
 def retrying(
     attempts: int,
     what: str,
     *,
-    initial_s: float = 0.1,
-    max_s: float = 5.0,
+    initial_s: float = RETRY_INITIAL_S,
+    max_s: float = RETRY_MAX_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ClickHouseRetrying:
     """A retry policy for one ClickHouse operation: up to ``attempts`` tries in all.

@@ -71,6 +71,7 @@ class CoordinatorService:
         self.kafka = KafkaClientFactory(cfg)
         self.seen_epoch = 0  # the highest epoch this replica has seen, for its heartbeats
         self._troubled = StandbyBeat(cfg, self.kafka, coordinator=self.id, clock=clock)  # beats while backing off
+        self._problem = ("", "")  # the last failure and its cause, said in every beat until a claim is answered
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -93,6 +94,7 @@ class CoordinatorService:
         """Wait before trying again, saying why in STANDBY-HEARTBEATs meanwhile."""
         delay = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
         cause = problem_cause(exc)
+        self._problem = (str(exc), cause)
         log.error("coordinator failed; restarting", extra={"error": str(exc), "cause": cause, "retry_in_s": delay})
         self.readiness.failed(str(exc))
         until = self.clock() + delay
@@ -125,21 +127,25 @@ class CoordinatorService:
             while not stop.is_set():
                 for message in control.poll(timeout=0.05):
                     watch.observe(message, self.clock())
-                if watch.leader and watch.leader != standing_by and not watch.expired(self.clock()):
-                    standing_by = watch.leader
-                    log.warning(
-                        "standing by",
-                        extra={"leader": watch.leader, "epoch": watch.epoch, "coordinator": self.id},
-                    )
+                if watch.leader and not watch.expired(self.clock()):
+                    self._problem = ("", "")  # a leader is heard: what this replica failed at stops nobody
+                    if watch.leader != standing_by:
+                        standing_by = watch.leader
+                        log.warning(
+                            "standing by",
+                            extra={"leader": watch.leader, "epoch": watch.epoch, "coordinator": self.id},
+                        )
                 self.seen_epoch = max(self.seen_epoch, watch.epoch, led)
-                beat.beat(self.seen_epoch)
+                beat.beat(self.seen_epoch, problem=self._problem[0], cause=self._problem[1])
                 if self.clock() >= ping_at:
                     ping_at = self.clock() + STANDBY_PING_S
                     self._ping_clickhouse(stages)
                 if not watch.expired(self.clock()):
                     continue
                 epoch = max(watch.epoch, ledger.max_epoch()) + 1
-                if not ledger.claim_epoch(epoch, self.id):
+                claimed = ledger.claim_epoch(epoch, self.id)
+                self._problem = ("", "")  # the commit point answered
+                if not claimed:
                     watch.claim_lost(self.clock(), ledger.max_epoch())
                     continue
                 self._lead(epoch, control, ledger, stages, stop)

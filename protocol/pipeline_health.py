@@ -76,10 +76,13 @@ CAUSE_FIXES = {
 _CAUSE_NAMES = {"keeper": "Keeper", "clickhouse": "ClickHouse", "kafka": "the Kafka broker", "other": "an error"}
 
 
-def problem_check(name: str, replicas: Sequence[Replica], *, lease_s: float) -> Check | None:
-    """fail naming the cause, when replicas heard within the lease report a problem; None when none does.
-    The most common cause among them decides the fix."""
-    troubled = [r for r in replicas if r.problem and r.heard_s is not None and r.heard_s <= lease_s]
+def problem_check(name: str, replicas: Sequence[Replica], *, lease_s: float, retry_s: float = 0.0) -> Check | None:
+    """fail naming the cause, when replicas report a problem; None when none does. The most common
+    cause among them decides the fix. A report counts for ``retry_s`` past the lease and one more
+    lease: a troubled replica says nothing while it retries a ClickHouse operation (up to ``retry_s``
+    of waits, ``clients.clickhouse.retry_budget_s``), then reports again."""
+    within_s = 2 * lease_s + retry_s
+    troubled = [r for r in replicas if r.problem and r.heard_s is not None and r.heard_s <= within_s]
     if not troubled:
         return None
     causes = [r.cause or "other" for r in troubled]
@@ -94,13 +97,18 @@ def problem_check(name: str, replicas: Sequence[Replica], *, lease_s: float) -> 
 
 
 def leader_check(
-    found: Sequence[Replica], *, lease_s: float, highest_epoch: int, every: Sequence[Replica] = ()
+    found: Sequence[Replica],
+    *,
+    lease_s: float,
+    highest_epoch: int,
+    every: Sequence[Replica] = (),
+    retry_s: float = 0.0,
 ) -> Check:
     """ok: one leader heard within the lease; warn: an older leader heartbeats too; fail: no leader,
     naming the cause the standbys in ``every`` report (``problem_check``) when they report one."""
     leaders = [r for r in found if r.role == LEADER]
     stale = [r for r in found if r.role == STALE_LEADER]
-    if not leaders and (named := problem_check("leader", every, lease_s=lease_s)) is not None:
+    if not leaders and (named := problem_check("leader", every, lease_s=lease_s, retry_s=retry_s)) is not None:
         return named
     if not leaders:
         last = next((r for r in found if r.heard_s is not None), None)

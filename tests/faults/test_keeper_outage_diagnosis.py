@@ -13,6 +13,10 @@ from tests.integration.test_coordinator_publish import ServiceThread
 from tests.pipelines import make_pipeline
 
 
+#: ``chtxn status`` runs in a second or two: this many span a replica's retry cycle (about 16 s).
+STATUS_POLLS = 12
+
+
 def status_checks(pipeline) -> dict[str, dict]:
     shown = run_chtxn("status", "--config", str(pipeline.config_path), "--json")
     return {c["name"]: c for c in json.loads(shown.stdout)["checks"]}
@@ -36,6 +40,10 @@ def test_zookeeper_stopped_under_a_running_pipeline_is_named_by_status(keeper_st
             assert checks["leader"]["status"] == "fail"
             assert checks["leader"]["fix"].startswith("start Keeper (or ZooKeeper)"), checks["leader"]
             assert "start a coordinator" not in checks["leader"]["fix"]
+            # Not just while a replica happens to be backing off: every status over a whole retry
+            # cycle (a claim retried for up to clickhouse_retries, then a back-off) names Keeper.
+            said = [status_checks(pipeline)["leader"]["found"] for _ in range(STATUS_POLLS)]
+            assert all("the cause is Keeper" in found for found in said), said
         finally:
             keeper_stack.restart_keeper()
         wait_until(lambda: pipeline.target_count() == first + more, 120, "the records committed once Keeper is back")

@@ -7,7 +7,7 @@ import logging
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError, ProgrammingError
 
-from clients.clickhouse import error_code, is_retryable, retrying
+from clients.clickhouse import error_code, is_retryable, retry_budget_s, retrying
 from protocol import chcodes
 from protocol.chcodes import ErrorClass, classify
 from protocol.errors import ClickHouseError, ConfigError
@@ -137,6 +137,14 @@ def test_retrying_gives_up_with_a_clickhouse_error_naming_the_operation() -> Non
     assert info.value.code == 202 and info.value.retryable
     assert "claim commit slot 7 failed after 3 attempts" in str(info.value)
     assert "TOO_MANY_SIMULTANEOUS_QUERIES" in str(info.value)
+
+
+def test_the_retry_budget_bounds_every_wait_retrying_makes() -> None:
+    waits: list[float] = []
+    with pytest.raises(ClickHouseError):
+        retrying(8, "claim epoch 6", sleep=waits.append)(Flaky([DatabaseError("Keeper down", code=999)] * 8))
+    assert len(waits) == 7 and sum(waits) <= retry_budget_s(8)
+    assert retry_budget_s(1) == 0.0 and retry_budget_s(8) == pytest.approx(12.0)  # 0.1 .. 5 s doubling, + jitter
 
 
 def test_retrying_raises_a_permanent_error_at_once() -> None:

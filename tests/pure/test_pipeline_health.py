@@ -137,6 +137,15 @@ def test_a_problem_heard_longer_ago_than_the_lease_or_none_at_all_leaves_the_pla
     assert check.found.startswith("no LEADER-HEARTBEAT") and "start a coordinator" in (check.fix or "")
 
 
+def test_a_problem_counts_through_a_retry_of_the_replica_that_reported_it() -> None:
+    """A troubled replica says nothing while it retries a claim: its report stands for the retry's
+    waits and one lease past its own."""
+    retrying = Replica(id="c1", role="silent", epoch=3, heard_s=13.9, problem="Code: 999. Keeper down", cause="keeper")
+    check = leader_check([], lease_s=2.0, highest_epoch=3, every=[retrying], retry_s=10.0)
+    assert "the cause is Keeper" in check.found
+    assert problem_check("leader", [retrying], lease_s=2.0, retry_s=9.8) is None  # 13.9 s > 2 * 2 + 9.8
+
+
 def test_the_most_common_cause_decides_the_fix() -> None:
     replicas = [
         Replica(id="c1", role="standby", epoch=1, heard_s=0.1, problem="refused", cause="clickhouse"),
