@@ -72,7 +72,7 @@ class BucketIndex:
         with self._lock:  # a write updates the folder in place
             keys, entries = index.keys, index.entries
             start = max(bisect.bisect_left(keys, prefix.encode()), bisect.bisect_right(keys, after.encode()))
-            chosen = []
+            chosen: list[tuple[str, str]] = []
             for i in range(start, len(keys)):
                 if not entries[i][0].startswith(prefix):
                     return Page(chosen, truncated=False)

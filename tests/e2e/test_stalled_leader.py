@@ -105,13 +105,13 @@ def test_a_leader_frozen_past_its_lease_mid_commit_loses_nothing_it_acknowledged
                 assert pipeline.ledger().epoch_owner(1) == "c1"
                 procs["c2"] = spawn(fast_config, "c2", tmp_path / "c2.log")
                 proxy.delay(0.3)  # c1's ClickHouse is slow from now on
-                c1_log = wait_until(  # through a proxy adding 0.3 s to each request: about 35 s on a quiet 2-core machine
-                    lambda: (text := (tmp_path / "c1.log").read_text())
-                    and (f"failpoint {point} fires" in text or "no longer leading" in text)
-                    and text,
-                    120,
-                    f"c1 counted a txn and reached {point}",
-                )
+
+                def c1_reached_or_lost_the_point() -> str | None:
+                    text = (tmp_path / "c1.log").read_text()
+                    return text if f"failpoint {point} fires" in text or "no longer leading" in text else None
+
+                # through a proxy adding 0.3 s to each request: about 35 s on a quiet 2-core machine
+                c1_log = wait_until(c1_reached_or_lost_the_point, 120, f"c1 counted a txn and reached {point}")
                 assert f"failpoint {point} fires" in c1_log, f"c1 lost its lease before reaching {point}:\n{c1_log}"
                 os.killpg(procs["c1"].pid, signal.SIGSTOP)  # frozen: no heartbeat either
                 ledger = pipeline.ledger()

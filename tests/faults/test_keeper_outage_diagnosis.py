@@ -12,7 +12,6 @@ from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread
 from tests.pipelines import make_pipeline
 
-
 #: ``chtxn status`` runs in a second or two: this many span a replica's retry cycle (about 16 s).
 STATUS_POLLS = 12
 
