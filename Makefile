@@ -43,8 +43,9 @@ $(DEBTOOLS): tools/debian_tools.py | $(STAMP)
 	$(PY) -m tools.debian_tools install $(VENV)/debian-tools
 	@touch $(DEBTOOLS)
 
+# --durations: the slowest tests, named at the end, so that a slow suite shows where its time goes.
 test: install
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=30
 
 # ruff (lint, then the formatter in check mode) and mypy; the paths and rules are in pyproject.toml.
 lint: install
