@@ -117,6 +117,7 @@ class Leader:
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)
+        self.failure: ChtxnError | None = None  # what left a commit's outcome unknown, if that ended the leadership
         self._offsets: Any = None  # SourceOffsets, made by ``run``
         self._progress_at = clock()
         self._lanes = Lanes(epoch, clock)
@@ -326,6 +327,7 @@ class Leader:
                 row = ledger_row(self, action.txn, LedgerEvent.COMMITTED, commit_seq=row.commit_seq + 1)
                 won = self.ledger.claim_commit(row)
         except ChtxnError as exc:
+            self.failure = exc  # the machine steps down on it; the replica then reports it (``service``)
             return CommitResult(action.txn.id, None, error=str(exc))
         if won:
             self.ledger.after_won_slot(row.commit_seq, epoch=row.epoch, coordinator=row.coordinator)

@@ -189,6 +189,8 @@ class CoordinatorService:
             self.metrics.hear_participants(lambda: liveness.figures(self.clock()))
             outcome = leader.run(stop)
             log.warning("no longer leading", extra={"epoch": epoch, "why": outcome})
+            if leader.failure is not None:  # a standby's beats say why it stopped leading (``chtxn status``)
+                self._problem = (outcome, problem_cause(leader.failure))
         finally:
             self.epoch = 0
             self.metrics.not_leading()
