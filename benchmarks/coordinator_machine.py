@@ -35,7 +35,8 @@ from protocol.coordinator_events import (
     StageCreated,
     Tick,
 )
-from protocol.coordinator_state import CoordinatorState, Timing
+from protocol.coordinator_flight import Timing
+from protocol.coordinator_state import CoordinatorState
 from protocol.messages import EndCommit, Heartbeat, PartitionPosition, TopicPartition, WriteStatus
 
 TICK_S = 0.02

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-from datetime import datetime, timezone
 
 import msgspec
 from rich.markup import escape
 
 from cli.config_option import add_config_option
+from cli.dlq_replay import register_replay
+from cli.letter_text import position, utc_time
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from coordinator.dead_letter_view import DeadLetterReader
 from protocol.config import load_config
@@ -91,8 +92,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_option(shower)
     add_format_option(shower, rows="one line per letter")
     shower.set_defaults(func=run_show)
-    from cli.dlq_replay import register_replay  # it uses this module's helpers
-
     register_replay(commands)
 
 
@@ -157,19 +156,9 @@ def run_show(args: argparse.Namespace) -> int:
 # ---- output -----------------------------------------------------------------------------------
 
 
-def _where(x: PublishedLetter) -> str:
-    return f"{x.dlq_partition}:{x.dlq_offset}"
-
-
-def _time(ms: int) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
 def _summary(x: PublishedLetter) -> dict[str, object]:
     return {
-        "position": _where(x),
+        "position": position(x),
         "dlq_partition": x.dlq_partition,
         "dlq_offset": x.dlq_offset,
         "topic": x.topic,
@@ -202,11 +191,11 @@ def _bytes(name: str, raw: bytes | None) -> dict[str, str | None]:
 def _letter_cells(x: PublishedLetter) -> tuple[Cell, ...]:
     """The cells of ``x`` under ``LETTER_COLUMNS``, the error whole (a terminal folds it onto more lines)."""
     return (
-        _where(x),
+        position(x),
         x.topic,
         str(x.partition),
         str(x.offset),
-        _time(x.timestamp_ms).removesuffix(" UTC"),
+        utc_time(x.timestamp_ms).removesuffix(" UTC"),
         x.txn,
         str(x.commit_seq or ""),
         str(x.error_code),
@@ -236,9 +225,9 @@ def _shown(raw: bytes | None) -> Cell:
 def _print_letter(out: Output, x: PublishedLetter) -> None:
     value = _shown(x.value)
     pairs: list[tuple[str, Cell]] = [
-        ("position", f"{_where(x)} of the dead-letter topic"),
+        ("position", f"{position(x)} of the dead-letter topic"),
         ("source", f"{x.topic} partition {x.partition} offset {x.offset}"),
-        ("record time", _time(x.timestamp_ms)),
+        ("record time", utc_time(x.timestamp_ms)),
         ("pipeline", x.pipeline),
         ("txn", x.txn),
         ("commit slot", str(x.commit_seq or "-")),

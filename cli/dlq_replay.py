@@ -12,7 +12,7 @@ import msgspec
 from rich.markup import escape
 
 from cli.config_option import add_config_option
-from cli.dlq import _time, _where
+from cli.letter_text import position, utc_time
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from coordinator.dlq_replay import DeadLetterReplay
 from protocol import dlq_replay
@@ -156,7 +156,7 @@ def _to(p: Planned) -> str:
 def _replayed(p: Planned) -> str:
     if p.record is None:
         return ""
-    when = _time(p.record.at_ms).removesuffix(" UTC")
+    when = utc_time(p.record.at_ms).removesuffix(" UTC")
     where = "" if p.action == dlq_replay.REPLAYED else f"to {p.record.to} "
     return f"{where}by {p.record.by} at {when}"
 
@@ -164,7 +164,7 @@ def _replayed(p: Planned) -> str:
 def _replay_cells(p: Planned) -> tuple[Cell, ...]:
     x = p.letter
     return (
-        _where(x),
+        position(x),
         dlq_replay.source_key(x),
         x.txn,
         _to(p),
@@ -176,7 +176,7 @@ def _replay_cells(p: Planned) -> tuple[Cell, ...]:
 def _replay_summary(p: Planned) -> dict[str, object]:
     x = p.letter
     return {
-        "position": _where(x),
+        "position": position(x),
         "of": p.key,
         "topic": x.topic,
         "partition": x.partition,

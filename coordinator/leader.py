@@ -59,7 +59,8 @@ from protocol.coordinator_events import (
     Stopped,
     Tick,
 )
-from protocol.coordinator_state import CoordinatorState, Timing
+from protocol.coordinator_flight import Timing
+from protocol.coordinator_state import CoordinatorState
 from protocol.errors import ChtxnError
 from protocol.ledger import LedgerEvent
 from protocol.messages import EndCommit

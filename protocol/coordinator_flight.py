@@ -12,7 +12,8 @@ stops through ``Leader``; the commit point and the ledger head stay with ``Coord
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from protocol import size_trigger
 from protocol.chunk_sizing import ChunkSizer
@@ -42,10 +43,16 @@ from protocol.coordinator_txns import (
 )
 from protocol.messages import CONTINUE, Heartbeat, StartCommit, TopicPartition, WriteStatus
 
-if TYPE_CHECKING:
-    from protocol.coordinator_state import Timing
-
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Timing:
+    interval_s: float = 1.0
+    size_trigger_rows: int = 1_000_000
+    write_status_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = 3.0
+    publish_retry_s: float = 1.0
 
 
 class Leader(Protocol):

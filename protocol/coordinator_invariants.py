@@ -1,4 +1,4 @@
-"""The invariants of ``CoordinatorState``, checked by ``CoordinatorState.validate()``. Pure.
+"""The invariants of ``CoordinatorState``, checked after every event of the pure tests (``check``). Pure.
 
 What the coordinator's module docstring promises, as facts about its state between two events:
 
@@ -20,16 +20,13 @@ Checking is O(txns x partitions): meant for tests (after every event), not the h
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import TYPE_CHECKING
 
 from protocol import naming
 from protocol.coordinator_events import Phase, Txn
+from protocol.coordinator_state import CoordinatorState
 from protocol.coordinator_txns import OPEN
 from protocol.errors import InvalidTransition
 from protocol.messages import CONTINUE
-
-if TYPE_CHECKING:
-    from protocol.coordinator_state import CoordinatorState
 
 
 def check(state: CoordinatorState) -> None:

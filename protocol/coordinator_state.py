@@ -48,10 +48,9 @@ one concept each: ``coordinator_flight`` (the txns in flight and the driver of e
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocol import coordinator_invariants, routing
+from protocol import routing
 from protocol.coordinator_events import (
     AbortKind,
     Action,
@@ -73,7 +72,7 @@ from protocol.coordinator_events import (
     Tick,
     Txn,
 )
-from protocol.coordinator_flight import Flight
+from protocol.coordinator_flight import Flight, Timing
 from protocol.coordinator_liveness import Liveness
 from protocol.coordinator_outbox import Outbox
 from protocol.coordinator_spare import Spare, StageAhead
@@ -82,15 +81,6 @@ from protocol.coordinator_verify import verdict
 from protocol.errors import InvalidTransition
 from protocol.leadership import COORDINATOR_KINDS
 from protocol.messages import Heartbeat, Pause, Reset, TopicPartition, WriteStatus
-
-
-@dataclass(frozen=True)
-class Timing:
-    interval_s: float = 1.0
-    size_trigger_rows: int = 1_000_000
-    write_status_timeout_s: float = 30.0
-    heartbeat_timeout_s: float = 3.0
-    publish_retry_s: float = 1.0
 
 
 class CoordinatorState:
@@ -138,11 +128,6 @@ class CoordinatorState:
         if not self.stepped_down:
             actions += self.flight.advance(now, judge_silence=isinstance(event, Tick))
         return actions
-
-    def validate(self) -> None:
-        """Raise ``InvalidTransition`` unless the invariants the module docstring promises hold
-        (``protocol.coordinator_invariants``). O(txns x partitions): for tests, not the hot path."""
-        coordinator_invariants.check(self)
 
     @property
     def txns(self) -> list[Txn]:

@@ -1,4 +1,4 @@
-"""The invariants of ``ParticipantState``, checked by ``ParticipantState.validate()``. Pure.
+"""The invariants of ``ParticipantState``, checked after every event of the pure tests (``check``). Pure.
 
 What the participant's module docstring promises, as facts about its state between two events:
 

@@ -169,13 +169,6 @@ class ParticipantState:
             raise TypeError(f"ParticipantState has no handler for {type(event).__name__} (not a participant event)")
         return handler(self, event, now)
 
-    def validate(self) -> None:
-        """Raise ``InvalidTransition`` unless the invariants the module docstring promises hold
-        (``protocol.participant_invariants``). O(partitions x txns): for tests, not the hot path."""
-        from protocol import participant_invariants  # here: it imports this module
-
-        participant_invariants.check(self)
-
     def _on_polled(self, event: Polled, now: float) -> list[Action]:
         actions = self.partitions.read(event.records)
         if self.partitions.report_now:  # Participant step 2: a share of the size trigger was crossed

@@ -2,7 +2,8 @@
 
 The fixture wraps ``handle`` of both machines for the test (the coordinator driver, the
 participant tests' ``machine()`` and any machine a test builds itself): after every event,
-``validate()`` raises ``InvalidTransition`` if the state breaks an invariant its docstring promises.
+``check`` of ``protocol.coordinator_invariants`` or ``protocol.participant_invariants`` raises
+``InvalidTransition`` if the state breaks an invariant its docstring promises.
 """
 
 from __future__ import annotations
@@ -12,17 +13,24 @@ from typing import Any
 
 import pytest
 
+from protocol import coordinator_invariants, participant_invariants
 from protocol.coordinator_state import CoordinatorState
 from protocol.participant_state import ParticipantState
 
 
 @pytest.fixture(autouse=True)
 def validate_after_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    for machine in (CoordinatorState, ParticipantState):
+    checks: tuple[tuple[type, Callable[[Any], None]], ...] = (
+        (CoordinatorState, coordinator_invariants.check),
+        (ParticipantState, participant_invariants.check),
+    )
+    for machine, check in checks:
 
-        def checked(self: Any, event: Any, now: float, _handle: Callable[..., list] = machine.handle) -> list:
+        def checked(
+            self: Any, event: Any, now: float, _handle: Callable[..., list] = machine.handle, _check=check
+        ) -> list:
             actions = _handle(self, event, now)
-            self.validate()
+            _check(self)
             return actions
 
         monkeypatch.setattr(machine, "handle", checked)

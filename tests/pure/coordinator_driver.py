@@ -2,7 +2,7 @@
 
 The machine has no clock of its own; ``Driver.at(now, *events)`` feeds events at ``now`` in
 order and returns every action they produced, so a test reads as a timeline. After each event
-the machine's invariants are checked (``CoordinatorState.validate``, by ``tests/pure/conftest.py``
+the machine's invariants are checked (``protocol.coordinator_invariants.check``, by ``tests/pure/conftest.py``
 for every pure test).
 """
 
@@ -25,7 +25,8 @@ from protocol.coordinator_events import (
     StageCreated,
     Txn,
 )
-from protocol.coordinator_state import CoordinatorState, Timing
+from protocol.coordinator_flight import Timing
+from protocol.coordinator_state import CoordinatorState
 from protocol.messages import (
     CONTINUE,
     Abort,

@@ -2,7 +2,7 @@
 
 Every event type has exactly one handler (a table per machine, checked against the ``Event``
 union here); anything else is a ``TypeError`` naming it. An outcome the runner reports for a txn
-that is not waiting for it, and a state that breaks an invariant (``validate()``), raise
+that is not waiting for it, and a state that breaks an invariant (``coordinator_invariants.check``), raise
 ``InvalidTransition`` saying what was expected, what was found, and for which txn.
 """
 
@@ -12,7 +12,7 @@ import typing
 
 import pytest
 
-from protocol import coordinator_events, participant_events
+from protocol import coordinator_events, coordinator_invariants, participant_events, participant_invariants
 from protocol.coordinator_events import ABORT_KINDS, AbortKind, CommitResult, Counted, PublishResult
 from protocol.coordinator_state import CoordinatorState
 from protocol.errors import InvalidTransition
@@ -57,22 +57,22 @@ def test_an_outcome_for_a_txn_in_another_phase_is_an_invalid_transition_and_for_
 def test_coordinator_validate_tells_what_was_expected_found_and_the_txn() -> None:
     d = Driver()
     t1 = d.started(T0)
-    d.state.validate()
+    coordinator_invariants.check(d.state)
     t1.commit_seq = 8  # a commit slot before its WRITE-STATUS set is even complete
     with pytest.raises(InvalidTransition, match="txn e3_t1: expected no commit slot while collecting, found 8"):
-        d.state.validate()
+        coordinator_invariants.check(d.state)
 
 
 def test_participant_validate_tells_what_was_expected_found_and_the_txn() -> None:
     m = machine()
     m.handle(start("e1_t1", {TP0: 10}), 0)
     m.handle(polled(TP0, 10), 0)
-    m.validate()
+    participant_invariants.check(m)
     m.parts[("src", 0)].position = 99
     with pytest.raises(
         InvalidTransition, match="txn e1_t1, src-0: expected the partition positioned at the next offset 11, found 99"
     ):
-        m.validate()
+        participant_invariants.check(m)
 
 
 def test_abort_kinds_are_the_strings_written_to_metrics_and_logs() -> None:
