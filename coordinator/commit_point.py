@@ -1,5 +1,5 @@
 """How a claimer wins a commit slot or an epoch (``ledger.commit_point``), through one pipeline's
-``coordinator.ledger_store.LedgerStore``.
+``coordinator.ledger_access.LedgerAccess`` (the ledger store).
 
 - ``TokenCommitPoint``: the row is inserted into the ledger with the slot's deduplication token
   and read back; the claim is won if the surviving row is this claim's (``protocol.ledger_sql``).
@@ -16,16 +16,14 @@ Both answer ``claim`` with True (won), False (another claim owns the slot) or a
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clients.clickhouse import is_clickhouse_failure
 from clients.failpoints import hit
+from coordinator.ledger_access import LedgerAccess
 from protocol import ledger_claims
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import LedgerEvent, LedgerRow
-
-if TYPE_CHECKING:
-    from coordinator.ledger_store import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +33,7 @@ class TokenCommitPoint:
 
     name = "token"
 
-    def __init__(self, store: LedgerStore) -> None:
+    def __init__(self, store: LedgerAccess) -> None:
         self._store = store
 
     def ensure_table(self) -> None:
@@ -59,7 +57,7 @@ class KeeperCommitPoint:
 
     name = "keeper"
 
-    def __init__(self, store: LedgerStore, *, keeper_path: str, cluster: str = "") -> None:
+    def __init__(self, store: LedgerAccess, *, keeper_path: str, cluster: str = "") -> None:
         self._store = store
         self.keeper_path = keeper_path
         self._cluster = cluster
@@ -188,7 +186,7 @@ class KeeperCommitPoint:
         return latest is not None and latest.commit_seq >= slot
 
 
-def commit_point(store: LedgerStore, name: str, **kwargs: Any) -> TokenCommitPoint | KeeperCommitPoint:
+def commit_point(store: LedgerAccess, name: str, **kwargs: Any) -> TokenCommitPoint | KeeperCommitPoint:
     """The commit point called ``name`` (``ledger.commit_point``) of ``store``."""
     if name == "keeper":
         return KeeperCommitPoint(store, **kwargs)

@@ -1,5 +1,5 @@
 """Checkpoints and expiry of one pipeline's ledger (``protocol.ledger_checkpoint``), written through its
-``coordinator.ledger_store.LedgerStore``.
+``coordinator.ledger_access.LedgerAccess`` (the ledger store).
 
 Guarantees:
 - ``after_won_slot`` is for the claimer that just won a slot: every ``every``-th won slot and every
@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from coordinator.ledger_access import LedgerAccess
 from protocol import ledger_checkpoint, ledger_sql, naming
 from protocol.errors import ChtxnError
-
-if TYPE_CHECKING:
-    from coordinator.ledger_store import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ class LedgerUpkeep:
     """The checkpoints and expiry of ``store``'s ledger; ``wall_clock`` gives unix seconds.
     The constructor does no I/O."""
 
-    def __init__(self, store: LedgerStore, *, every: int, retention_s: float, wall_clock: Callable[[], float]) -> None:
+    def __init__(self, store: LedgerAccess, *, every: int, retention_s: float, wall_clock: Callable[[], float]) -> None:
         self._store = store
         self.every = every
         self.retention_s = retention_s
