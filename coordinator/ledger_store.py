@@ -36,7 +36,7 @@ from clients.clickhouse import ClickHouseRetrying, retrying
 from coordinator import ledger_upgrade
 from coordinator.commit_point import commit_point as make_commit_point
 from coordinator.ledger_upkeep import LedgerUpkeep
-from protocol import dead_letters, ledger, ledger_checkpoint, ledger_pauses, ledger_sql, naming
+from protocol import ledger, ledger_checkpoint, ledger_pauses, ledger_sql, naming
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize
@@ -112,23 +112,14 @@ class LedgerStore:
         A ledger made by an earlier version gets the skip indexes and columns it lacks
         (``coordinator.ledger_upgrade``, idempotent). With
         ``commit_point = "keeper"`` the KeeperMap table of claims is created too."""
-        self._retry("create the dead-letter table")(
-            self._client.command,
-            dead_letters.create_table_sql(self._database, replicated=self._replicated, cluster=self._cluster),
+        return ledger_upgrade.ensure(
+            self._query,
+            lambda what, sql: self._retry(what)(self._client.command, sql),
+            self._database,
+            replicated=self._replicated,
+            cluster=self._cluster,
+            ensure_commit_point=self.commit_point.ensure_table,
         )
-        self.commit_point.ensure_table()
-        exists = self._retry("check the ledger table")(self._client.command, f"EXISTS TABLE {self.table}")
-        if int(exists) == 1:
-            ledger_upgrade.upgrade(
-                self._query,
-                lambda what, sql: self._retry(what)(self._client.command, sql),
-                self._database,
-                self._cluster,
-            )
-            return False
-        ddl = ledger.create_table_sql(self._database, replicated=self._replicated, cluster=self._cluster)
-        self._retry("create the ledger table")(self._client.command, ddl)
-        return True
 
     # -- writes -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Brings a ledger table made by an earlier chtxn version up to this one's shape: the skip indexes
-(``protocol.ledger.SKIP_INDEXES``) and the columns added since (``protocol.ledger.ADDED_COLUMNS``).
+"""Creates the ledger's tables (``ensure``), or brings a ledger table made by an earlier chtxn version
+up to this one's shape (``upgrade``): the skip indexes (``protocol.ledger.SKIP_INDEXES``) and the
+columns added since (``protocol.ledger.ADDED_COLUMNS``).
 
 Idempotent and additive: nothing is dropped or rewritten, rows stored before read each added
 column as its default, and a coordinator of the earlier version keeps writing (its inserts name
@@ -11,7 +12,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import ledger
+from protocol import dead_letters, ledger
+
+
+def ensure(
+    query: Callable[..., list[tuple]],
+    command: Callable[[str, str], None],
+    database: str,
+    *,
+    replicated: bool,
+    cluster: str,
+    ensure_commit_point: Callable[[], None],
+) -> bool:
+    """Create the dead-letter table, the commit point's table (``ensure_commit_point``) and the
+    ledger if missing, else ``upgrade`` the ledger; True if this call created the ledger."""
+    command(
+        "create the dead-letter table", dead_letters.create_table_sql(database, replicated=replicated, cluster=cluster)
+    )
+    ensure_commit_point()
+    exists = query("check the ledger table", f"EXISTS TABLE {ledger.qualified(database)}")
+    if int(exists[0][0]) == 1:
+        upgrade(query, command, database, cluster)
+        return False
+    command("create the ledger table", ledger.create_table_sql(database, replicated=replicated, cluster=cluster))
+    return True
 
 
 def upgrade(

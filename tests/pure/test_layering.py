@@ -88,7 +88,6 @@ OVER_THE_LIMIT = {
     "cli.status": 435,
     "protocol.config": 416,
     "embedded.ch_http": 388,
-    "coordinator.ledger_store": 357,
 }
 
 
