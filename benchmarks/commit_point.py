@@ -20,7 +20,7 @@ from rich.table import Table
 from clients.clickhouse import make_client
 from coordinator.ledger_store import LedgerStore
 from embedded.stack import EmbeddedStack
-from protocol.config import ClickHouseSection
+from protocol.config_sections import ClickHouseSection
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 
 POINTS = ("token", "keeper")

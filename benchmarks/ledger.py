@@ -36,7 +36,7 @@ from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, ledger_sql, naming
-from protocol.config import ClickHouseSection
+from protocol.config_sections import ClickHouseSection
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.ledger_view import TxnSummary, summarize

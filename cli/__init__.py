@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cli.config_option import default_config
-from protocol import config, secrets
+from protocol import config_env, secrets
 from protocol.errors import ChtxnError, ConfigError
 
 #: Command modules, in the order ``chtxn --help`` lists them.
@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command not in SERVICE_COMMANDS:
         # ``chtxn txn list | head``: the reader has all it wanted; end quietly, as cat does
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    for var, close in config.unknown_variables(os.environ):
+    for var, close in config_env.unknown_variables(os.environ):
         hint = f"; did you mean {close}?" if close else ""
         print(f"chtxn: warning: {var} is not a variable chtxn reads, ignored{hint}", file=sys.stderr)
     if getattr(args, "config", "") is None:

@@ -31,7 +31,7 @@ from participant.bad_records import Letter
 from protocol import naming, replicated_ddl, schema_types
 from protocol.chcodes import ErrorClass, classify
 from protocol.chunking import JSON_OBJECT_FORMATS, RecordLike
-from protocol.config import ClickHouseSection, SchemaSection
+from protocol.config_sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
 
 log = logging.getLogger(__name__)

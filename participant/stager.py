@@ -74,7 +74,8 @@ from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike
-from protocol.config import ClickHouseSection, PipelineConfig, SchemaSection
+from protocol.config import PipelineConfig
+from protocol.config_sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
 from protocol.participant_events import ChunkStaged
 

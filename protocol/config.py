@@ -12,157 +12,18 @@ variable; ``unknown_variables`` lists the ``CHTXN_*`` variables that override no
 
 from __future__ import annotations
 
-import difflib
-import os
-import socket
 from collections.abc import Callable, Mapping
-from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import config_keys, insert_settings, routing, secrets, topic_patterns
+from protocol import config_env, config_keys, insert_settings, routing, secrets, topic_patterns
 from protocol.chunking import JSON_OBJECT_FORMATS
-from protocol.config_sections import (
-    ClickHouseSection,
-    CoordinatorSection,
-    KafkaSection,
-    LedgerSection,
-    ParticipantSection,
-    PipelineSection,
-    RouteSection,
-    SchemaSection,
-    TransactionSection,
-)
 from protocol.errors import ConfigError
+from protocol.pipeline_config import PipelineConfig
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TOPIC = r"^[A-Za-z0-9._-]+$"
-
-
-class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pipeline: PipelineSection = PipelineSection()
-    kafka: KafkaSection = KafkaSection()
-    clickhouse: ClickHouseSection = ClickHouseSection()
-    ledger: LedgerSection = LedgerSection()
-    transaction: TransactionSection = TransactionSection()
-    participant: ParticipantSection = ParticipantSection()
-    schema: SchemaSection = SchemaSection()
-    coordinator: CoordinatorSection = CoordinatorSection()
-    route: tuple[RouteSection, ...] = ()  # ``[[route]]``: empty in the one-table form
-
-    @property
-    def name(self) -> str:
-        return self.pipeline.name
-
-    @property
-    def routes(self) -> tuple[RouteSection, ...]:
-        """Where each topic's records go: the ``[[route]]`` tables, or the one-table form
-        (``pipeline.topics`` into ``clickhouse.target_table``) as one route."""
-        return self.route or (RouteSection(topics=self.pipeline.topics, table=self.clickhouse.target_table),)
-
-    def for_table(self, table: str) -> PipelineConfig:
-        """This config in the one-table form for ``table`` (its routes' topics into it): for the checks
-        made of one target table at a time (``chtxn doctor``)."""
-        topics = tuple(dict.fromkeys(t for r in self.routes if r.table == table for t in r.topics))
-        pipeline = msgspec.structs.replace(self.pipeline, topics=topics)
-        clickhouse = msgspec.structs.replace(self.clickhouse, target_table=table)
-        transaction = msgspec.structs.replace(self.transaction, publish_mode=self.publish_mode_of(table))
-        return msgspec.structs.replace(
-            self, pipeline=pipeline, clickhouse=clickhouse, transaction=transaction, route=()
-        )
-
-    def publish_mode_of(self, table: str) -> Literal["move", "insert-select"]:
-        """How ``table``'s rows are published: its routes' ``publish_mode``, else ``transaction.publish_mode``."""
-        return next((r.publish_mode for r in self.route if r.table == table and r.publish_mode), None) or (
-            self.transaction.publish_mode
-        )
-
-    @property
-    def source_topics(self) -> tuple[str, ...]:
-        """Every topic name or ``re:`` pattern of the routes, each once, in order."""
-        return tuple(dict.fromkeys(t for r in self.routes for t in r.topics))
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        """Every target table of the routes, each once, in order."""
-        return tuple(dict.fromkeys(r.table for r in self.routes))
-
-    @property
-    def control_topic(self) -> str:
-        return self.pipeline.control_topic or f"{self.pipeline.name}.chtxn-control"
-
-    @property
-    def dead_letter_topic(self) -> str:
-        return self.pipeline.dead_letter_topic or f"{self.pipeline.name}.chtxn-dlq"
-
-    @property
-    def keeper_path(self) -> str:
-        return self.ledger.keeper_path or f"/chtxn/{self.clickhouse.database}"
-
-    @property
-    def coordinator_id(self) -> str:
-        return self.coordinator.id or f"{socket.gethostname()}-{os.getpid()}"
-
-    @property
-    def heartbeat_timeout_s(self) -> float:
-        return self.transaction.heartbeat_interval_s * self.transaction.heartbeat_misses
-
-
-_SECTIONS: dict[str, type[msgspec.Struct]] = {
-    f.name: f.type for f in msgspec.structs.fields(PipelineConfig) if isinstance(f.type, type)
-}  # ``route``, an array of tables, is not a section: it is never set from the environment
-
-
-#: ``CHTXN_*`` variables chtxn or its tools read that are not config overrides (``unknown_variables``).
-OTHER_VARIABLES = ("CHTXN_CONFIG", "CHTXN_FAILPOINTS", "CHTXN_CACHE_DIR")
-#: Prefixes of variables the embedded stack and the test harness set for themselves.
-OTHER_PREFIXES = ("CHTXN_EMBEDDED_", "CHTXN_TEST_")
-
-
-def override_variables() -> dict[str, str]:
-    """Every ``CHTXN_<SECTION>_<FIELD>`` variable, mapped to the key it overrides (``section.field``)."""
-    return {
-        f"CHTXN_{section}_{field.name}".upper(): f"{section}.{field.name}"
-        for section, cls in _SECTIONS.items()
-        for field in msgspec.structs.fields(cls)
-    }
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
-    """The ``CHTXN_*`` variables of ``environ`` that chtxn does not read, sorted, each with the closest
-    known name (None when none is close): a misspelled override would otherwise be ignored silently."""
-    known = [*override_variables(), *OTHER_VARIABLES]
-    found = []
-    for var in sorted(environ):
-        if not var.startswith("CHTXN_") or var in known or var.startswith(OTHER_PREFIXES):
-            continue
-        close = difflib.get_close_matches(var, known, n=1, cutoff=0.75)
-        found.append((var, close[0] if close else None))
-    return found
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
-    """The overrides in ``environ``: section -> field -> value."""
-    overrides: dict[str, dict[str, object]] = {}
-    for section, cls in _SECTIONS.items():
-        for field in msgspec.structs.fields(cls):
-            var = f"CHTXN_{section}_{field.name}".upper()
-            if var not in environ:
-                continue
-            raw = environ[var]
-            if field.name == "topics":
-                value: object = [t.strip() for t in raw.split(",") if t.strip()]
-            elif isinstance(field.default, dict) or field.default_factory is dict:
-                raise ConfigError(
-                    f"{var}: {section}.{field.name} is a table and cannot be set from the environment; "
-                    "set it in the TOML file",
-                    key=f"{section}.{field.name}",
-                )
-            else:
-                value = raw
-            overrides.setdefault(section, {})[field.name] = value
-    return overrides
 
 
 class _FieldError(ConfigError):
@@ -342,7 +203,7 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
         raw = msgspec.toml.decode(text.encode())
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    overrides = _env_overrides(environ or {})
+    overrides = config_env.overrides(environ or {})
     origins = {f"{s}.{f}": f"CHTXN_{s}_{f}".upper() for s, fields in overrides.items() for f in fields}
     merged = _merge(raw, overrides)
     try:

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from protocol import secrets
-from protocol.config import PipelineConfig, override_variables, unknown_variables
+from protocol.config import PipelineConfig
+from protocol.config_env import override_variables, unknown_variables
 from protocol.doctor_facts import Check
 
 FILE, DEFAULT = "file", "default"

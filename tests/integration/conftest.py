@@ -12,7 +12,7 @@ import pytest
 from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
-from protocol.config import ClickHouseSection
+from protocol.config_sections import ClickHouseSection
 from tests.helpers import unique_name
 
 COMMIT_POINTS = ("token", "keeper")

@@ -17,7 +17,7 @@ from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, ledger_claims
-from protocol.config import ClickHouseSection
+from protocol.config_sections import ClickHouseSection
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition

@@ -14,7 +14,7 @@ from clients.clickhouse import make_client
 from coordinator.ledger_history import LedgerHistory
 from coordinator.ledger_store import LedgerStore
 from protocol import ledger, ledger_checkpoint, ledger_sql
-from protocol.config import ClickHouseSection
+from protocol.config_sections import ClickHouseSection
 from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
 from protocol.ledger_sql import ALL_SLOTS
 from protocol.messages import TopicPartition

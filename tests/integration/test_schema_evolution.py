@@ -15,7 +15,7 @@ from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
 from protocol import naming
 from protocol.chunking import ChunkBuilder
-from protocol.config import SchemaSection
+from protocol.config_sections import SchemaSection
 from protocol.participant_events import ChunkStaged
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants

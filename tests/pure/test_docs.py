@@ -88,14 +88,14 @@ def test_every_config_field_carries_its_description() -> None:
 
 
 def test_the_documented_environment_variables_are_the_ones_the_config_reads() -> None:
-    from protocol.config import _env_overrides
+    from protocol.config_env import overrides
 
     for section_name, cls in docgen.config_sections().items():
         for field in msgspec.structs.fields(cls):
             if docgen.is_table(field):
                 continue
             var = docgen.env_var(section_name, field.name)
-            assert _env_overrides({var: "x"}) == {
+            assert overrides({var: "x"}) == {
                 section_name: {field.name: ["x"] if field.name == "topics" else "x"}
             }, var
 

@@ -86,7 +86,6 @@ OVER_THE_LIMIT = {
     "tools.docgen": 498,
     "coordinator.stage": 443,
     "cli.status": 435,
-    "protocol.config": 416,
     "embedded.ch_http": 388,
 }
 
