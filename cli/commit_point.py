@@ -16,7 +16,7 @@ import time
 import msgspec
 
 from cli.config_option import add_config_option
-from cli.status import _heartbeats
+from cli.control_tail import heartbeats
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
 from clients.log_ends import CONSUMER_PROPERTIES
@@ -100,7 +100,7 @@ def _leaders(cfg: PipelineConfig) -> dict[str, int]:
         **{"group.id": naming.status_group(cfg.name), **CONSUMER_PROPERTIES}
     )
     try:
-        leaders, _, _ = _heartbeats(cfg, consumer, time.time(), HEARTBEAT_READ_S)
+        leaders, _, _ = heartbeats(cfg, consumer, time.time(), HEARTBEAT_READ_S)
     finally:
         consumer.close()
     lease_s = cfg.coordinator.leader_lease_s
