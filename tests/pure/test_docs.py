@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tools import docgen
+from tools import docgen, docgen_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -77,8 +77,8 @@ def test_a_generated_page_matches_the_code(page: str) -> None:
 def test_every_config_field_carries_its_description() -> None:
     undescribed = sorted(
         f"{s}.{name}"
-        for s, cls in docgen.config_sections().items()
-        for name, (description, _) in docgen.field_docs(cls).items()
+        for s, cls in docgen_config.config_sections().items()
+        for name, (description, _) in docgen_config.field_docs(cls).items()
         if not description
     )
     assert not undescribed, (
@@ -90,11 +90,11 @@ def test_every_config_field_carries_its_description() -> None:
 def test_the_documented_environment_variables_are_the_ones_the_config_reads() -> None:
     from protocol.config_env import overrides
 
-    for section_name, cls in docgen.config_sections().items():
+    for section_name, cls in docgen_config.config_sections().items():
         for field in msgspec.structs.fields(cls):
-            if docgen.is_table(field):
+            if docgen_config.is_table(field):
                 continue
-            var = docgen.env_var(section_name, field.name)
+            var = docgen_config.env_var(section_name, field.name)
             assert overrides({var: "x"}) == {
                 section_name: {field.name: ["x"] if field.name == "topics" else "x"}
             }, var
