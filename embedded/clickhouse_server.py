@@ -42,7 +42,7 @@ from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_af
 
 from embedded.ch_engine import Engine
 from embedded.ch_errors import EngineError
-from embedded.ch_http import HttpServer
+from embedded.ch_http_server import HttpServer
 from embedded.clickhouse_process import USERS_ENV
 
 

@@ -95,9 +95,7 @@ def test_the_documented_environment_variables_are_the_ones_the_config_reads() ->
             if docgen_config.is_table(field):
                 continue
             var = docgen_config.env_var(section_name, field.name)
-            assert overrides({var: "x"}) == {
-                section_name: {field.name: ["x"] if field.name == "topics" else "x"}
-            }, var
+            assert overrides({var: "x"}) == {section_name: {field.name: ["x"] if field.name == "topics" else "x"}}, var
 
 
 def test_the_complete_example_is_a_valid_config_with_the_defaults() -> None:
