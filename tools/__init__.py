@@ -1,1 +1,1 @@
-"""Developer tools: generated docs (``docgen``), the layout survey (``layout``), Debian tools for the tests."""
+"""Developer tools: generated docs (``docgen``, ``benchdoc``), the layout survey (``layout``), Debian tools for the tests."""

@@ -27,9 +27,11 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tools.docgen_markdown import table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
@@ -62,12 +64,6 @@ def spread(figure: dict[str, Any] | None) -> str:
 def cols(text: str) -> list[str]:
     """A table's header written as one string, the columns separated by ``|``."""
     return text.split("|")
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def source(paths: list[Path]) -> str:

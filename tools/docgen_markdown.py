@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 #: How a reader regenerates the pages.
 REGENERATE = "python -m tools.docgen"
 
@@ -14,7 +16,7 @@ def md(text: str) -> str:
     return "`".join(parts).replace("|", "\\|").replace("\n", " ")
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
