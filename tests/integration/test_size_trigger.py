@@ -1,7 +1,7 @@
 """The size trigger holds: a txn ended because its rows reached ``size_trigger_rows`` holds at
 most 25% more (participants report at once when they cross their share, and stop reading past
 it until END). Real coordinator and participant tasks, a backlog to read, the trigger far below
-what one interval brings."""
+what one interval brings, and the interval longer than the test."""
 
 from __future__ import annotations
 
@@ -22,18 +22,20 @@ def test_txns_ended_by_the_size_trigger_stay_within_a_quarter_of_it(stack, tmp_p
         partitions=2,
         settings={
             "transaction.size_trigger_rows": TRIGGER,
-            "transaction.interval_s": 5.0,
+            # Far longer than the test: every txn ends by the trigger, however slow the machine (at
+            # 5 s, a loaded machine ended one by the interval, below the trigger).
+            "transaction.interval_s": 120.0,
             "participant.chunk_rows": 500,
             "participant.poll_batch": 200,
         },
     )
     produced = pipeline.produce(40_000)
     with coordinator(pipeline), participants(pipeline, tasks=2):
-        wait_until(lambda: pipeline.target_count() == produced, 120, "every record committed")
+        # the rest, under one trigger's worth, would wait for the interval
+        wait_until(lambda: pipeline.target_count() >= produced - TRIGGER * 1.25, 120, "the backlog committed")
     rows = [c.total_rows for c in pipeline.ledger().commits() if c.total_rows]
-    by_trigger = rows[:-1]  # the last data txn ends by the interval, with what was left
-    assert len(by_trigger) >= 5, rows
-    assert all(TRIGGER <= r <= TRIGGER * 1.25 for r in by_trigger), rows
+    assert len(rows) >= 5, rows
+    assert all(TRIGGER <= r <= TRIGGER * 1.25 for r in rows), rows
     report = pipeline.oracle()
     assert report.ok, report.anomalies
 
