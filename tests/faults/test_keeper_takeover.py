@@ -56,13 +56,15 @@ def test_two_leaders_racing_for_one_slot_the_older_holds_its_key_and_the_newer_r
     assert [r.event for r in k_rows].count("COMMITTED") == 1, k_rows
 
 
-def test_a_stalled_leaders_claim_loses_to_the_new_leaders_seal_key(keeper_stack, tmp_path):
+def test_a_stalled_leaders_claim_loses_to_the_new_leaders_seal_key(keeper_stack, tmp_path, caplog):
     """E1 counted txn k and stalls before claiming; E2 takes over, seals k's slot and drops k's
     stage table as an orphan. The seal is followed by a checkpoint, which forgets the seal's key,
     so E1's late claim gets the key again: it must still lose (a checkpoint covers the slot) and
     step down without acknowledging k. Every record once, committed by E2.
-    Broken claim run against: ``KeeperCommitPoint._covered`` always False (E1's claim won; E1
-    stepped down only on seeing epoch 2)."""
+    Broken claim run against: ``KeeperCommitPoint._covered`` always False (E1's claim got past the
+    key and lost only at the ledger's row of the slot, step 6c, which names the wrong cause).
+    E2's heartbeats are hidden from E1, so E1 learns of E2 from its claim alone: E1's loop reads on
+    while its claim is held, and stepped down on E2's lease first in 1 run of 2."""
     pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("kstall"), settings=KEEPER)
     produced = pipeline.produce(1_000)
     e1 = LeaderThread(pipeline, 1, "E1")
@@ -74,6 +76,7 @@ def test_a_stalled_leaders_claim_loses_to_the_new_leaders_seal_key(keeper_stack,
         k = participants.statuses[-1].txn
         k_slot = pipeline.ledger().head()[0] + 1
 
+        failpoints.arm("control.hide-record", "raise", who="E1/leader-heartbeat")
         held = failpoints.arm("leader.after-take-over", "pause", who="E2")
         e2.start()
         assert held.reached.wait(60), "E2 never finished its take-over"
@@ -81,6 +84,7 @@ def test_a_stalled_leaders_claim_loses_to_the_new_leaders_seal_key(keeper_stack,
         failpoints.release("leader.before-commit")  # E1's late claim of k's slot
         outcome = e1.ended(60)
         assert isinstance(outcome, str) and f"lost commit slot {k_slot} of {k}" in outcome, outcome
+        assert "a claim of a slot a checkpoint covers got its key; it owns nothing" in caplog.messages
         states = {t.txn: t.state for t in pipeline.ledger().history(limit=100)}
         assert states.get(k) not in ("COMMITTED", "PUBLISHED"), f"E1 committed {k} after E2's take-over"
 

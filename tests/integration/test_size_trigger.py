@@ -33,7 +33,9 @@ def test_txns_ended_by_the_size_trigger_stay_within_a_quarter_of_it(stack, tmp_p
     with coordinator(pipeline), participants(pipeline, tasks=2):
         # the rest, under one trigger's worth, would wait for the interval
         wait_until(lambda: pipeline.target_count() >= produced - TRIGGER * 1.25, 120, "the backlog committed")
-    rows = [c.total_rows for c in pipeline.ledger().commits() if c.total_rows]
+        # Judged now: the txn open when the participants stop ends because they leave, below the
+        # trigger, and may still commit (CI saw it do so on a loaded machine).
+        rows = [c.total_rows for c in pipeline.ledger().commits() if c.total_rows]
     assert len(rows) >= 5, rows
     assert all(TRIGGER <= r <= TRIGGER * 1.25 for r in rows), rows
     report = pipeline.oracle()
