@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from clients import failpoints
 from clients.clickhouse import error_code
-from coordinator.stage import Definition, PublishReads, StageCheck, StageTables
+from coordinator.stage import Definition, StageCheck, StageTables
+from coordinator.stage_publish import PublishReads
 from protocol import naming
 from protocol.chcodes import SYNTAX_ERROR, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.replicated_ddl import drop_tables_sql

@@ -17,7 +17,7 @@ from clients import failpoints
 from coordinator.dead_letter_publisher import DeadLetterPublisher, NewerLeader
 from coordinator.ledger_store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage import StageTableMissing
+from coordinator.stage_publish import StageTableMissing
 from coordinator.stage_set import Stages
 from coordinator.takeover import SteppedDown
 from protocol.chcodes import UNKNOWN_TABLE

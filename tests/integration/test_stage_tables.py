@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from coordinator.service import clickhouse_stores
-from coordinator.stage import StageTableMissing, StageTables
+from coordinator.stage import StageTables
+from coordinator.stage_publish import StageTableMissing
 from protocol import naming
 from protocol.coordinator_events import PartitionStats
 from protocol.messages import TopicPartition

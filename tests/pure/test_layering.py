@@ -80,13 +80,6 @@ def test_the_installed_command_and_packages_match_the_layout() -> None:
     assert sorted(include) == sorted(f"{package}*" for package in ALLOWED)
 
 
-#: Modules over the limit when it was set, each to be split by concept; none may grow, and one that
-#: gets within the limit leaves this list (the test says so). No module may join it.
-OVER_THE_LIMIT = {
-    "coordinator.stage": 443,
-}
-
-
 def test_no_import_circles_even_inside_one_folder() -> None:
     assert layout.circles(layout.import_graph(layout.modules(ROOT))) == []
 
@@ -102,11 +95,7 @@ def test_the_circle_finder_sees_a_circle_through_a_relative_and_a_lazy_import(tm
     assert layout.circles(layout.import_graph(known)) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
-def test_no_module_is_longer_than_the_limit_or_than_it_was() -> None:
+def test_no_module_is_longer_than_the_limit() -> None:
     lines = layout.lines_of(layout.modules(ROOT))
     over = {m: n for m, n in lines.items() if n > layout.MAX_LINES}
-    assert set(over) <= set(OVER_THE_LIMIT), f"over {layout.MAX_LINES} lines: split by concept"
-    grown = {m: (OVER_THE_LIMIT[m], n) for m, n in over.items() if n > OVER_THE_LIMIT[m]}
-    assert grown == {}, "grown past their size when the limit was set (was, now)"
-    within = sorted(set(OVER_THE_LIMIT) - set(over))
-    assert within == [], "within the limit now: remove them from OVER_THE_LIMIT"
+    assert over == {}, f"over {layout.MAX_LINES} lines: split them by concept"
