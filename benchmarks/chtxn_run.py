@@ -36,10 +36,10 @@ from benchmarks import cpu, timeline
 from benchmarks.timeline import Phases, TxnTimes
 from benchmarks.workload import DATABASE, TARGET
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from protocol.config import PipelineConfig
+from coordinator.ledger.history import LedgerHistory
+from protocol.config.parse import PipelineConfig
 from protocol.errors import ChtxnError
-from protocol.ledger_view import TxnSummary
+from protocol.ledger.view import TxnSummary
 
 REPO = Path(__file__).resolve().parents[1]
 SHUTDOWN_REASON = "coordinator shutting down"

@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.store import LedgerStore
 from embedded.stack import EmbeddedStack
-from protocol.config_sections import ClickHouseSection
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from protocol.config.sections import ClickHouseSection
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 
 POINTS = ("token", "keeper")
 

@@ -19,7 +19,7 @@ import cProfile
 import pstats
 import time
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Broadcast,
     Commit,
     CommitResult,
@@ -35,8 +35,8 @@ from protocol.coordinator_events import (
     StageCreated,
     Tick,
 )
-from protocol.coordinator_flight import Timing
-from protocol.coordinator_state import CoordinatorState
+from protocol.coordinator.flight import Timing
+from protocol.coordinator.state import CoordinatorState
 from protocol.messages import EndCommit, Heartbeat, PartitionPosition, TopicPartition, WriteStatus
 
 TICK_S = 0.02

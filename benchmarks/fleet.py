@@ -33,7 +33,7 @@ import clickhouse_connect
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition as KafkaTP
 
 from protocol import codec, naming
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import (
     Abort,
     AckCommit,

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_sql, naming
-from protocol.config_sections import ClickHouseSection
-from protocol.ledger import LedgerEvent, LedgerRow
-from protocol.ledger_sql import ALL_SLOTS
-from protocol.ledger_view import TxnSummary, summarize
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
+from protocol import naming
+from protocol.config.sections import ClickHouseSection
+from protocol.ledger import rows as ledger, sql as ledger_sql
+from protocol.ledger.rows import LedgerEvent, LedgerRow
+from protocol.ledger.sql import ALL_SLOTS
+from protocol.ledger.view import TxnSummary, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 DATABASE = "chtxn_bench_ledger"

@@ -35,9 +35,9 @@ from benchmarks.chtxn_run import REPO, SHUTDOWN_REASON, Pipeline, short_reason
 from benchmarks.timeline import Phases, TxnTimes
 from benchmarks.workload import DATABASE, PRODUCED_AT, TARGET, TOPIC, settle
 from clients.clickhouse import make_client
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import ChtxnError
-from protocol.ledger_view import TxnSummary
+from protocol.ledger.view import TxnSummary
 
 
 @dataclass

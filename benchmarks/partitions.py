@@ -49,9 +49,9 @@ from benchmarks.fleet import Fleet, tasks_of
 from benchmarks.partitions_report import RunFigures, figures, summary_line, table, threads_cpu, top_functions
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.store import LedgerStore
 from embedded.stack import EmbeddedStack
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.messages import TopicPartition
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -23,9 +23,9 @@ from benchmarks import summary
 from benchmarks.chtxn_run import REPO
 from benchmarks.fleet import FleetCounts
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
+from coordinator.ledger.history import LedgerHistory
 from protocol import codec
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import AckCommit, EndCommit, WriteStatus
 
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -35,8 +35,8 @@ from benchmarks import chtxn_run, plain, report, workload
 from benchmarks.plain import Outcome
 from embedded.stack import EmbeddedStack
 from participant.job import group_partitions
-from protocol.config import PipelineConfig
-from protocol.config_sections import ParticipantSection, TransactionSection
+from protocol.config.parse import PipelineConfig
+from protocol.config.sections import ParticipantSection, TransactionSection
 from protocol.messages import TopicPartition
 
 

@@ -30,7 +30,7 @@ from benchmarks import cpu
 from benchmarks.workload import CEILING, DATABASE, PLAIN, PLAIN_GROUP, TOPIC
 from clients.clickhouse import make_client
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import ChtxnError
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """What ``[schema]`` costs a participant per chunk: stager step 1.5's scan of the records' top-level
-fields (``protocol.schema_types.scan_fields``), on one chunk of the demo's JSON events, next to
+fields (``protocol.tables.schema_types.scan_fields``), on one chunk of the demo's JSON events, next to
 building the chunk's insert body and, with ``--insert``, inserting it into an in-process chDB.
 
     .venv/bin/python -m benchmarks.schema_scan [--records 10000] [--reps 20] [--insert]
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from cli.demo import events
 from protocol.chunking import BodyBuilder
-from protocol.schema_types import scan_fields
+from protocol.tables.schema_types import scan_fields
 from tests.records import Rec
 
 DEMO_COLUMNS = ("event_id", "ts", "user_id", "session", "kind", "url", "amount", "country", "device")

@@ -40,9 +40,9 @@ from benchmarks.partitions import wait_for_commits
 from benchmarks.partitions_report import RunFigures, figures, threads_cpu
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.store import LedgerStore
 from embedded.stack import EmbeddedStack
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.messages import TopicPartition
 
 RESULTS = Path(__file__).resolve().parent / "results"

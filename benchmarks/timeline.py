@@ -26,7 +26,7 @@ import msgspec
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition as KafkaTP
 
 from protocol.codec import decode
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import AckCommit, EndCommit, StartCommit, WriteStatus
 
 

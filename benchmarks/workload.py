@@ -19,8 +19,8 @@ from confluent_kafka import Producer
 from cli.demo import TARGET_DDL, events
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
-from protocol.config import PipelineConfig, load_config
+from coordinator.ledger.store import LedgerStore
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ChtxnError
 
 DATABASE = "bench"

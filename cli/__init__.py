@@ -19,7 +19,8 @@ from importlib import metadata
 from pathlib import Path
 
 from cli.config_option import default_config
-from protocol import config_env, secrets
+from protocol import secrets
+from protocol.config import env as config_env
 from protocol.errors import ChtxnError, ConfigError
 
 #: Command modules, in the order ``chtxn --help`` lists them.

@@ -1,5 +1,5 @@
 """``chtxn commit-point show`` and ``chtxn commit-point switch --to MODE``: the commit point the
-ledger records, and the one documented way to change it (``coordinator.commit_points``).
+ledger records, and the one documented way to change it (``coordinator.ledger.commit_points``).
 
 The switch reads the control topic for a leader's heartbeat first: it refuses while any leader
 holds the lease (every coordinator running before the switch claims by the old commit point).
@@ -20,10 +20,10 @@ from cli.control_tail import heartbeats
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
 from clients.log_ends import CONSUMER_PROPERTIES
-from coordinator import commit_points
+from coordinator.ledger import commit_points
 from protocol import naming
-from protocol.commit_points import MODES, PROCEDURE
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
+from protocol.ledger.commit_points import MODES, PROCEDURE
 
 #: How long the switch reads the control topic for a leader's heartbeat.
 HEARTBEAT_READ_S = 10.0

@@ -22,10 +22,10 @@ from rich.markup import escape
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from clients import kafka as kafka_clients
-from protocol import config_sources
-from protocol.config import PipelineConfig, parse_config
-from protocol.config_sources import Setting
-from protocol.doctor_facts import Check
+from protocol.checks import Check
+from protocol.config import sources as config_sources
+from protocol.config.parse import PipelineConfig, parse_config
+from protocol.config.sources import Setting
 from protocol.errors import ConfigError
 
 

@@ -11,10 +11,10 @@ from confluent_kafka import KafkaException, TopicPartition as KafkaTP
 
 from clients.log_ends import log_ends
 from protocol import codec
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
 from protocol.messages import Heartbeat, LeaderHeartbeat, StandbyHeartbeat, TopicPartition
-from protocol.pipeline_health import Heard
+from protocol.status.health import Heard
 
 #: How far back the control topic is read for heartbeats.
 CONTROL_TAIL = 2_000

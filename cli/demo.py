@@ -26,11 +26,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
 from coordinator.verify import merged, verify_pipeline
 from embedded.stack import EmbeddedStack
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ChtxnError
 
 TARGET_DDL = """

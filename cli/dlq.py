@@ -2,7 +2,7 @@
 and putting chosen letters back.
 
 ``list`` and ``show`` read, ``read_committed``: what a consumer draining the topic sees. ``replay``
-re-produces letters (``coordinator.dlq_replay``), a dry run unless ``--execute``. Output as
+re-produces letters (``coordinator.dead_letters.replay``), a dry run unless ``--execute``. Output as
 ``cli.output`` prints it (``--format table|wide|tsv|json``); in JSON, bytes come as text (invalid
 UTF-8 replaced) and, exactly, as base64.
 """
@@ -20,9 +20,9 @@ from cli.config_option import add_config_option
 from cli.dlq_replay import register_replay
 from cli.letter_text import position, utc_time
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
-from coordinator.dead_letter_view import DeadLetterReader
-from protocol.config import load_config
-from protocol.dead_letters import PublishedLetter
+from coordinator.dead_letters.view import DeadLetterReader
+from protocol.config.parse import load_config
+from protocol.dead_letters.letters import PublishedLetter
 from protocol.errors import SetupError
 
 #: The columns of a letter in ``list`` (and of ``show --format tsv``, which adds its contents).

@@ -1,5 +1,5 @@
 """``chtxn dlq replay``: re-produce chosen dead letters to their source topic or another, each once
-(``coordinator.dlq_replay``), a dry run unless ``--execute``."""
+(``coordinator.dead_letters.replay``), a dry run unless ``--execute``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from rich.markup import escape
 from cli.config_option import add_config_option
 from cli.letter_text import position, utc_time
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
-from coordinator.dlq_replay import DeadLetterReplay
-from protocol import dlq_replay
-from protocol.config import load_config
-from protocol.dlq_replay import Planned, Selection
+from coordinator.dead_letters.replay import DeadLetterReplay
+from protocol.config.parse import load_config
+from protocol.dead_letters import replay as dlq_replay
+from protocol.dead_letters.replay import Planned, Selection
 from protocol.errors import SetupError
 
 

@@ -1,7 +1,7 @@
 """``chtxn doctor``: a preflight against the live ClickHouse server and Kafka broker that says, check by
 check, whether exactly-once holds there and what to change.
 
-The facts come from ``coordinator.doctor``, the verdicts from ``protocol.doctor_rules``. Exit code 0
+The facts come from ``coordinator.doctor``, the verdicts from ``protocol.doctor.rules``. Exit code 0
 when no check failed (warnings do not fail), 1 when one did, 2 for a bad config.
 """
 
@@ -18,13 +18,14 @@ from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
-from coordinator import partition_logs
 from coordinator.doctor import clickhouse_facts, kafka_facts
-from protocol.config import PipelineConfig, load_config
-from protocol.doctor_facts import Check, Report
-from protocol.doctor_rules import clickhouse_checks, failed, kafka_checks
+from coordinator.offsets import partition_logs
+from protocol.checks import Check
+from protocol.config.parse import PipelineConfig, load_config
+from protocol.doctor.facts import Report
+from protocol.doctor.rules import clickhouse_checks, failed, kafka_checks
 from protocol.errors import ChtxnError
-from protocol.partition_logs import stops_check
+from protocol.offsets.partition_logs import stops_check
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ partitions as the largest source topic), the ledger table, the dead-letter table
 ``ledger.commit_point = "keeper"``, the KeeperMap table of claims (replicated and ``ON CLUSTER``
 when ``clickhouse.cluster`` is set). Checks first, without touching them: the broker, the source
 topics, an existing control topic (one partition), the ClickHouse database and the target tables,
-each refused exactly as the coordinator and the participants refuse it (``protocol.target_rules``);
+each refused exactly as the coordinator and the participants refuse it (``protocol.tables.target_rules``);
 when any check fails it creates nothing. Prints the DDL it ran, for an operator to read or to run
 elsewhere. Running it again changes nothing. Exit code 0 when everything is in place, 1 when
 something needs the operator.
@@ -28,11 +28,13 @@ from cli.output import Column, Output, Sheet, Styled
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
 from clients.target_table import read_target
-from coordinator.ledger_store import LedgerStore
-from protocol import dead_letters, ledger, ledger_claims, secrets, topic_patterns
-from protocol.config import PipelineConfig, load_config
+from coordinator.ledger.store import LedgerStore
+from protocol import secrets, topic_patterns
+from protocol.config.parse import PipelineConfig, load_config
+from protocol.dead_letters import letters as dead_letters
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
-from protocol.target_rules import refusals
+from protocol.ledger import claims as ledger_claims, rows as ledger
+from protocol.tables.target_rules import refusals
 
 _UNKNOWN_DATABASE = 81
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from protocol.dead_letters import PublishedLetter
+from protocol.dead_letters.letters import PublishedLetter
 
 
 def position(x: PublishedLetter) -> str:

@@ -52,7 +52,7 @@ from participant.leaving import driver_pid
 from participant.spark_context import LOG4J2, check_master
 from procs import signal_group, start_watchdog
 from protocol import secrets
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ChtxnError, ConfigError, SetupError
 from protocol.messages import TopicPartition
 

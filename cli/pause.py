@@ -1,6 +1,6 @@
 """``chtxn pause`` and ``chtxn resume``: stop the leader starting txns, and start again.
 
-Pause steps 1 and 2 (``coordinator.pauses``): a marker in the next commit slot, so that the pause or
+Pause steps 1 and 2 (``coordinator.ledger.pauses``): a marker in the next commit slot, so that the pause or
 resume is ordered against every commit and offset reset, then a PAUSED (or RESUMED) row with who
 and why: a leader that takes over reads the latest, so a pause survives any number of take-overs.
 Pause step 3: a ``Pause`` message on the control topic, so the running leader acts at once: paused,
@@ -20,10 +20,10 @@ import msgspec
 from cli.config_option import add_config_option
 from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
-from coordinator import pauses
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger import pauses
+from coordinator.ledger.store import LedgerStore
 from protocol import codec
-from protocol.config import load_config
+from protocol.config.parse import load_config
 from protocol.errors import ChtxnError
 from protocol.messages import Pause
 

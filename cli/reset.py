@@ -1,6 +1,6 @@
 """``chtxn reset``: move partitions' committed offsets while the pipeline is paused.
 
-Reset steps 1-3 are ``coordinator.offset_reset``'s (paused, the new offsets, the commit slot);
+Reset steps 1-3 are ``coordinator.offsets.reset``'s (paused, the new offsets, the commit slot);
 step 4 sends a ``Reset`` message so that the running leader hands over at once and the take-over
 starts from the new offsets. Recorded in the ledger with who and why; ``chtxn txn list`` shows it.
 """
@@ -19,14 +19,14 @@ from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet
 from clients.clickhouse import make_client
 from clients.kafka import KafkaClientFactory
-from coordinator.ledger_store import LedgerStore
-from coordinator.offset_reset import ResetTo, claim, plan, require_paused
-from coordinator.source_offsets import SourceOffsets
+from coordinator.ledger.store import LedgerStore
+from coordinator.offsets.reset import ResetTo, claim, plan, require_paused
+from coordinator.offsets.source import SourceOffsets
 from protocol import codec, topic_patterns
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ChtxnError, ConfigError
-from protocol.ledger import LedgerRow
-from protocol.ledger_resets import describe
+from protocol.ledger.resets import describe
+from protocol.ledger.rows import LedgerRow
 from protocol.messages import Reset, TopicPartition
 
 SEND_TIMEOUT_S = 10.0

@@ -11,7 +11,7 @@ from cli.config_option import add_config_option
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.metrics_server import MetricsServer
 from coordinator.service import CoordinatorService
-from protocol.config import load_config
+from protocol.config.parse import load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

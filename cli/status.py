@@ -15,11 +15,11 @@ from cli import status_report
 from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
-from protocol import pipeline_health
-from protocol.config import load_config
+from protocol.config.parse import load_config
 from protocol.errors import SetupError
-from protocol.pipeline_health import Replica
-from protocol.standby_replicas import STANDBY
+from protocol.status import health as pipeline_health
+from protocol.status.health import Replica
+from protocol.status.standbys import STANDBY
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -2,7 +2,7 @@
 and each partition's lag, from the ledger (epochs, the head, the latest commits), the tail of the
 control topic (``cli.control_tail``) and each source partition's log end (``clients.log_ends``:
 right on the embedded broker too, whose ListOffsets answer trails the log). The verdicts are
-``protocol.pipeline_health``'s; the standbys are added by ``protocol.standby_replicas``.
+``protocol.status.health``'s; the standbys are added by ``protocol.status.standbys``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
 from clients.clickhouse import retry_budget_s
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
-from coordinator import partition_logs
-from coordinator.ledger_history import LedgerHistory
-from protocol import naming, pipeline_health, routing
-from protocol.config import PipelineConfig
-from protocol.doctor_facts import Check
+from coordinator.ledger.history import LedgerHistory
+from coordinator.offsets import partition_logs
+from protocol import naming, routing
+from protocol.checks import Check
+from protocol.config.parse import PipelineConfig
 from protocol.errors import ClickHouseError
-from protocol.ledger import LedgerEvent
-from protocol.ledger_view import TxnSummary
-from protocol.partition_logs import stops_check
-from protocol.pipeline_health import Replica
-from protocol.standby_replicas import with_standbys
+from protocol.ledger.rows import LedgerEvent
+from protocol.ledger.view import TxnSummary
+from protocol.offsets.partition_logs import stops_check
+from protocol.status import health as pipeline_health
+from protocol.status.health import Replica
+from protocol.status.standbys import with_standbys
 
 
 class PartitionStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,12 +19,13 @@ from rich.markup import escape
 from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from protocol import ledger, ledger_sql, routing
+from coordinator.ledger.history import LedgerHistory
+from protocol import routing
 from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
-from protocol.ledger_view import TxnSummary
+from protocol.ledger import rows as ledger, sql as ledger_sql
+from protocol.ledger.view import TxnSummary
 
 #: The columns of a txn in ``txn list`` (and of ``txn show --format tsv``).
 TXN_COLUMNS = (

@@ -14,9 +14,9 @@ from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
 from clients.clickhouse import make_client, retrying
 from coordinator.verify import DeepReport, merged, verify_pipeline
-from protocol import deep_check
-from protocol.config import load_config
+from protocol.config.parse import load_config
 from protocol.errors import ClickHouseError, SetupError
+from protocol.verify import check as deep_check
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import Error as DriverError, OperationalError
 
 from protocol import chcodes, secrets
-from protocol.config_sections import ClickHouseSection
+from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from protocol import naming, topic_patterns
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
 from protocol.messages import TopicPartition
 

@@ -1,5 +1,5 @@
 """The one target check of ``chtxn init``, ``chtxn doctor``, the coordinator and the participant:
-reads what ``protocol.target_rules`` judges of a target table from the server, and refuses what it
+reads what ``protocol.tables.target_rules`` judges of a target table from the server, and refuses what it
 refuses (``check_target``), with the same message wherever it runs.
 """
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
-from protocol.table_shape import columns_sql
-from protocol.target_rules import Refusal, TargetFacts, ViewTable, refusals
+from protocol.tables.shape import columns_sql
+from protocol.tables.target_rules import Refusal, TargetFacts, ViewTable, refusals
 
 #: ``engine``, ``engine_full`` and the tables that depend on table ``{t}`` of database ``{db}``.
 _TARGET_SQL = (
@@ -20,7 +20,7 @@ _TARGET_SQL = (
 
 
 def check_target(client: Any, cfg: PipelineConfig, table: str) -> None:
-    """Raise ``SetupError`` with the first refusal of ``table`` (``protocol.target_rules``); return
+    """Raise ``SetupError`` with the first refusal of ``table`` (``protocol.tables.target_rules``); return
     when chtxn can load it. ``client`` is a clickhouse-connect client; ClickHouse errors pass
     through unchanged (the caller retries them)."""
     found = target_refusals(client, cfg, table)

@@ -10,7 +10,7 @@ from clients import kafka as kafka_clients
 from clients.control_reader import ControlReader
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from protocol import codec, naming
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import ControlMessage
 
 

@@ -1,4 +1,4 @@
-"""Gathers what ``chtxn doctor`` judges (``protocol.doctor_facts``) from the live ClickHouse server and
+"""Gathers what ``chtxn doctor`` judges (``protocol.doctor.facts``) from the live ClickHouse server and
 Kafka broker of one pipeline.
 
 It reads only, but for two probes that leave nothing behind: the KeeperMap probe
@@ -24,10 +24,9 @@ from clients import kafka as kafka_clients
 from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
 from clients.target_table import read_target
 from coordinator import keeper_probe
-from coordinator.stage import STAGE_DEDUP_WINDOW
-from protocol import ledger
-from protocol.config import PipelineConfig
-from protocol.doctor_facts import (
+from coordinator.stage.tables import STAGE_DEDUP_WINDOW
+from protocol.config.parse import PipelineConfig
+from protocol.doctor.facts import (
     MERGE_TREE_READ,
     SETTINGS_READ,
     ClickHouseFacts,
@@ -39,7 +38,8 @@ from protocol.doctor_facts import (
     replicated,
 )
 from protocol.errors import ClickHouseError, SetupError
-from protocol.table_shape import TABLE_ENGINE_SQL
+from protocol.ledger import rows as ledger
+from protocol.tables.shape import TABLE_ENGINE_SQL
 
 #: Seconds one ClickHouse request of the doctor may take. A KeeperMap table created while Keeper is
 #: down fails after about 30 s on ClickHouse 26.9 (its Keeper client's connection tries).

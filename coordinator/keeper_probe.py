@@ -1,5 +1,5 @@
 """The KeeperMap probe of ``chtxn doctor``: does a strict-mode KeeperMap insert work on this server, as
-the keeper commit point (``protocol.ledger_claims``) needs?
+the keeper commit point (``protocol.ledger.claims``) needs?
 
 Probe steps, on a table and a Keeper path of the probe's own (``chtxn_doctor_<random>`` in
 ``clickhouse.database``, at ``<ledger.keeper_path>/doctor-<random>``), never the claims table:
@@ -24,10 +24,10 @@ import uuid
 from typing import Any
 
 from clients.clickhouse import error_code, is_clickhouse_failure
-from protocol import ledger_claims
-from protocol.config import PipelineConfig
-from protocol.doctor_facts import KeeperOutcome, KeeperProbe
-from protocol.table_shape import ident
+from protocol.config.parse import PipelineConfig
+from protocol.doctor.facts import KeeperOutcome, KeeperProbe
+from protocol.ledger import claims as ledger_claims
+from protocol.tables.shape import ident
 
 #: What step 1's error code says of the server: KeeperMap is off (no ``keeper_map_path_prefix``:
 #: BAD_ARGUMENTS; no ``<zookeeper>``: NO_ZOOKEEPER), or Keeper did not answer (KEEPER_EXCEPTION).

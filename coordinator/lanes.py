@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     AbortTxn,
     Action,
     Commit,

@@ -6,11 +6,10 @@ lanes (``coordinator.lanes``), so the control loop never waits on ClickHouse: th
 of txn k (commit steps 5 and 6, here) overlap the reading of k+1, and control messages are
 answered while ClickHouse is slow. The other actions are ``coordinator.txn_actions``.
 
-The commit point itself is ``LedgerStore.claim_commit`` (commit step 6 of
-``protocol.coordinator_state``); right after a won claim the leader has the ledger checkpointed
-and expired when due (``LedgerStore.after_won_slot``). Before the first START the leader takes
-over (``coordinator.takeover``); its heartbeat goes out from a thread of its own
-(``coordinator.lease``); where each source partition starts is ``coordinator.source_offsets``.
+The commit point is ``LedgerStore.claim_commit`` (commit step 6 of ``protocol.coordinator.state``);
+right after a won claim the ledger is checkpointed and expired when due (``after_won_slot``). Before
+the first START it takes over (``coordinator.takeover``); its heartbeat goes out from a thread of its
+own (``coordinator.lease``); where each partition starts is ``coordinator.offsets.source``.
 """
 
 from __future__ import annotations
@@ -25,20 +24,20 @@ from clients import failpoints
 from clients.clickhouse import retrying
 from clients.kafka import KafkaClientFactory
 from coordinator.control import ControlChannel
-from coordinator.dead_letter_publisher import DeadLetterPublisher
+from coordinator.dead_letters.publisher import DeadLetterPublisher
 from coordinator.lanes import LANES, Lanes
 from coordinator.lease import Lease
-from coordinator.ledger_rows import ledger_row
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.rows import ledger_row
+from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
-from coordinator.source_offsets import SourceOffsets
-from coordinator.stage_set import Stages
+from coordinator.offsets.source import SourceOffsets
+from coordinator.stage.sets import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
-from protocol import ledger_pauses, routing
-from protocol.config import PipelineConfig
-from protocol.coordinator_events import (
+from protocol import routing
+from protocol.config.parse import PipelineConfig
+from protocol.coordinator.events import (
     AbortTxn,
     Action,
     Broadcast,
@@ -59,10 +58,11 @@ from protocol.coordinator_events import (
     Stopped,
     Tick,
 )
-from protocol.coordinator_flight import Timing
-from protocol.coordinator_state import CoordinatorState
+from protocol.coordinator.flight import Timing
+from protocol.coordinator.state import CoordinatorState
 from protocol.errors import ChtxnError
-from protocol.ledger import LedgerEvent
+from protocol.ledger import pauses as ledger_pauses
+from protocol.ledger.rows import LedgerEvent
 from protocol.messages import EndCommit
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from clients.kafka import KafkaClientFactory
 from protocol import codec, secrets
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import LeaderHeartbeat, StandbyHeartbeat
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from prometheus_client import (
 )
 
 from coordinator.participant_metrics import ParticipantCollector
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     ABORT_KINDS,
     AbortTxn,
     Commit,

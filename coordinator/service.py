@@ -2,7 +2,7 @@
 
 Run N replicas; exactly one leads at a time. A standby that hears nothing from a leader for
 ``coordinator.leader_lease_s`` claims epoch ``max + 1`` in the ledger by compare-and-set
-(``protocol.leadership``). A leader that loses a commit slot or sees a newer epoch steps down
+(``protocol.coordinator.leadership``). A leader that loses a commit slot or sees a newer epoch steps down
 and becomes a standby again. ClickHouse or Kafka failures never end the service: it backs off
 and tries again. What it is doing is told to ``readiness`` (``/ready`` on the metrics port).
 
@@ -26,19 +26,19 @@ from typing import Any
 from clients.clickhouse import make_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from clients.target_table import check_target
-from coordinator import commit_points
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.lease import StandbyBeat
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger import commit_points
+from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
-from coordinator.stage import StageTables
-from coordinator.stage_set import StageSet
+from coordinator.stage.sets import StageSet
+from coordinator.stage.tables import StageTables
 from protocol import secrets
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
+from protocol.coordinator.leadership import LeaseWatch
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
-from protocol.leadership import LeaseWatch
 
 log = logging.getLogger(__name__)
 

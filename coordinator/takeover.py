@@ -2,7 +2,7 @@
 
 1. Check the target table.
 2. Seal: read the head and claim slot head+1 with an empty commit of this epoch, unless the
-   ledger records another commit point (``coordinator.commit_points``: stop) or a
+   ledger records another commit point (``coordinator.ledger.commit_points``: stop) or a
    newer epoch was claimed (then step down: an older epoch never seals on top of a newer
    leader's slots). Until the seal is ours, no stage table is touched: an older leader's commit
    that lands first is rolled forward below, and one that comes later loses its slot and steps
@@ -24,13 +24,13 @@ from typing import Any
 
 from clients import failpoints
 from clients.target_table import check_target
-from coordinator import commit_points, ledger_rows
-from coordinator.ledger_store import LedgerStore
-from coordinator.stage_set import Stages, adopting
-from protocol.config import PipelineConfig
-from protocol.coordinator_events import AbortKind
+from coordinator.ledger import commit_points, rows as ledger_rows
+from coordinator.ledger.store import LedgerStore
+from coordinator.stage.sets import Stages, adopting
+from protocol.config.parse import PipelineConfig
+from protocol.coordinator.events import AbortKind
 from protocol.errors import ChtxnError
-from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger.rows import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 
 log = logging.getLogger(__name__)

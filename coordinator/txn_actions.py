@@ -11,14 +11,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.ledger_rows import ledger_row
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.rows import ledger_row
+from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage_set import Stages
+from coordinator.stage.sets import Stages
 from coordinator.takeover import SteppedDown
 from coordinator.txn_publisher import TxnPublisher
-from protocol.config import PipelineConfig
-from protocol.coordinator_events import (
+from protocol.config.parse import PipelineConfig
+from protocol.coordinator.events import (
     AbortKind,
     AbortTxn,
     CreateStage,
@@ -30,9 +30,9 @@ from protocol.coordinator_events import (
     RecordStarted,
     StageCreated,
 )
-from protocol.coordinator_state import CoordinatorState
+from protocol.coordinator.state import CoordinatorState
 from protocol.errors import ChtxnError
-from protocol.ledger import LedgerEvent
+from protocol.ledger.rows import LedgerEvent
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Commit step 7 for one committed txn (``protocol.coordinator_state``): its rows into the target,
+"""Commit step 7 for one committed txn (``protocol.coordinator.state``): its rows into the target,
 its dead letters to their topic, the PUBLISHED row, then the stage table dropped.
 
 Run by the leader's background lane for the txns it commits, and by take-over for those an
@@ -14,15 +14,15 @@ from typing import Any
 import msgspec
 
 from clients import failpoints
-from coordinator.dead_letter_publisher import DeadLetterPublisher, NewerLeader
-from coordinator.ledger_store import LedgerStore
+from coordinator.dead_letters.publisher import DeadLetterPublisher, NewerLeader
+from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage_publish import StageTableMissing
-from coordinator.stage_set import Stages
+from coordinator.stage.publish import StageTableMissing
+from coordinator.stage.sets import Stages
 from coordinator.takeover import SteppedDown
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.errors import ClickHouseError
-from protocol.ledger import LedgerEvent
+from protocol.ledger.rows import LedgerEvent
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 With the metadata columns ``_topic``, ``_partition``, ``_offset`` in a target table, each offset of
 every committed range the ledger sent to that table is there exactly as often as committed ranges
 cover it (once; twice after a rewinding reset), less those its txn dead-lettered, and no row of the
-pipeline's topics is anywhere else (``protocol.deep_check``, which counts in ClickHouse). The
+pipeline's topics is anywhere else (``protocol.verify.check``, which counts in ClickHouse). The
 tables checked are today's and every table the retained ledger sent rows to; what the evidence
 left cannot judge is reported as expired, never as a pass or a failure.
 """
@@ -16,15 +16,18 @@ from typing import Any
 import msgspec
 
 from clients import kafka as kafka_clients
-from coordinator.dead_letter_view import DeadLetterReader, offsets_of
-from protocol import dead_letters as letters_table, deep_check, range_tables, topic_patterns
-from protocol.deep_report import DeepReport, Offender, PartitionCheck, amended, merged, partition_check, table_report
+from coordinator.dead_letters.view import DeadLetterReader, offsets_of
+from protocol import topic_patterns
+from protocol.dead_letters import letters as letters_table
 from protocol.errors import SetupError
-from protocol.ledger import LedgerRow
-from protocol.ledger_resets import is_reset
-from protocol.ledger_sql import ALL_SLOTS
-from protocol.ledger_view import audit
+from protocol.ledger import range_tables
+from protocol.ledger.resets import is_reset
+from protocol.ledger.rows import LedgerRow
+from protocol.ledger.sql import ALL_SLOTS
+from protocol.ledger.view import audit
 from protocol.messages import TopicPartition
+from protocol.verify import check as deep_check
+from protocol.verify.report import DeepReport, Offender, PartitionCheck, amended, merged, partition_check, table_report
 
 __all__ = [
     "DeepReport",
@@ -108,7 +111,7 @@ def check_table(
     *,
     topics: Collection[str] | None,
 ) -> DeepReport:
-    """Count every offset of ``table`` against the committed ranges of ``sources`` (``protocol.deep_check``).
+    """Count every offset of ``table`` against the committed ranges of ``sources`` (``protocol.verify.check``).
     ``topics``: whose rows are checked (None: every row)."""
     target = f"`{database}`.`{table}`"
     parameters = {

@@ -1,7 +1,7 @@
 """The participant's dead-letter sink: a chunk's bad records into ClickHouse, as part of its txn.
 
 Letters are not produced to Kafka here: they go to ``<database>.chtxn_dead_letters`` under the
-chunk's txn (``protocol.dead_letters``), and the leader publishes them to the dead-letter topic
+chunk's txn (``protocol.dead_letters.letters``), and the leader publishes them to the dead-letter topic
 once that txn is committed, exactly once. A txn that aborts leaves its letters unpublished.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from clients.clickhouse import retrying
 from participant.bad_records import Letter
-from protocol import dead_letters
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.chunking import Chunk
+from protocol.dead_letters import letters as dead_letters
 from protocol.errors import ChtxnError, ClickHouseError
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class DeadLetterSink:
     """Stores the letters of a chunk in ``<database>.chtxn_dead_letters``. Thread-safe.
 
     ``write`` returns once ClickHouse has stored every letter (``async_insert = 0``), inserted
-    with ``insert_deduplication_token = protocol.dead_letters.letters_token(chunk.token)`` so a
+    with ``insert_deduplication_token = protocol.dead_letters.letters.letters_token(chunk.token)`` so a
     retried write is stored once; it raises ``DeadLetterError`` otherwise, so a bad record is
     never dropped silently. Each letter keeps the record's key, value (null for a tombstone),
     headers and timestamp, its coordinates, the error and ClickHouse's code (0: found in Python).

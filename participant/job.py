@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     from clients.logs import quiet_libraries, setup_logging
     from participant.job_errors import ExitCode, describe, exit_code
     from protocol import secrets
-    from protocol.config import load_config
+    from protocol.config.parse import load_config
     from protocol.errors import ConfigError
 
     setup_logging(args.log_level)  # JSON lines, as the coordinator's

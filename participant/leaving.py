@@ -25,7 +25,7 @@ from pathlib import Path
 
 from clients.kafka import KafkaClientFactory
 from protocol import codec
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import Leave
 
 log = logging.getLogger("chtxn.participant.job")

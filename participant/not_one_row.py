@@ -20,7 +20,7 @@ from participant.bisection import Refused, isolate
 from protocol import naming
 from protocol.chcodes import ErrorClass, classify
 from protocol.chunking import BodyBuilder, Chunk, RecordLike
-from protocol.config_sections import ClickHouseSection
+from protocol.config.sections import ClickHouseSection
 from protocol.errors import ChtxnError, ClickHouseError
 
 log = logging.getLogger(__name__)

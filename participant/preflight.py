@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException
 from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
 from clients.kafka import KafkaClientFactory, check_control_topic, partitions_of
 from participant.outage import Outage, ride_out
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import ConfigError
 from protocol.messages import TopicPartition
 

@@ -49,9 +49,9 @@ from participant.tally import Tally
 from protocol import naming
 from protocol.chunking import RecordLike
 from protocol.codec import encode
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import TopicPartition, WriteStatus
-from protocol.participant_events import (
+from protocol.participant.events import (
     Action,
     ChunkStaged,
     CommitOffsets,
@@ -68,7 +68,7 @@ from protocol.participant_events import (
     StageChunk,
     Tick,
 )
-from protocol.participant_state import ParticipantState
+from protocol.participant.state import ParticipantState
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Stager step 1.5 (``participant.stager``): the fields a chunk's records carry that its stage table
-lacks, by ``[schema]`` (the rules are ``protocol.schema_types``'s; docs/architecture.md, Schema
+lacks, by ``[schema]`` (the rules are ``protocol.tables.schema_types``'s; docs/architecture.md, Schema
 evolution).
 
 - ``evolve = "add-columns"``: each new field with a non-null value becomes a column of the target
@@ -28,11 +28,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from participant.bad_records import Letter
-from protocol import naming, replicated_ddl, schema_types
+from protocol import naming
 from protocol.chcodes import ErrorClass, classify
 from protocol.chunking import JSON_OBJECT_FORMATS, RecordLike
-from protocol.config_sections import ClickHouseSection, SchemaSection
+from protocol.config.sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
+from protocol.tables import replicated_ddl, schema_types
 
 log = logging.getLogger(__name__)
 

@@ -74,10 +74,10 @@ from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike
-from protocol.config import PipelineConfig
-from protocol.config_sections import ClickHouseSection, SchemaSection
+from protocol.config.parse import PipelineConfig
+from protocol.config.sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
-from protocol.participant_events import ChunkStaged
+from protocol.participant.events import ChunkStaged
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Rules (the deduplication of retried inserts depends on them; see docs/architectu
 2. A chunk ends after ``chunk_rows`` records, or before the record that would take its payload
    past ``chunk_bytes`` (a record larger than ``chunk_bytes`` forms a chunk of its own). Payload
    bytes are ``len(value)``; ``chunk_rows`` is fixed for the txn (its START may lower it, see
-   ``protocol.chunk_sizing``). Time never cuts a chunk, and neither do poll batch boundaries: a
+   ``protocol.coordinator.chunk_sizing``). Time never cuts a chunk, and neither do poll batch boundaries: a
    chunk depends only on the sequence of records read from the txn's start offset.
 3. A chunk body is the records' values joined with ``b"\\n"``, untouched, unless the target has
    metadata columns (``_topic``, ``_partition``, ``_offset``): then, for JSONEachRow, they are

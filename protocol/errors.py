@@ -18,7 +18,7 @@ class ConfigError(ChtxnError):
 
 class InvalidTransition(ChtxnError):
     """A state machine was asked for a step its current state does not allow, or its state broke an
-    invariant its docstring promises (``protocol.coordinator_invariants.check``, ``protocol.participant_invariants.check``): the message says what was expected, what was
+    invariant its docstring promises (``protocol.coordinator.invariants.check``, ``protocol.participant.invariants.check``): the message says what was expected, what was
     found, and for which txn. A programming error, never a condition of the network."""
 
 

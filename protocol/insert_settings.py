@@ -30,7 +30,7 @@ CHUNK_INSERT_SETTINGS: dict[str, int] = {
 #: a field whose values were all null has no column yet and is skipped (its rows get the default, as
 #: a null would); objects and arrays are read into the String columns inferred for them as their
 #: JSON text, and numbers and booleans as their text into a String column inferred for mixed values
-#: (``protocol.schema_types``). Each is ClickHouse's default; set here should a profile change it.
+#: (``protocol.tables.schema_types``). Each is ClickHouse's default; set here should a profile change it.
 ADD_COLUMNS_SETTINGS: dict[str, int] = {
     "input_format_skip_unknown_fields": 1,
     "input_format_json_read_objects_as_strings": 1,

@@ -14,7 +14,7 @@ _TXN_RE = re.compile(r"^e(\d+)_t(\d+)$")
 RESET_PREFIX = "reset_s"
 PAUSE_PREFIX = "pause_s"
 RESUME_PREFIX = "resume_s"
-SWITCH_PREFIX = "switch_"  # a commit-point switch (``protocol.commit_points``)
+SWITCH_PREFIX = "switch_"  # a commit-point switch (``protocol.ledger.commit_points``)
 
 
 def txn_id(epoch: int, seq: int) -> str:
@@ -188,7 +188,7 @@ def status_group(pipeline: str) -> str:
 
 def dead_letter_marker_group(pipeline: str) -> str:
     """The consumer group whose committed offset on the dead-letter topic's partition 0 is the
-    dead-letter publisher's marker (``coordinator.dead_letter_publisher``)."""
+    dead-letter publisher's marker (``coordinator.dead_letters.publisher``)."""
     return f"{pipeline}.chtxn-dlq"
 
 

@@ -13,8 +13,8 @@ from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.service import stage_set
-from coordinator.stage import StageTables
-from coordinator.stage_set import StageSet
+from coordinator.stage.sets import StageSet
+from coordinator.stage.tables import StageTables
 from tests.pipelines import Pipeline
 
 

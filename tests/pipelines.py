@@ -13,11 +13,11 @@ from confluent_kafka.admin import AdminClient
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
 from coordinator.verify import DeepReport, dead_letter_offsets, own_topics, verify_deep
 from protocol import codec
-from protocol.config import PipelineConfig, parse_config
+from protocol.config.parse import PipelineConfig, parse_config
 from protocol.messages import EndCommit, TopicPartition
 
 TARGET_DDL = """

@@ -10,11 +10,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from clients import kafka as kafka_clients
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
 from coordinator.verify import DeepReport, verify_deep
 from protocol import routing
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.messages import TopicPartition
 from tests.pipelines import TARGET_DDL, Pipeline
 

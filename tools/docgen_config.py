@@ -1,5 +1,5 @@
 """``docs/configuration.md`` (``tools.docgen``): every section Struct of ``PipelineConfig``
-(``protocol/config_sections.py``) and its fields: type, default, the ``msgspec.Meta`` description
+(``protocol/config/sections.py``) and its fields: type, default, the ``msgspec.Meta`` description
 on the field (with its ``extra["brief"]`` remark), and the ``CHTXN_<SECTION>_<FIELD>`` environment
 override; plus the prose in ``SECTION_PROSE`` below.
 """
@@ -101,14 +101,14 @@ VALIDATION_RULES = (
 
 def config_sections() -> dict[str, type]:
     """The TOML sections of ``PipelineConfig`` (``[[route]]``, an array of tables, is not one)."""
-    from protocol.config import PipelineConfig
+    from protocol.config.parse import PipelineConfig
 
     return {f.name: f.type for f in msgspec.structs.fields(PipelineConfig) if isinstance(f.type, type)}
 
 
 def documented_sections() -> dict[str, type]:
     """The sections and ``[[route]]`` (the struct of one route), as the configuration page lists them."""
-    from protocol.config_sections import RouteSection
+    from protocol.config.sections import RouteSection
 
     return {**config_sections(), "route": RouteSection}
 
@@ -132,7 +132,7 @@ def unannotated(tp: object) -> object:
 
 
 def env_var(section: str, field: str) -> str:
-    """The override variable ``protocol.config`` reads for ``section.field``."""
+    """The override variable ``protocol.config.parse`` reads for ``section.field``."""
     return f"CHTXN_{section}_{field}".upper()
 
 
@@ -193,7 +193,7 @@ def sentence(text: str) -> str:
 def configuration_page() -> str:
     sections = documented_sections()
     out = [
-        banner("protocol/config_sections.py"),
+        banner("protocol/config/sections.py"),
         "",
         "# Configuration",
         "",

@@ -10,7 +10,7 @@ import json
 import pytest
 from confluent_kafka import Producer
 
-from coordinator.dead_letter_view import DeadLetterReader
+from coordinator.dead_letters.view import DeadLetterReader
 from tests.e2e.processes import committed, running
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline

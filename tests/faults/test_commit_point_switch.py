@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 from clients import failpoints
-from coordinator import commit_points
-from coordinator.commit_points import CommitPointMismatch
-from protocol import ledger_claims
-from protocol.config import parse_config
+from coordinator.ledger import commit_points
+from coordinator.ledger.commit_points import CommitPointMismatch
+from protocol.config.parse import parse_config
+from protocol.ledger import claims as ledger_claims
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread

@@ -18,7 +18,7 @@ from clients import failpoints
 from clients.kafka import KafkaClientFactory
 from coordinator.leader import Leader
 from protocol import naming
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from tests.helpers import crash_a_coordinator_at, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.integration.scripted_participants import ScriptedParticipants

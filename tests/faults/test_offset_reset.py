@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from clients import failpoints
-from coordinator.ledger_store import LedgerStore
-from coordinator.offset_reset import ResetDone, ResetTo, claim
+from coordinator.ledger.store import LedgerStore
+from coordinator.offsets.reset import ResetDone, ResetTo, claim
 from protocol.messages import TopicPartition
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants

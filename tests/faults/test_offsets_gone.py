@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition as KafkaTP
 
 from clients import failpoints
 from coordinator import leader as leader_module
-from coordinator.source_offsets import SourceOffsets
+from coordinator.offsets.source import SourceOffsets
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from coordinator.dead_letter_view import offsets_of, read_letters
+from coordinator.dead_letters.view import offsets_of, read_letters
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.live_pipeline import aborts, committed_through, coordinator, participants, produce_values

@@ -13,8 +13,8 @@ import pytest
 
 from clients import failpoints
 from coordinator import leader as leader_module, lease as lease_module
-from coordinator.dead_letter_publisher import ensure_table
-from coordinator.dead_letter_view import read_letters
+from coordinator.dead_letters.publisher import ensure_table
+from coordinator.dead_letters.view import read_letters
 from protocol import naming
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until

@@ -14,9 +14,9 @@ import threading
 
 from cli import build_parser, reset as reset_cmd
 from clients import failpoints
-from coordinator import pauses
-from coordinator.ledger_store import LedgerStore
-from protocol.ledger_resets import is_reset
+from coordinator.ledger import pauses
+from coordinator.ledger.store import LedgerStore
+from protocol.ledger.resets import is_reset
 from tests.helpers import last_txn, run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread

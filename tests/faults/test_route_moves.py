@@ -4,7 +4,7 @@ table the ledger committed it for, and the new route takes the records after it 
 
 from __future__ import annotations
 
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from tests.helpers import crash_a_coordinator_at, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants

@@ -14,8 +14,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from coordinator import leader as leader_module
-from coordinator.source_offsets import SourceOffsets
-from protocol.config import parse_config
+from coordinator.offsets.source import SourceOffsets
+from protocol.config.parse import parse_config
 from protocol.messages import TopicPartition
 from tests.helpers import create_topic, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants

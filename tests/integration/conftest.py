@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
-from protocol.config_sections import ClickHouseSection
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
+from protocol.config.sections import ClickHouseSection
 from tests.helpers import unique_name
 
 COMMIT_POINTS = ("token", "keeper")

@@ -13,8 +13,8 @@ import threading
 from coordinator.leader import Leader
 from coordinator.logs import setup_logging
 from coordinator.service import CoordinatorService
-from protocol.config import load_config
-from protocol.coordinator_events import Commit, CommitResult
+from protocol.config.parse import load_config
+from protocol.coordinator.events import Commit, CommitResult
 
 
 class CrashAfterCommit(Leader):

@@ -3,12 +3,12 @@ claimed as the leader claims it, and a committed txn's dead letters published.""
 
 from __future__ import annotations
 
-from coordinator.dead_letter_publisher import DeadLetterPublisher, ensure_table
-from coordinator.ledger_store import LedgerStore
+from coordinator.dead_letters.publisher import DeadLetterPublisher, ensure_table
+from coordinator.ledger.store import LedgerStore
 from participant.bad_records import Letter
 from participant.dead_letters import DeadLetterSink
 from protocol.chunking import ChunkBuilder
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from tests.pipelines import Pipeline
 
 

@@ -15,7 +15,7 @@ import clickhouse_connect
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition as KafkaTP
 
 from protocol import codec, naming
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.messages import (
     Abort,
     EndCommit,

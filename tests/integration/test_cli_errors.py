@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
-from protocol.config import load_config
+from coordinator.ledger.store import LedgerStore
+from protocol.config.parse import load_config
 from tests.helpers import REPO, create_topic, run_chtxn, unique_name
 from tests.integration.test_cli_init_txn import write_config
 

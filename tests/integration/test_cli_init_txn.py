@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from clients.clickhouse import make_client
-from coordinator.ledger_store import LedgerStore
-from protocol.config import load_config
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from coordinator.ledger.store import LedgerStore
+from protocol.config.parse import load_config
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from tests.helpers import create_topic, run_chtxn, unique_name
 
 #: The installed ``chtxn`` script, without the session's ``CHTXN_*`` settings.

@@ -16,9 +16,9 @@ import pytest
 from cli.output import Output, Sheet
 from cli.txn import TXN_COLUMNS, parse_since, txn_cells
 from participant.bad_records import Letter
-from protocol import ledger
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.ledger_view import TxnSummary
+from protocol.ledger import rows as ledger
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.view import TxnSummary
 from tests.helpers import REPO, run_chtxn, unique_name, wait_until
 from tests.integration.ledger_writes import publish_letters
 from tests.integration.live_pipeline import coordinator

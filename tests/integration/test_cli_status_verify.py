@@ -8,7 +8,7 @@ from functools import partial
 
 from confluent_kafka import Producer
 
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.store import LedgerStore
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator
 from tests.integration.scripted_participants import ScriptedParticipants

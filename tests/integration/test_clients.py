@@ -10,8 +10,8 @@ from confluent_kafka import Consumer, Producer
 
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
-from protocol.config import parse_config
-from protocol.config_sections import ClickHouseSection
+from protocol.config.parse import parse_config
+from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError, SetupError
 from protocol.messages import TopicPartition
 from tests.helpers import create_topic, unique_name

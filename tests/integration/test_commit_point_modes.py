@@ -13,8 +13,8 @@ import pytest
 
 from clients import failpoints
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from protocol.config_sections import ClickHouseSection
+from coordinator.ledger.history import LedgerHistory
+from protocol.config.sections import ClickHouseSection
 from tests.helpers import unique_name
 from tests.integration.ledger_writes import commit_row, rng
 

@@ -147,7 +147,7 @@ def test_two_leaders_at_once_never_share_a_commit_slot(stack, tmp_path):
     from coordinator.control import ControlChannel
     from coordinator.leader import Leader
     from coordinator.metrics import CoordinatorMetrics
-    from coordinator.stage import StageTables
+    from coordinator.stage.tables import StageTables
 
     pipeline = make_pipeline(stack, tmp_path, unique_name("twoleaders"))
     produced = pipeline.produce(1_000)

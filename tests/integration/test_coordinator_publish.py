@@ -25,12 +25,12 @@ from coordinator.lanes import LANES
 from coordinator.leader import Leader
 from coordinator.metrics import LEADER_STEPS
 from coordinator.service import CoordinatorService
-from coordinator.stage import StageTables
-from coordinator.stage_set import StageSet
+from coordinator.stage.sets import StageSet
+from coordinator.stage.tables import StageTables
 from protocol import naming
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
-from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger.rows import LedgerEvent, LedgerRow
 from tests.helpers import unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.pipelines import TARGET_DDL, Pipeline, assert_exactly_once, make_pipeline

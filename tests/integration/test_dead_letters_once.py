@@ -9,21 +9,21 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
-from coordinator import ledger_rows
-from coordinator.dead_letter_publisher import (
+from coordinator.dead_letters.publisher import (
     DeadLetterPublisher,
     NewerLeader,
     PublisherFenced,
     ensure_table,
 )
-from coordinator.dead_letter_view import read_letters
+from coordinator.dead_letters.view import read_letters
 from coordinator.leader import Leader
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger import rows as ledger_rows
+from coordinator.ledger.store import LedgerStore
 from participant.bad_records import Letter
 from participant.dead_letters import DeadLetterSink
 from protocol import naming
 from protocol.chunking import ChunkBuilder
-from protocol.coordinator_events import Counted, CountStage
+from protocol.coordinator.events import Counted, CountStage
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.ledger_writes import commit

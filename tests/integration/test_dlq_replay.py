@@ -13,9 +13,9 @@ from confluent_kafka import Consumer, TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from clients.log_ends import CONSUMER_PROPERTIES, log_ends
-from coordinator.dlq_replay import DeadLetterReplay, ReplayError
+from coordinator.dead_letters.replay import DeadLetterReplay, ReplayError
 from participant.bad_records import TOMBSTONE, Letter
-from protocol.dlq_replay import INTENT_KEY, Selection, replay_log_topic
+from protocol.dead_letters.replay import INTENT_KEY, Selection, replay_log_topic
 from tests.helpers import REPO, create_topic, run_chtxn, unique_name, wait_until
 from tests.integration.ledger_writes import publish_letters
 from tests.integration.live_pipeline import coordinator, participants

@@ -1,4 +1,4 @@
-"""The Keeper-backed commit point (``ledger.commit_point = "keeper"``, ``coordinator.commit_point``)
+"""The Keeper-backed commit point (``ledger.commit_point = "keeper"``, ``coordinator.ledger.commit_point``)
 against chDB configured for a real ZooKeeper: what it adds to the ledger tests both commit points
 pass (test_ledger_store.py, test_ledger_checkpoints.py).
 
@@ -14,12 +14,12 @@ import pytest
 
 from clients import failpoints
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_claims
-from protocol.config_sections import ClickHouseSection
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
+from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError, SetupError
-from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger import claims as ledger_claims, rows as ledger
+from protocol.ledger.rows import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name, wait_until
 from tests.integration.ledger_writes import commit_row, rng

@@ -11,12 +11,12 @@ import msgspec
 import pytest
 
 from clients.clickhouse import make_client
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
-from protocol import ledger, ledger_checkpoint, ledger_sql
-from protocol.config_sections import ClickHouseSection
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.ledger_sql import ALL_SLOTS
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
+from protocol.config.sections import ClickHouseSection
+from protocol.ledger import checkpoint as ledger_checkpoint, rows as ledger, sql as ledger_sql
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.sql import ALL_SLOTS
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name
 from tests.integration.ledger_writes import commit_row, rng

@@ -9,10 +9,11 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from coordinator.ledger_history import LedgerHistory
-from coordinator.ledger_store import LedgerStore
-from protocol import ledger, naming
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from coordinator.ledger.history import LedgerHistory
+from coordinator.ledger.store import LedgerStore
+from protocol import naming
+from protocol.ledger import rows as ledger
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 from tests.integration.ledger_writes import commit_row, rng
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from clients.clickhouse import make_client
-from coordinator.stage import StageTables
+from coordinator.stage.tables import StageTables
 from participant.bisection import TOO_BIG_FOR_MEMORY
 from participant.dead_letters import DeadLetterSink
 from participant.stager import CONTROL_BYTES, Stager

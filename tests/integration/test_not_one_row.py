@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from coordinator.stage import StageTables
+from coordinator.stage.tables import StageTables
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
 from protocol import naming

@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition as KafkaTP
 
 from clients import failpoints
-from coordinator.stage import StageTables
+from coordinator.stage.tables import StageTables
 from participant.runner import TaskRunner
-from protocol import codec, dead_letters as dead_letter_table, naming
+from protocol import codec, naming
+from protocol.dead_letters import letters as dead_letter_table
 from protocol.errors import SetupError
 from protocol.messages import (
     Abort,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from protocol import dead_letters, ledger
+from protocol.dead_letters import letters as dead_letters
+from protocol.ledger import rows as ledger
 from tests.helpers import create_topic, unique_name
 from tests.integration.test_cli_init_txn import chtxn, write_config
 

@@ -19,14 +19,14 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from clients.target_table import check_target
-from coordinator.stage import StageTables
+from coordinator.stage.tables import StageTables
 from embedded.ch_engine import MACROS
 from protocol import naming
 from protocol.chcodes import UNKNOWN_TABLE
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import SetupError
-from protocol.replicated_ddl import STAGE_PATH_ROOT
-from protocol.table_shape import SHAPES_SQL, difference, shapes_of
+from protocol.tables.replicated_ddl import STAGE_PATH_ROOT
+from protocol.tables.shape import SHAPES_SQL, difference, shapes_of
 from tests.helpers import unique_name
 
 REPLICA_ALREADY_EXISTS, TABLE_IS_READ_ONLY, BAD_ARGUMENTS = 253, 242, 36

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from confluent_kafka import Producer
 
-from protocol.ledger_resets import is_reset
+from protocol.ledger.resets import is_reset
 from tests.helpers import last_txn, run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_cli_errors import failure_line

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from clients import kafka as kafka_clients
 from clients.kafka import KafkaClientFactory
 from coordinator.leader import Leader
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.messages import TopicPartition
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants, task
@@ -47,7 +47,7 @@ def test_a_topic_two_tables_patterns_match_is_held_and_later_topics_keep_flowing
     admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
     held = {"pipeline": name, "topic": both}
     late_task = None
-    with caplog.at_level(logging.WARNING, logger="coordinator.source_offsets"), participants(pipeline, tasks=1):
+    with caplog.at_level(logging.WARNING, logger="coordinator.offsets.source"), participants(pipeline, tasks=1):
         try:
             with coordinator(pipeline, coordinator_id="c1") as service:
                 wait_until(lambda: counts() == produced, WAIT_S, "the first records committed")
@@ -132,7 +132,7 @@ def test_a_new_topic_whose_offsets_cannot_be_read_is_held_and_later_topics_keep_
     held = {"pipeline": name, "topic": bad}
     late_task = None
     with (
-        caplog.at_level(logging.WARNING, logger="coordinator.source_offsets"),
+        caplog.at_level(logging.WARNING, logger="coordinator.offsets.source"),
         participants(pipeline, tasks=1),
         coordinator(pipeline, leader_class=LeaderFailingOffsetsOfOneTopic) as service,
     ):

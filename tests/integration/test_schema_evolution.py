@@ -10,13 +10,13 @@ import json
 
 from confluent_kafka import Producer
 
-from coordinator.stage import StageTables
+from coordinator.stage.tables import StageTables
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
 from protocol import naming
 from protocol.chunking import ChunkBuilder
-from protocol.config_sections import SchemaSection
-from protocol.participant_events import ChunkStaged
+from protocol.config.sections import SchemaSection
+from protocol.participant.events import ChunkStaged
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.pipelines import Pipeline, make_pipeline

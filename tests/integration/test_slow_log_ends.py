@@ -7,8 +7,8 @@ from __future__ import annotations
 from confluent_kafka.admin import AdminClient
 
 from clients import log_ends as log_ends_module
-from coordinator import partition_logs
-from coordinator.partition_logs import PartitionLogs
+from coordinator.offsets import partition_logs
+from coordinator.offsets.partition_logs import PartitionLogs
 from tests.helpers import unique_name
 from tests.integration.test_log_ends import produce
 from tests.pipelines import make_pipeline

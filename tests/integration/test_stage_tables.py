@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from coordinator.service import clickhouse_stores
-from coordinator.stage import StageTables
-from coordinator.stage_publish import StageTableMissing
+from coordinator.stage.publish import StageTableMissing
+from coordinator.stage.tables import StageTables
 from protocol import naming
-from protocol.coordinator_events import PartitionStats
+from protocol.coordinator.events import PartitionStats
 from protocol.messages import TopicPartition
 from tests.helpers import unique_name
 from tests.pipelines import make_pipeline

@@ -1,5 +1,5 @@
 """One target check for ``chtxn init``, ``chtxn doctor``, the coordinator and the participant: a target
-one of them refuses, all four refuse, each with the same one-line message (``protocol.target_rules``,
+one of them refuses, all four refuse, each with the same one-line message (``protocol.tables.target_rules``,
 read by ``clients.target_table``), run as an operator runs them against the session's broker and
 ClickHouse."""
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from protocol import dead_letters, ledger
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.ledger_resets import reset_row
+from protocol.dead_letters import letters as dead_letters
+from protocol.ledger import rows as ledger
+from protocol.ledger.resets import reset_row
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from protocol.messages import TopicPartition
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator

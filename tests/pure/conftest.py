@@ -2,7 +2,7 @@
 
 The fixture wraps ``handle`` of both machines for the test (the coordinator driver, the
 participant tests' ``machine()`` and any machine a test builds itself): after every event,
-``check`` of ``protocol.coordinator_invariants`` or ``protocol.participant_invariants`` raises
+``check`` of ``protocol.coordinator.invariants`` or ``protocol.participant.invariants`` raises
 ``InvalidTransition`` if the state breaks an invariant its docstring promises.
 """
 
@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from protocol import coordinator_invariants, participant_invariants
-from protocol.coordinator_state import CoordinatorState
-from protocol.participant_state import ParticipantState
+from protocol.coordinator import invariants as coordinator_invariants
+from protocol.coordinator.state import CoordinatorState
+from protocol.participant import invariants as participant_invariants
+from protocol.participant.state import ParticipantState
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,15 @@
 
 The machine has no clock of its own; ``Driver.at(now, *events)`` feeds events at ``now`` in
 order and returns every action they produced, so a test reads as a timeline. After each event
-the machine's invariants are checked (``protocol.coordinator_invariants.check``, by ``tests/pure/conftest.py``
+the machine's invariants are checked (``protocol.coordinator.invariants.check``, by ``tests/pure/conftest.py``
 for every pure test).
 """
 
 from __future__ import annotations
 
 from protocol import naming
-from protocol.chunk_sizing import MIN_CHUNK_ROWS
-from protocol.coordinator_events import (
+from protocol.coordinator.chunk_sizing import MIN_CHUNK_ROWS
+from protocol.coordinator.events import (
     AbortKind,
     AbortTxn,
     Action,
@@ -25,8 +25,8 @@ from protocol.coordinator_events import (
     StageCreated,
     Txn,
 )
-from protocol.coordinator_flight import Timing
-from protocol.coordinator_state import CoordinatorState
+from protocol.coordinator.flight import Timing
+from protocol.coordinator.state import CoordinatorState
 from protocol.messages import (
     CONTINUE,
     Abort,

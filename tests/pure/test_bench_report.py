@@ -17,7 +17,7 @@ from benchmarks.chtxn_run import PipelineFigures, figures_from_ledger
 from benchmarks.paced import PacedFigures, PacedRun
 from benchmarks.plain import Outcome
 from benchmarks.timeline import Phases
-from protocol.ledger_view import TxnSummary
+from protocol.ledger.view import TxnSummary
 
 
 def test_percentile_is_nearest_rank_whatever_the_order() -> None:

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import msgspec
 
-from protocol import coordinator_events
-from protocol.chunk_sizing import CHUNKS_PER_TXN, MIN_CHUNK_ROWS, ChunkSizer
-from protocol.coordinator_events import Broadcast, Tick
+from protocol.coordinator import events as coordinator_events
+from protocol.coordinator.chunk_sizing import CHUNKS_PER_TXN, MIN_CHUNK_ROWS, ChunkSizer
+from protocol.coordinator.events import Broadcast, Tick
 from protocol.messages import Heartbeat, PartitionPosition, StartCommit
-from protocol.participant_events import Received
+from protocol.participant.events import Received
 from tests.pure.coordinator_driver import P0, P1, PIPE, T0, TIMING, Driver, participant, ws
 from tests.pure.test_participant_state import TP0, machine, polled, stages, start
 

@@ -1,11 +1,11 @@
-"""``protocol.commit_points``: which commit point is in force, from the ledger's record and the
+"""``protocol.ledger.commit_points``: which commit point is in force, from the ledger's record and the
 switch markers in the chain after it."""
 
 from __future__ import annotations
 
-from protocol import commit_points
-from protocol.commit_points import Fact
-from protocol.ledger import LedgerEvent, LedgerRow
+from protocol.ledger import commit_points
+from protocol.ledger.commit_points import Fact
+from protocol.ledger.rows import LedgerEvent, LedgerRow
 
 
 def commit(slot: int, txn: str) -> LedgerRow:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from protocol.config import PipelineConfig, load_config
+from protocol.config.parse import PipelineConfig, load_config
 from tools import debian_tools
 from tools.debian_tools import docker_compose
 

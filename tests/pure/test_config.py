@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.config import load_config, parse_config
+from protocol.config.parse import load_config, parse_config
 from protocol.errors import ConfigError
 
 BASE = """

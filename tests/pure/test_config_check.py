@@ -11,7 +11,7 @@ import pytest
 
 from cli import main
 from cli.config_cmd import report
-from protocol.config import PipelineConfig
+from protocol.config.parse import PipelineConfig
 
 CONFIG = """
 [pipeline]

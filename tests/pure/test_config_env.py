@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.config_option import default_config
-from protocol.config_env import override_variables, unknown_variables
+from protocol.config.env import override_variables, unknown_variables
 from protocol.errors import ConfigError
 from tests.pure.test_config import BASE, error_of
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Commit,
     CommitResult,
     Counted,

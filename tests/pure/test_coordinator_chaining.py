@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Commit,
     CommitResult,
     Counted,

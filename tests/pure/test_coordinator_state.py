@@ -9,7 +9,7 @@ participants are older ones (no ``continues``), so END goes alone; continuous tx
 
 from __future__ import annotations
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Commit,
     CommitResult,
     Counted,
@@ -390,7 +390,7 @@ def test_after_an_abort_a_never_committed_partition_restarts_from_its_first_init
 
 
 def test_lag_is_log_end_from_heartbeats_minus_the_committed_offset() -> None:
-    from protocol.coordinator_events import Received
+    from protocol.coordinator.events import Received
     from protocol.messages import Heartbeat, PartitionPosition
 
     positions = (

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocol import dead_letters
-from protocol.dead_letters import DeadLetter, kafka_headers, published
+from protocol.dead_letters import letters as dead_letters
+from protocol.dead_letters.letters import DeadLetter, kafka_headers, published
 
 
 def letter(**changes: object) -> DeadLetter:

@@ -1,13 +1,13 @@
-"""What a dead-letter replay takes and does (``protocol.dlq_replay``): the selection, each letter once,
+"""What a dead-letter replay takes and does (``protocol.dead_letters.replay``): the selection, each letter once,
 the replay headers, the replay log's records."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import dlq_replay
-from protocol.dead_letters import PublishedLetter
-from protocol.dlq_replay import (
+from protocol.dead_letters import replay as dlq_replay
+from protocol.dead_letters.letters import PublishedLetter
+from protocol.dead_letters.replay import (
     DONE_BEFORE,
     REPLAY,
     SAME_RECORD,

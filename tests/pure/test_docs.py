@@ -83,12 +83,12 @@ def test_every_config_field_carries_its_description() -> None:
     )
     assert not undescribed, (
         f"config fields without a description: {undescribed}; give each an "
-        "Annotated[type, msgspec.Meta(description=...)] in protocol/config_sections.py"
+        "Annotated[type, msgspec.Meta(description=...)] in protocol/config/sections.py"
     )
 
 
 def test_the_documented_environment_variables_are_the_ones_the_config_reads() -> None:
-    from protocol.config_env import overrides
+    from protocol.config.env import overrides
 
     for section_name, cls in docgen_config.config_sections().items():
         for field in msgspec.structs.fields(cls):
@@ -99,7 +99,7 @@ def test_the_documented_environment_variables_are_the_ones_the_config_reads() ->
 
 
 def test_the_complete_example_is_a_valid_config_with_the_defaults() -> None:
-    from protocol.config import PipelineConfig, parse_config
+    from protocol.config.parse import PipelineConfig, parse_config
 
     *routes, example = fenced_blocks(read("docs/configuration.md"), "toml")  # the complete example is the last
     config = parse_config(example, {}, source="docs/configuration.md")
@@ -195,8 +195,8 @@ def test_every_mermaid_block_is_well_formed() -> None:
 
 
 def test_the_state_diagrams_name_every_coordinator_phase_and_participant_status() -> None:
-    from protocol.coordinator_events import Phase
-    from protocol.participant_state import Status
+    from protocol.coordinator.events import Phase
+    from protocol.participant.state import Status
 
     diagrams = [block for _, block in mermaid_blocks() if block.startswith("stateDiagram")]
     for enum in (Phase, Status):
@@ -294,7 +294,7 @@ def test_the_failpoint_table_lists_exactly_the_failpoints() -> None:
 
 
 def test_every_abort_kind_is_explained() -> None:
-    from protocol.coordinator_events import ABORT_KINDS
+    from protocol.coordinator.events import ABORT_KINDS
 
     table = section(read("docs/troubleshooting.md"), "Transactions abort")
     explained = set(re.findall(r"^\| `([\w-]+)` \|", table, re.MULTILINE))
@@ -412,7 +412,7 @@ def own_text_files() -> list[Path]:
 
 def test_no_file_cites_notes_outside_the_repository() -> None:
     files = own_text_files()
-    assert ROOT / "protocol" / "config.py" in files and ROOT / "README.md" in files
+    assert ROOT / "protocol" / "config" / "parse.py" in files and ROOT / "README.md" in files
     citing = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
         for path in files

@@ -1,4 +1,4 @@
-"""``chtxn doctor``'s verdicts from facts (``protocol.doctor_rules``): each check says ok, warn or fail,
+"""``chtxn doctor``'s verdicts from facts (``protocol.doctor.rules``): each check says ok, warn or fail,
 what was found and what to do, for every kind of server, table and broker it can meet."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from protocol.config import PipelineConfig, parse_config
-from protocol.doctor_facts import (
-    Check,
+from protocol.checks import Check
+from protocol.config.parse import PipelineConfig, parse_config
+from protocol.doctor.facts import (
     ClickHouseFacts,
     KafkaFacts,
     KeeperProbe,
@@ -19,8 +19,8 @@ from protocol.doctor_facts import (
     macros_used,
     version_tuple,
 )
-from protocol.doctor_rules import evaluate, failed
-from protocol.target_rules import ViewTable
+from protocol.doctor.rules import evaluate, failed
+from protocol.tables.target_rules import ViewTable
 
 #: Every setting the rules look at, as a 26.x server's profile shows it.
 SETTINGS = {

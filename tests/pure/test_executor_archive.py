@@ -27,7 +27,7 @@ from cli.packaging import (
 )
 from cli.participant import is_local, spark_submit_command
 from participant.job import too_few_slots
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import SetupError
 from tests.pure.test_layering import imported_packages, modules_of
 
@@ -59,12 +59,12 @@ def test_the_archive_holds_the_project_and_its_runtime_dependencies_only(built: 
     site = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
     assert {
         f"{site}/participant/job.py",
-        f"{site}/protocol/participant_state.py",
+        f"{site}/protocol/participant/state.py",
         f"{site}/clients/kafka.py",
         f"{site}/confluent_kafka/__init__.py",
         f"{site}/clickhouse_connect/__init__.py",
     } <= names
-    tops = {n.split("/")[4] for n in names if n.startswith(site + "/") and n.count("/") > 4}
+    tops = {n.split("/")[3] for n in names if n.startswith(site + "/") and n.count("/") > 3}  # site-packages/<top>/...
     assert not {"pyspark", "chdb", "pytest", "pandas", "pyarrow", "rich", "coordinator", "cli", "embedded"} & tops
     assert not [n for n in names if "__pycache__" in n]
     assert python.issym() and Path(python.linkname).is_absolute()

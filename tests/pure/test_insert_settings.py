@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import ConfigError
 
 BASE = """

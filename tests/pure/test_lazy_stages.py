@@ -5,9 +5,9 @@ participant that holds a partition of a table without one (stages nothing, ends 
 from __future__ import annotations
 
 from protocol import naming
-from protocol.config_sections import RouteSection
-from protocol.coordinator_events import CountStage, CreateStage, PartitionsChanged, Ready, Received, StageCreated
-from protocol.coordinator_state import CoordinatorState
+from protocol.config.sections import RouteSection
+from protocol.coordinator.events import CountStage, CreateStage, PartitionsChanged, Ready, Received, StageCreated
+from protocol.coordinator.state import CoordinatorState
 from protocol.messages import (
     EndCommit,
     Heartbeat,
@@ -17,8 +17,8 @@ from protocol.messages import (
     TopicPartition,
     TopicStage,
 )
-from protocol.participant_events import Polled, Received as PReceived, Seek, StageChunk
-from protocol.participant_state import ParticipantState
+from protocol.participant.events import Polled, Received as PReceived, Seek, StageChunk
+from protocol.participant.state import ParticipantState
 from tests.pure.coordinator_driver import TIMING, ws
 from tests.records import Rec
 
@@ -186,7 +186,7 @@ def _end(txn: str) -> EndCommit:
 
 
 def test_records_wait_in_a_partition_its_holder_read_past_the_committed_offset_even_with_a_stale_log_end() -> None:
-    from protocol.coordinator_liveness import Liveness
+    from protocol.coordinator.liveness import Liveness
 
     liveness = Liveness(heartbeat_timeout_s=3.0)
 

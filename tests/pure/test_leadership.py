@@ -1,4 +1,4 @@
-"""``LeaseWatch``: when a standby may claim the next epoch (``protocol/leadership.py``).
+"""``LeaseWatch``: when a standby may claim the next epoch (``protocol/coordinator/leadership.py``).
 
 A lease expires after ``lease_s`` of silence from every coordinator; only coordinator messages of
 the highest epoch seen keep it alive; losing an epoch claim gives the winner a fresh lease.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.leadership import COORDINATOR_KINDS, LeaseWatch
+from protocol.coordinator.leadership import COORDINATOR_KINDS, LeaseWatch
 from protocol.messages import (
     Abort,
     AckCommit,

@@ -1,4 +1,4 @@
-"""A leader stopped with SIGTERM hands its lease over at once (``protocol/leadership.py``).
+"""A leader stopped with SIGTERM hands its lease over at once (``protocol/coordinator/leadership.py``).
 
 Once its shutdown is done, the leaving leader sends ``LeaderHeartbeat(leaving=True)``: a standby
 that reads it may claim the next epoch at once instead of waiting for ``lease_s`` of silence. Only
@@ -7,7 +7,7 @@ the leader of the highest epoch seen can hand over; a lost claim gives the winne
 
 from __future__ import annotations
 
-from protocol.leadership import LeaseWatch
+from protocol.coordinator.leadership import LeaseWatch
 from protocol.messages import Heartbeat, LeaderHeartbeat, PartitionPosition, StartCommit
 
 LEASE = 5.0

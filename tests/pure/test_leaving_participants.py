@@ -10,7 +10,7 @@ checked after every event (``tests/pure/conftest.py``).
 
 from __future__ import annotations
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Commit,
     CommitResult,
     Counted,
@@ -30,8 +30,8 @@ from protocol.messages import (
     StartCommit,
     TopicPartition,
 )
-from protocol.participant_events import Received as Heard, Send, Tick as Beat
-from protocol.participant_state import ParticipantState
+from protocol.participant.events import Received as Heard, Send, Tick as Beat
+from protocol.participant.state import ParticipantState
 from tests.pure.coordinator_driver import (
     EPOCH,
     HEAD_SEQ,

@@ -6,9 +6,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from protocol import ledger
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.ledger_view import audit, summarize
+from protocol.ledger import rows as ledger
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.view import audit, summarize
 
 
 def rng(partition: int, start: int, end: int, rows: int | None = None, topic: str = "src") -> PartitionRange:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from protocol import ledger, ledger_checkpoint, ledger_sql
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
-from protocol.ledger_view import audit
+from protocol.ledger import checkpoint as ledger_checkpoint, rows as ledger, sql as ledger_sql
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.view import audit
 from protocol.messages import TopicPartition
 
 

@@ -12,12 +12,13 @@ import typing
 
 import pytest
 
-from protocol import coordinator_events, coordinator_invariants, participant_events, participant_invariants
-from protocol.coordinator_events import ABORT_KINDS, AbortKind, CommitResult, Counted, PublishResult
-from protocol.coordinator_state import CoordinatorState
+from protocol.coordinator import events as coordinator_events, invariants as coordinator_invariants
+from protocol.coordinator.events import ABORT_KINDS, AbortKind, CommitResult, Counted, PublishResult
+from protocol.coordinator.state import CoordinatorState
 from protocol.errors import InvalidTransition
 from protocol.messages import Abort, AckCommit, EndCommit, StartCommit
-from protocol.participant_state import ParticipantState
+from protocol.participant import events as participant_events, invariants as participant_invariants
+from protocol.participant.state import ParticipantState
 from tests.pure.coordinator_driver import T0, Driver
 from tests.pure.test_participant_state import TP0, machine, polled, start
 

@@ -5,10 +5,10 @@ names a slot past its head (events in, the exact actions out)."""
 from __future__ import annotations
 
 from protocol import naming
-from protocol.coordinator_events import Ready, Received, StepDown
-from protocol.ledger import LedgerEvent
-from protocol.ledger_resets import describe, is_reset, reset_row
-from protocol.ledger_view import audit, summarize
+from protocol.coordinator.events import Ready, Received, StepDown
+from protocol.ledger.resets import describe, is_reset, reset_row
+from protocol.ledger.rows import LedgerEvent
+from protocol.ledger.view import audit, summarize
 from protocol.messages import Reset, TopicPartition
 from tests.pure.coordinator_driver import HEAD, HEAD_SEQ, INITIAL, P0, P1, PIPE, T0, Driver, beats, create
 from tests.pure.test_ledger import commit, rng

@@ -1,11 +1,11 @@
-"""protocol.offset_search: the broker's answer to a look-up by time, checked against the records'
+"""protocol.offsets.search: the broker's answer to a look-up by time, checked against the records'
 own timestamps, and the search that replaces a wrong one (a log fed as a list, no I/O)."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol.offset_search import answer_holds, search
+from protocol.offsets.search import answer_holds, search
 
 
 def log_of(records: dict[int, int]):

@@ -18,7 +18,7 @@ from protocol.messages import (
     StartCommit,
     TopicPartition,
 )
-from protocol.participant_events import (
+from protocol.participant.events import (
     DropTxn,
     PartitionFailed,
     Pause,
@@ -27,7 +27,7 @@ from protocol.participant_events import (
     Send,
     Tick,
 )
-from protocol.participant_state import ParticipantState
+from protocol.participant.state import ParticipantState
 from tests.pure.test_participant_state import (
     TP0,
     TP1,

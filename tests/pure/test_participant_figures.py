@@ -10,10 +10,10 @@ from prometheus_client import generate_latest
 
 from coordinator.metrics import CoordinatorMetrics
 from participant.tally import Tally
-from protocol.coordinator_events import Received
+from protocol.coordinator.events import Received
 from protocol.messages import Heartbeat, ParticipantFigures, PartitionPosition
-from protocol.participant_events import Tick
-from protocol.participant_state import ParticipantState
+from protocol.participant.events import Tick
+from protocol.participant.state import ParticipantState
 from tests.pure.coordinator_driver import EPOCH, P0, P1, PIPE, T0, TIMING, Driver
 
 FAMILIES = (

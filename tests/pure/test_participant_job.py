@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cli.participant import py_files_zip, spark_submit_command
 from participant.job import group_partitions
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.messages import TopicPartition
 
 
@@ -44,5 +44,5 @@ def test_the_spark_submit_command(tmp_path: Path):
     assert command[-4:] == ["--config", str(config.resolve()), "--log-level", "WARNING"]
     with zipfile.ZipFile(command[command.index("--py-files") + 1]) as archive:
         names = set(archive.namelist())
-    assert {"protocol/participant_state.py", "participant/runner.py", "clients/kafka.py"} <= names
+    assert {"protocol/participant/state.py", "participant/runner.py", "clients/kafka.py"} <= names
     assert py_files_zip() == py_files_zip(), "the same sources give the same zip"

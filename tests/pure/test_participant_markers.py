@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protocol.chunking import ChunkBuilder
 from protocol.messages import CONTINUE
-from protocol.participant_events import ReadToEnd, Seek
+from protocol.participant.events import ReadToEnd, Seek
 from tests.pure.test_participant_chaining import end_next
 from tests.pure.test_participant_state import TP0, TP1, abort, end, machine, polled, staged, stages, start, status
 from tests.records import Rec

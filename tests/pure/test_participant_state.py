@@ -17,7 +17,7 @@ from protocol.messages import (
     TopicPartition,
     WriteStatus,
 )
-from protocol.participant_events import (
+from protocol.participant.events import (
     ChunkStaged,
     CommitOffsets,
     DropTxn,
@@ -30,7 +30,7 @@ from protocol.participant_events import (
     Send,
     Tick,
 )
-from protocol.participant_state import ParticipantState
+from protocol.participant.state import ParticipantState
 from tests.records import Rec
 
 P = "pl"

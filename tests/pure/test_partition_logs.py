@@ -1,13 +1,13 @@
-"""When a partition's log is no longer the one the ledger's offsets count in (``protocol.partition_logs``)."""
+"""When a partition's log is no longer the one the ledger's offsets count in (``protocol.offsets.partition_logs``)."""
 
 from __future__ import annotations
 
-from protocol import partition_logs
-from protocol.coordinator_events import AbortKind, Counted, Txn
-from protocol.coordinator_verify import verdict
-from protocol.ledger import LedgerEvent
+from protocol.coordinator.events import AbortKind, Counted, Txn
+from protocol.coordinator.verdict import verdict
+from protocol.ledger.rows import LedgerEvent
 from protocol.messages import TopicPartition
-from protocol.partition_logs import Accepted, Seen, Stop
+from protocol.offsets import partition_logs
+from protocol.offsets.partition_logs import Accepted, Seen, Stop
 
 TP = TopicPartition(topic="orders", partition=0)
 OTHER = TopicPartition(topic="orders", partition=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.coordinator_events import (
+from protocol.coordinator.events import (
     Commit,
     CommitResult,
     Counted,

@@ -1,4 +1,4 @@
-"""The verdicts of ``chtxn status`` (``protocol.pipeline_health``): replicas and their roles, the checks,
+"""The verdicts of ``chtxn status`` (``protocol.status.health``): replicas and their roles, the checks,
 the commit rate."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.messages import TopicPartition
-from protocol.pipeline_health import (
+from protocol.status.health import (
     CAUSE_FIXES,
     LEADER,
     LEFT,

@@ -7,10 +7,11 @@ from datetime import datetime
 
 import msgspec
 
-from protocol import deep_check, deep_report, ledger, ledger_claims, range_tables
-from protocol.deep_report import PartitionCheck
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger import claims as ledger_claims, range_tables, rows as ledger
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from protocol.routing import Route
+from protocol.verify import check as deep_check, report as deep_report
+from protocol.verify.report import PartitionCheck
 
 
 class R(msgspec.Struct, frozen=True):

@@ -1,12 +1,13 @@
 """The DDL of stage tables of replicated and shared targets, of chtxn's own replicated tables, and
-the local table behind a Distributed target (``protocol.replicated_ddl``): text in, text out."""
+the local table behind a Distributed target (``protocol.tables.replicated_ddl``): text in, text out."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol import dead_letters, ledger
-from protocol.replicated_ddl import (
+from protocol.dead_letters import letters as dead_letters
+from protocol.ledger import rows as ledger
+from protocol.tables.replicated_ddl import (
     STAGE_PATH_ROOT,
     base_engine,
     distributed_local_table,
@@ -18,7 +19,7 @@ from protocol.replicated_ddl import (
     stage_keeper_path,
     with_settings,
 )
-from protocol.table_shape import Shape, difference, engine_clause_as, merges_rows
+from protocol.tables.shape import Shape, difference, engine_clause_as, merges_rows
 
 STAGE = "events__chtxn_orders__e3_t17"
 UUID = "5c7e4a1e-0d3b-4b8e-9a51-2f0c1d2e3f40"

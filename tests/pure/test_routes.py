@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol import routing
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import SetupError
 from tests.pure.test_config import BASE, error_of
 

@@ -1,4 +1,4 @@
-"""Schema evolution rules (``protocol.schema_types``): kinds and type inference, the scan of a chunk's
+"""Schema evolution rules (``protocol.tables.schema_types``): kinds and type inference, the scan of a chunk's
 fields, the DDL text, naming the field of a refused record, and the ``[schema]`` config checks."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from protocol import insert_settings
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import ConfigError
-from protocol.schema_types import (
+from protocol.tables.schema_types import (
     Kind,
     accepts,
     add_columns_sql,

@@ -1,11 +1,11 @@
-"""Secrets are masked wherever chtxn shows a value (``protocol.secrets``, ``protocol.config``)."""
+"""Secrets are masked wherever chtxn shows a value (``protocol.secrets``, ``protocol.config.parse``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from protocol import secrets
-from protocol.config import parse_config
+from protocol.config.parse import parse_config
 from protocol.errors import ConfigError
 
 BASE = '[pipeline]\nname = "orders"\ntopics = ["orders"]\n[clickhouse]\ntarget_table = "events"\n'

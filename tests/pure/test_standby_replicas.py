@@ -1,16 +1,16 @@
-"""Standbys' heartbeats: ``chtxn status``'s replicas with the standbys (``protocol.standby_replicas``),
+"""Standbys' heartbeats: ``chtxn status``'s replicas with the standbys (``protocol.status.standbys``),
 where a replica's latest heartbeat, leader's or standby's, says what it is; and no leader, standby or
 participant acts on a STANDBY-HEARTBEAT."""
 
 from __future__ import annotations
 
-from protocol.coordinator_events import Received, Tick
-from protocol.leadership import LeaseWatch
+from protocol.coordinator.events import Received, Tick
+from protocol.coordinator.leadership import LeaseWatch
 from protocol.messages import StandbyHeartbeat
-from protocol.participant_events import Received as PReceived
-from protocol.participant_state import ParticipantState
-from protocol.pipeline_health import Heard, Replica, leader_check, replicas
-from protocol.standby_replicas import STANDBY, with_standbys
+from protocol.participant.events import Received as PReceived
+from protocol.participant.state import ParticipantState
+from protocol.status.health import Heard, Replica, leader_check, replicas
+from protocol.status.standbys import STANDBY, with_standbys
 from tests.pure.coordinator_driver import EPOCH, P0, P1, PIPE, T0, Driver, beats
 
 LEASE = 10.0

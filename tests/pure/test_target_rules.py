@@ -1,4 +1,4 @@
-"""``protocol.target_rules``: the one judgement of a target table that init, doctor, the coordinator
+"""``protocol.tables.target_rules``: the one judgement of a target table that init, doctor, the coordinator
 and the participant share, fed with what a server would say of the table."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from protocol.config import PipelineConfig, parse_config
-from protocol.target_rules import TargetFacts, ViewTable, refusals
+from protocol.config.parse import PipelineConfig, parse_config
+from protocol.tables.target_rules import TargetFacts, ViewTable, refusals
 
 METADATA = ("id", "_topic", "_partition", "_offset")
 PLAIN = TargetFacts(engine="MergeTree", engine_full="MergeTree ORDER BY id", columns=METADATA)

@@ -35,7 +35,7 @@ def test_a_bad_topic_entry_is_refused_naming_it(topics: str, why: str) -> None:
 
 
 def test_a_pattern_that_leaves_the_pipelines_own_topics_alone_is_accepted() -> None:
-    from protocol.config import parse_config
+    from protocol.config.parse import parse_config
 
     cfg = parse_config(BASE.replace('topics = ["src-a", "src-b"]', 'topics = ["src-a", "re:src-[0-9]+"]'), {})
     assert cfg.pipeline.topics == ("src-a", "re:src-[0-9]+")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.ledger_store import LedgerStore
+from coordinator.ledger.store import LedgerStore
 from tests.faults.tcp_proxy import TcpProxy
 from tests.helpers import wait_until
 from tests.pipelines import Pipeline

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol import dead_letters as letters_table
+from protocol.dead_letters import letters as letters_table
 from tests.soak.traffic import Traffic, good_value
 
 

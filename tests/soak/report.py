@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from protocol.ledger import LedgerRow
+from protocol.ledger.rows import LedgerRow
 from tests.soak.faults import FaultRecord
 from tests.soak.schedule import CHANGE_KINDS, KEEPER_KINDS, KINDS, FaultPlan
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.ledger import LedgerEvent, LedgerRow, PartitionRange
+from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
 from tests.soak.faults import FaultRecord
 from tests.soak.report import SoakResult, recovery_times, stuck_spells
 from tests.soak.schedule import FaultPlan
