@@ -6,6 +6,8 @@
 Imports are read with ``ast``, without importing anything; lazy imports inside functions and
 imports only for type checking count too (a circle through either is still a circle). A module is
 a file; ``from package import name`` counts as importing ``package.name`` when that is a module.
+A package is a folder; its ``__init__.py`` docstring may say what it may import (an ``Imports:``
+line), and the survey lists what each package imports beyond that, and circles between packages.
 ``tests/pure/test_layering.py`` asserts on what this finds.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -108,6 +111,49 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def package_of(name: str, known: Mapping[str, Path]) -> str:
+    """The package module ``name`` belongs to: itself for a package's ``__init__``, else its folder's."""
+    return name if known[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def package_graph(known: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Each package (a folder, sub-packages apart) -> the other packages its modules import. Importing
+    a package's ``__init__`` alone does not count: ``from pkg import module`` names it on the way."""
+    graph: dict[str, set[str]] = {package_of(name, known): set() for name in known}
+    for name, imported in import_graph(known).items():
+        for target in imported:
+            if known[target].name != "__init__.py" and package_of(target, known) != package_of(name, known):
+                graph[package_of(name, known)].add(package_of(target, known))
+    return graph
+
+
+def declared_imports(package: str, known: Mapping[str, Path]) -> set[str] | None:
+    """What ``package``'s docstring says it may import (its ``Imports:`` line: packages, ``p.*`` for
+    ``p`` and every package inside it), or None when it says nothing."""
+    doc = ast.get_docstring(ast.parse(known[package].read_text())) or ""
+    line = next((ln for ln in doc.splitlines() if ln.startswith("Imports:")), None)
+    if line is None:
+        return None
+    return set(re.findall(r"[a-z_]+(?:\.[a-z_]+)*(?:\.\*)?", line.removeprefix("Imports:").split("(")[0]))
+
+
+def undeclared_imports(known: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Each package whose docstring says what it may import -> the packages it imports beyond that."""
+    found = {}
+    for package, targets in package_graph(known).items():
+        allowed = declared_imports(package, known)
+        if allowed is None:
+            continue
+        beyond = {
+            t
+            for t in targets
+            if t not in allowed and not any(a.endswith(".*") and (t + ".").startswith(a[:-1]) for a in allowed)
+        }
+        if beyond:
+            found[package] = beyond
+    return found
+
+
 def lines_of(known: Mapping[str, Path]) -> dict[str, int]:
     """Each module's length in lines."""
     return {name: len(path.read_text().splitlines()) for name, path in known.items()}
@@ -125,9 +171,20 @@ def survey(root: Path = ROOT) -> dict:
         for package in packages(root)
     }
     largest = max(lines, key=lambda m: lines[m])
+    graph = package_graph(known)
     return {
         "packages": by_package,
+        "sub_packages": {
+            package: {
+                "modules": sum(1 for m in known if package_of(m, known) == package and m != package),
+                "imports": sorted(graph[package]),
+            }
+            for package in sorted(graph)
+            if "." in package
+        },
         "circles": circles(import_graph(known)),
+        "package_circles": circles(graph),
+        "undeclared_imports": {p: sorted(t) for p, t in sorted(undeclared_imports(known).items())},
         "largest": {"module": largest, "lines": lines[largest]},
         "over_limit": {m: n for m, n in sorted(lines.items(), key=lambda item: -item[1]) if n > MAX_LINES},
         "max_lines": MAX_LINES,
@@ -149,9 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     print("package       modules  lines")
     for package, figures in found["packages"].items():
         print(f"{package:<12} {figures['modules']:>8} {figures['lines']:>6}")
+    print("sub-package                 modules  imports (packages)")
+    for package, figures in found["sub_packages"].items():
+        print(f"{package:<28} {figures['modules']:>6}  {', '.join(figures['imports'])}")
     print(f"import circles: {len(found['circles'])}")
     for circle in found["circles"]:
         print("  " + " -> ".join([*circle, circle[0]]))
+    print(f"circles between packages: {len(found['package_circles'])}")
+    for circle in found["package_circles"]:
+        print("  " + " -> ".join([*circle, circle[0]]))
+    print(f"imports a package's docstring does not declare: {len(found['undeclared_imports'])}")
+    for package, targets in found["undeclared_imports"].items():
+        print(f"  {package} imports {', '.join(targets)}")
     print(f"largest module: {found['largest']['module']} ({found['largest']['lines']} lines)")
     print(f"modules over {MAX_LINES} lines: {len(found['over_limit'])}")
     for module, lines in found["over_limit"].items():

@@ -7,6 +7,7 @@ importing anything (``tools.layout``).
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from pathlib import Path
@@ -99,3 +100,33 @@ def test_no_module_is_longer_than_the_limit() -> None:
     lines = layout.lines_of(layout.modules(ROOT))
     over = {m: n for m, n in lines.items() if n > layout.MAX_LINES}
     assert over == {}, f"over {layout.MAX_LINES} lines: split them by concept"
+
+
+def test_no_circles_between_the_packages_either() -> None:
+    """A package (a folder) imports another only if that one does not import it back, through any path."""
+    assert layout.circles(layout.package_graph(layout.modules(ROOT))) == []
+
+
+def test_each_package_of_the_protocol_and_the_coordinator_says_what_it_owns_and_imports_only_that() -> None:
+    known = layout.modules(ROOT, among=["protocol", "coordinator"])
+    packages = sorted(m for m, path in known.items() if path.name == "__init__.py")
+    assert len(packages) > 2, packages
+    for package in packages:
+        body = ast.parse(known[package].read_text()).body
+        assert len(body) == 1 and ast.get_docstring(ast.Module(body=body, type_ignores=[])), (
+            f"{package}/__init__.py: a docstring saying what it owns, and nothing else"
+        )
+        assert layout.declared_imports(package, layout.modules(ROOT)) is not None, f"{package}: no Imports: line"
+    assert layout.undeclared_imports(layout.modules(ROOT)) == {}
+
+
+def test_the_declared_imports_check_sees_an_import_the_docstring_leaves_out(tmp_path: Path) -> None:
+    for folder, doc in [("pkg", "Imports: pkg.a.*"), ("pkg/a", "Imports: nothing"), ("pkg/b", "Imports: pkg.a")]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(f'"""Owns x.\n\n{doc}\n"""\n')
+    (tmp_path / "pkg" / "a" / "x.py").write_text("from pkg.b import y\n")  # not declared
+    (tmp_path / "pkg" / "b" / "y.py").write_text("from pkg.a import x\n")  # declared
+    (tmp_path / "pkg" / "core.py").write_text("from pkg.a import x\n")  # declared with .*
+    known = layout.modules(tmp_path, among=["pkg"])
+    assert layout.undeclared_imports(known) == {"pkg.a": {"pkg.b"}}
+    assert layout.circles(layout.package_graph(known)) == [["pkg.a", "pkg.b"]]
