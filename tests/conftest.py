@@ -22,6 +22,26 @@ import pytest
 
 from tests.helpers import unique_name
 
+#: Under pytest-xdist (``make test``), the order in which the tiers' modules are handed out to the
+#: workers: the slowest first, so that the last module a worker starts is a short one and no worker
+#: runs a minutes-long module alone at the end. Directories not named here rank with ``pure``.
+XDIST_ORDER = ("e2e", "soak", "faults", "integration", "embedded", "pure")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, sort the items by tier (``XDIST_ORDER``), keeping the order within each:
+    every worker collects, and sorts, the same list; the controller hands out whole modules
+    (``--dist loadfile``) in that order (with ``--no-loadscope-reorder``)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+
+    def tier(item: pytest.Item) -> int:
+        parts = item.nodeid.split("/")
+        name = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+        return XDIST_ORDER.index(name) if name in XDIST_ORDER else len(XDIST_ORDER) - 1
+
+    items.sort(key=tier)
+
 
 class TestStack:
     """The Kafka bootstrap servers and ClickHouse URL of this test session.
