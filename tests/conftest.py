@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.helpers import unique_name
+from tests.spark_cluster import JVM_JIT
 
 #: Under pytest-xdist (``make test``), the order in which the tiers' modules are handed out to the
 #: workers: the slowest first, so that the last module a worker starts is a short one and no worker
@@ -136,6 +137,19 @@ def _embedded_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_jvms() -> Iterator[None]:
+    """spark-submit's driver JVM (``SPARK_SUBMIT_OPTS``, read by Spark's launcher; in local mode the
+    executors run in it) compiles with ``JVM_JIT``, before any options already set there."""
+    saved = os.environ.get("SPARK_SUBMIT_OPTS")
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{JVM_JIT} {saved or ''}".strip()
+    yield
+    if saved is None:
+        os.environ.pop("SPARK_SUBMIT_OPTS", None)
+    else:
+        os.environ["SPARK_SUBMIT_OPTS"] = saved
 
 
 @pytest.fixture(scope="session")
