@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import clickhouse_connect
@@ -41,13 +41,20 @@ class Pipeline:
     cfg: PipelineConfig
     config_path: Path
     partitions: list[TopicPartition]
+    #: The client of ``client()`` and the ``[clickhouse]`` section it was made for.
+    _client: tuple[object, object] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def topic(self) -> str:
         return self.cfg.pipeline.topics[0]
 
     def client(self):  # a clickhouse-connect client
-        return make_client(self.cfg.clickhouse)
+        """A client of the pipeline's ClickHouse, made once per ``[clickhouse]`` section and shared
+        (clients are thread-safe). Making one costs queries of its own, and tests poll through this
+        (``target_count``, ``ledger``) many times a second."""
+        if self._client is None or self._client[0] is not self.cfg.clickhouse:
+            self._client = (self.cfg.clickhouse, make_client(self.cfg.clickhouse))
+        return self._client[1]
 
     def ledger(self) -> LedgerHistory:
         return LedgerHistory.of(self.cfg, self.client())

@@ -26,6 +26,10 @@ from procs import ManagedProcess, free_port, start_token
 from tests.helpers import wait_until
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+#: The JIT of the Spark JVMs the tests start (these daemons and their executors, and spark-submit's driver
+#: through tests.conftest): C1 only. Their runs are short, and C2's compiling took half of a driver's CPU,
+#: the machine's under ``make test``'s parallel workers, for nothing a test sees.
+JVM_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def spark_home() -> Path:
@@ -165,6 +169,9 @@ class SparkCluster:
             "SPARK_HOME": str(home),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_DAEMON_MEMORY": "512m",
+            # C1 only (JVM_JIT), for the daemons and the executors they start; the JVM's "Picked up
+            # JAVA_TOOL_OPTIONS" line goes to their logs under base_dir.
+            "JAVA_TOOL_OPTIONS": JVM_JIT,
             "SPARK_LOCAL_DIRS": str(local_dir or self.base_dir / "local"),
         }
         if os.environ.get("JAVA_HOME"):

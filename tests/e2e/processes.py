@@ -65,6 +65,10 @@ class Processes:
             if proc.poll() is not None and proc.returncode not in (-signal.SIGKILL,):
                 raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
 
+    def python_workers(self) -> list[int]:
+        """The PySpark Python workers of the participant job started here (see :func:`python_workers`)."""
+        return python_workers(self.procs["participant"].pid)
+
     def tail(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text()[-4000:]
 
@@ -103,14 +107,10 @@ def committed(pipeline: Pipeline, expected: int, procs: Processes, timeout_s: fl
     wait_until(done, timeout_s, f"{expected} rows in the target")
 
 
-def python_workers() -> list[int]:
-    """PySpark's Python workers: processes forked by a ``pyspark.daemon`` (same command line)."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
-    daemons = {}
-    for line in out.splitlines()[1:]:
-        pid, ppid, args = line.strip().split(None, 2)
-        if "pyspark.daemon" in args:
-            daemons[int(pid)] = int(ppid)
+def python_workers(root: int) -> list[int]:
+    """PySpark's Python workers under ``root`` (the participant job's launcher): processes forked by
+    a ``pyspark.daemon`` (same command line). Only ``root``'s, never another job's on the machine."""
+    daemons = {p.pid: p.ppid for p in descendants(root) if "pyspark.daemon" in p.args}
     return sorted(pid for pid, ppid in daemons.items() if ppid in daemons)
 
 

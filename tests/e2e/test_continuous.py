@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.e2e.processes import Processes, committed, python_workers
+from tests.e2e.processes import Processes, committed
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import assert_exactly_once, chained_ends, make_pipeline
 
@@ -31,7 +31,7 @@ def test_a_participant_killed_between_end_and_its_write_status(stack, tmp_path):
         # Every task stalls once before its first WRITE-STATUS: the test kills it there.
         procs.participants(2, env={"CHTXN_FAILPOINTS": "participant.before-write-status=stall(12)*1"})
         wait_until(lambda: procs.alive() or FIRES in procs.tail("participant"), 180, "a task at its WRITE-STATUS")
-        stalled = wait_until(lambda: set(python_workers()), 30, "the PySpark Python workers")
+        stalled = wait_until(lambda: set(procs.python_workers()), 30, "the PySpark Python workers")
         for pid in stalled:  # every task is held before its first WRITE-STATUS, after an END
             os.kill(pid, signal.SIGKILL)
         more = pipeline.produce(20_000, start_id=produced)

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.e2e.processes import committed, python_workers, running
+from tests.e2e.processes import committed, running
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import assert_exactly_once, make_pipeline
 
@@ -41,7 +41,7 @@ def test_python_worker_sigkill_mid_transaction(stack, tmp_path):
     produced = pipeline.produce(20_000)
     with running(pipeline, tmp_path, slots=2) as procs:
         wait_until(lambda: procs.alive() or pipeline.target_count() > 0, 180, "the first rows committed")
-        workers = wait_until(python_workers, 30, "a PySpark Python worker")
+        workers = wait_until(procs.python_workers, 30, "a PySpark Python worker")
         os.kill(workers[0], signal.SIGKILL)
         more = pipeline.produce(20_000, start_id=produced)
         committed(pipeline, produced + more, procs)
