@@ -47,7 +47,7 @@ $(DEBTOOLS): tools/debian_tools.py | $(STAMP)
 # -n: pytest-xdist workers, each with embedded servers of its own (tests/conftest.py); more than the cores,
 # as many tests wait on leases and timeouts. --dist loadfile keeps a module on one worker (its module-scoped
 # fixtures are made once); --no-loadscope-reorder hands out the modules slowest tier first (XDIST_ORDER).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest tests --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
