@@ -44,9 +44,11 @@ $(DEBTOOLS): tools/debian_tools.py | $(STAMP)
 	@touch $(DEBTOOLS)
 
 # --durations: the slowest tests, named at the end, so that a slow suite shows where its time goes.
-# -n: pytest-xdist workers, each with embedded servers of its own (tests/conftest.py); more than the cores,
-# as many tests wait on leases and timeouts. --dist loadfile keeps a module on one worker (its module-scoped
-# fixtures are made once); --no-loadscope-reorder hands out the modules slowest tier first (XDIST_ORDER).
+# -n: pytest-xdist workers, each with embedded servers of its own (tests/conftest.py). 3 on 2 cores: many tests
+# wait on leases and timeouts, yet the suite is bound by CPU (about 1,500 CPU-seconds); on 4 the machine stayed
+# saturated and tests with timing bounds (a Spark application's start, status windows) failed. --dist loadfile
+# keeps a module on one worker (its module-scoped fixtures are made once); --no-loadscope-reorder hands out
+# the modules slowest tier first (tests/conftest.py's XDIST_ORDER).
 TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest tests --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
