@@ -14,8 +14,9 @@ hand-written and left alone. The regions, and the files under ``benchmarks/resul
   (``settings.one_table``) of ``benchmarks.tables``, one row per run;
 - ``commit-point``: the newest ``commit-point-token-*.json`` and ``commit-point-keeper-*.json``
   (``make bench --commit-points token,keeper``), side by side;
-- ``refactor``: every ``refactor-before-*.json`` and ``refactor-after-*.json`` (single ``make bench``
-  repetitions on both sides of the code-health refactor), one row per file.
+- ``refactor``, ``packages``: every ``<region>-before-*.json`` and ``<region>-after-*.json`` (single
+  ``make bench`` repetitions on both sides of a change meant to move no figure: issue 28's refactor,
+  issue 37's packages), one row per file.
 
 Each table names its files and the commit and start time recorded in them. ``tests/pure/test_benchdoc.py``
 fails when the committed README differs from what this module produces.
@@ -24,6 +25,7 @@ fails when the committed README differs from what this module produces.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -195,8 +197,10 @@ def commit_point_region(results: Path) -> str:
     return f"{source(list(found.values()))} {settings}\n\n" + table(header, rows)
 
 
-def refactor_region(results: Path) -> str:
-    paths = matching(results, r"refactor-(before|after)-" + TIME + r"\.json")
+def before_after_region(prefix: str, results: Path) -> str:
+    """Single ``make bench`` repetitions on both sides of a change that should move no figure:
+    ``<prefix>-before-*.json`` and ``<prefix>-after-*.json``, one row per file, by time."""
+    paths = matching(results, re.escape(prefix) + r"-(before|after)-" + TIME + r"\.json")
     if not paths:
         return NONE_YET
     ordered = sorted(paths, key=lambda p: p.name.split("-")[-1])  # by time: before and after alternate
@@ -212,7 +216,7 @@ def refactor_region(results: Path) -> str:
         plain = (s.get("cpu_s_per_100k_rows_plain") or {}).get("median")
         rows.append(
             (
-                path.name.split("-")[1],
+                path.name.removeprefix(prefix + "-").split("-")[0],
                 f"`{str(doc['git']['commit'])[:7]}`",
                 num(doc["settings"]["events"]),
                 med("ratio_vs_plain"),
@@ -234,7 +238,8 @@ REGIONS: dict[str, Callable[[Path], str]] = {
     "partitions": partitions_region,
     "tables": tables_region,
     "commit-point": commit_point_region,
-    "refactor": refactor_region,
+    "refactor": functools.partial(before_after_region, "refactor"),
+    "packages": functools.partial(before_after_region, "packages"),
 }
 
 
