@@ -3,9 +3,10 @@
 Three modes, each reading the same pre-produced partitions from the start to a known end offset:
 
 - ``loop``: the plain at-least-once consumer: ``assign`` its partitions, read raw values, cut
-  each partition's records into batches of ``batch_rows``, build the body with the participant's
-  own ``BodyBuilder`` (the byte-level ``_topic/_partition/_offset`` splice), ``raw_insert`` it as
-  JSONEachRow into ``bench.events_plain``, then commit that partition's offset (synchronously);
+  each partition's records into batches of ``batch_rows``, insert each as the participant does
+  (``protocol.framing``: the values joined, and ClickHouse filling ``_topic/_partition/_offset``
+  in an ``INSERT ... SELECT ... FROM input()``) into ``bench.events_plain``, then commit that
+  partition's offset (synchronously);
 - ``consume``: reading only (the ceiling of confluent-kafka on the embedded broker);
 - ``insert``: inserting only (the ceiling of the embedded ClickHouse): the bodies ``loop`` would
   send are read and built before the clock starts, then inserted into ``bench.events_ceiling``.
@@ -29,12 +30,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition as KafkaT
 from benchmarks import cpu
 from benchmarks.workload import CEILING, DATABASE, PLAIN, PLAIN_GROUP, TOPIC
 from clients.clickhouse import make_client
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder
 from protocol.config.parse import PipelineConfig
 from protocol.errors import ChtxnError
+from protocol.framing import ROW_ORDER_SETTINGS, Column, MetadataInsert, frame
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
+
+    from clickhouse_connect.driver.client import Client
 
 POLL_BATCH = 5_000  # the participant's default ``poll_batch``
 
@@ -158,9 +161,10 @@ class _Worker:
         )
         self.consumer.assign([KafkaTP(TOPIC, p, OFFSET_BEGINNING) for p in partitions])
         self.client = make_client(cfg.clickhouse) if mode != "consume" else None
-        self.bodies = {
-            p: BodyBuilder(topic=TOPIC, partition=p, input_format="JSONEachRow", columns=METADATA_COLUMNS)
-            for p in partitions
+        self.inserts = {
+            table: MetadataInsert(DATABASE, table, _columns(self.client, table), "JSONEachRow")
+            for table in (PLAIN, CEILING)
+            if self.client is not None
         }
         self.phases = {"consume": 0.0, "body": 0.0, "insert": 0.0, "commit": 0.0}
 
@@ -206,10 +210,11 @@ class _Worker:
     def _insert_and_commit(self, partition: int, records: list) -> None:
         clock = time.perf_counter
         t0 = clock()
-        body = self.bodies[partition].body(records)
+        body = frame(records, "JSONEachRow")
+        statement, params = self.inserts[PLAIN].statement(TOPIC, partition, records)
         t1 = clock()
         assert self.client is not None  # mode loop
-        self.client.raw_insert(f"{DATABASE}.{PLAIN}", insert_block=body, fmt="JSONEachRow")
+        self.client.command(statement, parameters=params, data=body, settings=ROW_ORDER_SETTINGS)
         t2 = clock()
         self.consumer.commit(offsets=[KafkaTP(TOPIC, partition, records[-1].offset() + 1)], asynchronous=False)
         t3 = clock()
@@ -217,7 +222,7 @@ class _Worker:
         self.phases["insert"] += t2 - t1
         self.phases["commit"] += t3 - t2
 
-    def _prepare_inserts(self) -> list[tuple[int, bytes]]:
+    def _prepare_inserts(self) -> list[tuple[int, bytes, str, dict]]:
         """The bodies ``loop`` would insert, read and built before the clock starts."""
         pending: dict[int, list] = {p: [] for p in self.ends}
 
@@ -228,17 +233,30 @@ class _Worker:
             for m in self.consumer.consume(num_messages=POLL_BATCH, timeout=0.05):
                 if m.error() is None:
                     pending[m.partition()].append(m)  # type: ignore[index]  # None only on an error record
-        return [
-            (len(records[i : i + self.batch_rows]), self.bodies[p].body(records[i : i + self.batch_rows]))
+        batches = [
+            (p, records[i : i + self.batch_rows])
             for p, records in pending.items()
             for i in range(0, len(records), self.batch_rows)
         ]
+        return [
+            (len(batch), frame(batch, "JSONEachRow"), *self.inserts[CEILING].statement(TOPIC, p, batch))
+            for p, batch in batches
+        ]
 
-    def _insert_all(self, prepared: list[tuple[int, bytes]]) -> int:
+    def _insert_all(self, prepared: list[tuple[int, bytes, str, dict]]) -> int:
         clock = time.perf_counter
         assert self.client is not None  # mode insert
-        for _, body in prepared:
+        for _, body, statement, params in prepared:
             t0 = clock()
-            self.client.raw_insert(f"{DATABASE}.{CEILING}", insert_block=body, fmt="JSONEachRow")
+            self.client.command(statement, parameters=params, data=body, settings=ROW_ORDER_SETTINGS)
             self.phases["insert"] += clock() - t0
-        return sum(n for n, _ in prepared)
+        return sum(n for n, *_ in prepared)
+
+
+def _columns(client: Client, table: str) -> list[Column]:
+    rows = client.query(
+        "SELECT name, type, default_kind, default_expression FROM system.columns "
+        "WHERE database = %(db)s AND table = %(table)s ORDER BY position",
+        parameters={"db": DATABASE, "table": table},
+    ).result_rows
+    return [Column(*row) for row in rows]

@@ -3,7 +3,7 @@
 Times, on demo events as real ``confluent_kafka.Message`` objects of one partition (no broker, no
 ClickHouse), each step a participant takes per record, in µs per record (best of 3):
 ``ChunkBuilder.add`` over poll batches, the bad-record ``precheck``, ``has_joins`` on the body,
-and ``BodyBuilder.body`` (which the plain loop shares), next to the plain loop's own per-record
+and ``protocol.framing.frame`` with the metadata insert's statement (which the plain loop shares), next to the plain loop's own per-record
 bookkeeping. It measures; it asserts nothing.
 """
 
@@ -18,7 +18,8 @@ import confluent_kafka
 
 from cli.demo import events
 from participant.bad_records import has_joins, precheck
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, ChunkBuilder, RecordLike
+from protocol.chunking import Chunk, ChunkBuilder, RecordLike
+from protocol.framing import METADATA_COLUMNS, Column, MetadataInsert, frame
 
 
 def best_us_per_record(step: Callable[[], object], records: int, reps: int = 3) -> float:
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     record_batches = cast("list[list[RecordLike]]", batches)  # Messages with topic, partition and offset
     chunks: list[Chunk] = []
     bodies: list[bytes] = []
-    builder = BodyBuilder(topic="events", partition=0, input_format="JSONEachRow", columns=METADATA_COLUMNS)
+    insert = MetadataInsert(
+        "bench", "events", [Column(c, "String") for c in ("payload", *METADATA_COLUMNS)], "JSONEachRow"
+    )
 
     def cut() -> None:
         chunks.clear()
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             precheck(c.records, json_objects=True)
 
     def body() -> None:
-        bodies[:] = [builder.body(c.records) for c in chunks]
+        bodies[:] = [frame(c.records, "JSONEachRow") for c in chunks if insert.statement("events", 0, c.records)]
 
     def joins() -> None:
         for c, b in zip(chunks, bodies):

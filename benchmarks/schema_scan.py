@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from cli.demo import events
-from protocol.chunking import BodyBuilder
+from protocol.framing import frame
 from protocol.tables.schema_types import scan_fields
 from tests.records import Rec
 
@@ -47,14 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     values = [value for _, value in events(args.records)]
     with_new = [value[:-1] + b',"plan":"pro"}' for value in values]  # a field the table lacks, in every record
     records = [Rec("events", 0, i, v) for i, v in enumerate(values)]
-    bodies = BodyBuilder(
-        topic="events", partition=0, input_format="JSONEachRow", columns=("_topic", "_partition", "_offset")
-    )
     known = {*DEMO_COLUMNS, "_topic", "_partition", "_offset"}
     figures = {
         "records": args.records,
         "bytes": sum(map(len, values)),
-        "body_ms": best_ms(lambda: bodies.body(records), args.reps),
+        "body_ms": best_ms(lambda: frame(records, "JSONEachRow"), args.reps),
         "scan_known_ms": best_ms(lambda: scan_fields(values, known), args.reps),
         "scan_new_field_ms": best_ms(lambda: scan_fields(with_new, known), args.reps),
     }
@@ -63,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
         db = session.Session()
         db.query(DEMO_TABLE)
-        body = bodies.body(records).decode()
+        body = frame(records, "JSONEachRow").decode()
         figures["insert_ms"] = best_ms(lambda: db.query(f"INSERT INTO events FORMAT JSONEachRow {body}"), 5)
     figures = {k: round(v, 2) if isinstance(v, float) else v for k, v in figures.items()}
     print(json.dumps(figures))

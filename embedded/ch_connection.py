@@ -14,15 +14,17 @@ same bytes here.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chdb.state import sqlitelike
 
-from embedded.ch_errors import BAD_ARGUMENTS, EngineError, from_engine_message
+from embedded.ch_errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, EngineError, from_engine_message
 from embedded.ch_sql import quote
 
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -62,6 +64,7 @@ class EngineConnection:
 
     def __init__(self, path: str, baseline: Mapping[str, str]):
         self._conn = sqlitelike.connect(path)
+        self._inputs = os.path.join(path, "input")  # input()'s data, one file per running statement
         self._baseline = baseline
         self._applied: dict[str, str] = {}
         self._database = "default"
@@ -141,6 +144,39 @@ class EngineConnection:
             written_bytes=res.bytes_written,
             elapsed_s=res.elapsed,
         )
+
+    def insert_from_input(
+        self,
+        statement: str,
+        call: tuple[int, int],
+        args: str,
+        input_format: str,
+        data: bytes | memoryview,
+        *,
+        settings: Mapping[str, str],
+        database: str,
+        params: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """Run ``INSERT ... SELECT ... FROM input(args)`` (``call`` is where input() is in
+        ``statement``) with ``data`` as input()'s rows, in ``input_format``.
+
+        A ClickHouse server streams the request body into input(); chDB's streaming insert refuses
+        an ``INSERT ... SELECT``, so the data goes to a file that the engine reads with
+        ``file(path, input_format, args)`` in input()'s place: the same format, parsed by the same
+        code (parallel parsing included), one statement that lands all rows or none."""
+        if not args:
+            raise EngineError(
+                NOT_IMPLEMENTED,
+                "input() without a structure: the embedded endpoint runs input('<name> <type>, ...') only",
+            )
+        os.makedirs(self._inputs, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self._inputs, suffix=".rows") as rows:
+            rows.write(data)
+            rows.flush()
+            source = f"file({quote(rows.name)}, {quote(input_format)}, {args})"
+            sql = statement[: call[0]] + source + statement[call[1] :]
+            outcome = self.query(latin1(sql), "TabSeparated", settings=settings, database=database, params=params)
+        return replace(outcome, body=b"", result_format=None, result_rows=outcome.written_rows)
 
     def apply(self, settings: Mapping[str, str], database: str) -> None:
         """Make ``settings`` and ``database`` current, as SET and USE would (for SET and USE)."""

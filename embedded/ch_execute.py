@@ -3,7 +3,9 @@ runs it.
 
 - ``SET`` and ``USE`` change the session (or only this request, without a session);
 - the external tables of a multipart body exist for this statement only;
-- ``INSERT ... FORMAT f <data>`` streams the data into the engine; ``INSERT ... VALUES`` runs as one
+- ``INSERT ... FORMAT f <data>`` streams the data into the engine; ``INSERT ... SELECT ... FROM
+  input(s) FORMAT f <data>`` reads the data in input()'s place (``EngineConnection.insert_from_input``);
+  ``INSERT ... VALUES`` runs as one
   statement, so that ``{name:Type}`` inside VALUES is bound and an error raised while the rows are
   written reaches the client (the engine's streaming insert reports some of those as a success
   with nothing written: a violated CONSTRAINT, KeeperMap's "key exists" under
@@ -107,6 +109,18 @@ def execute(session: SessionState, request: Request) -> Iterator[Outcome]:
 
 def _run(conn: EngineConnection, request: Request, settings: dict[str, str], database: str) -> Outcome:
     stmt = request.statement
+    if stmt.insert is not None and (call := stmt.insert.input_call) is not None:
+        insert = stmt.insert
+        return conn.insert_from_input(
+            insert.statement,
+            call,
+            insert.input_args,
+            insert.input_format,
+            stmt.data,
+            settings=settings,
+            database=database,
+            params=request.query_params,
+        )
     if stmt.insert is not None and stmt.insert.input_format != "Values":
         return conn.insert(
             latin1(stmt.insert.statement), stmt.insert.input_format, stmt.data, settings=settings, database=database

@@ -2,7 +2,9 @@
 
 The endpoint never rewrites a query's meaning: it only needs to know what kind of statement it
 holds (first keyword), where an INSERT's inline data begins (after ``FORMAT <name>`` or
-``VALUES``), which output format a query asks for, and the assignments of a ``SET``. Quoted
+``VALUES``, or after the ``FORMAT`` of an ``INSERT ... SELECT ... FROM input(...)``, whose call
+it finds so that the engine can read the data in its place), which output format a query asks
+for, and the assignments of a ``SET``. Quoted
 strings, quoted identifiers, comments and brackets are skipped, so keywords inside them never
 count. Text is handled as ``latin-1`` so that character offsets are byte offsets.
 """
@@ -130,30 +132,60 @@ class InsertWithData:
     statement: str
     input_format: str
     data_offset: int
+    #: For ``INSERT ... SELECT ... FROM input(<args>)``: where ``input(<args>)`` is in ``statement``.
+    input_call: tuple[int, int] | None = None
+    #: ``<args>`` of that call: the structure of the data, as ClickHouse's input() takes it.
+    input_args: str = ""
 
 
 def split_insert(text: str) -> InsertWithData | None:
-    """Split ``INSERT ... FORMAT <name> <data>`` or ``INSERT ... VALUES <data>``.
+    """Split ``INSERT ... FORMAT <name> <data>``, ``INSERT ... VALUES <data>`` or
+    ``INSERT ... SELECT ... FROM input(<structure>) ... FORMAT <name> <data>``.
 
     As ClickHouse does, the data begins after the format name, past blanks and at most one line
-    break. Returns None for anything else (``INSERT ... SELECT``, other statements, a head of text
-    too short to hold the whole statement).
+    break. Returns None for anything else (an ``INSERT ... SELECT`` without ``input()``, other
+    statements, a head of text too short to hold the whole statement).
     """
     toks = _top_level(text)
     first = next(toks, None)
     if first is None or not first.is_word("INSERT"):
         return None
+    selecting = False
+    call: tuple[int, int] | None = None
+    args = ""
     for tok in toks:
         if tok.is_word("SELECT", "WITH"):
-            return None
-        if tok.is_word("VALUES"):
+            selecting = True
+        elif selecting and call is None and tok.is_word("INPUT"):
+            call, args = _call_span(text, tok)
+        elif tok.is_word("VALUES") and not selecting:
             return InsertWithData(text[: tok.start].rstrip(), "Values", tok.end)
-        if tok.is_word("FORMAT"):
+        elif tok.is_word("FORMAT"):
             name = next(toks, None)
-            if name is None or name.kind not in ("word", "quoted"):
+            if name is None or name.kind not in ("word", "quoted") or (selecting and call is None):
                 return None
-            return InsertWithData(text[: tok.start].rstrip(), name.text.strip('`"'), _data_start(text, name.end))
+            fmt = name.text.strip('`"')
+            return InsertWithData(text[: tok.start].rstrip(), fmt, _data_start(text, name.end), call, args)
     return None
+
+
+def _call_span(text: str, name: Token) -> tuple[tuple[int, int] | None, str]:
+    """The span of ``name(...)`` and the text between its brackets; ``(None, "")`` when ``name`` is
+    not called. Only the top-level ``(`` and ``)`` of a call are lexed again here."""
+    depth, start = 0, None
+    for tok in tokens(text[name.end :]):
+        if start is None:
+            if tok.text != "(":
+                return None, ""
+            start = name.end + tok.end
+        if tok.kind == "punct" and tok.text in "([{":
+            depth += 1
+        elif tok.kind == "punct" and tok.text in ")]}":
+            depth -= 1
+            if depth == 0:
+                close = name.end + tok.start
+                return (name.start, close + 1), text[start:close].strip()
+    return None, ""
 
 
 def _data_start(text: str, pos: int) -> int:

@@ -19,9 +19,10 @@ from participant.bad_records import Letter, Remembered, json_problem
 from participant.bisection import Refused, isolate
 from protocol import naming
 from protocol.chcodes import ErrorClass, classify
-from protocol.chunking import BodyBuilder, Chunk, RecordLike
+from protocol.chunking import Chunk, RecordLike
 from protocol.config.sections import ClickHouseSection
 from protocol.errors import ChtxnError, ClickHouseError
+from protocol.framing import JSON_OBJECT_FORMATS, frame
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ class NotOneRowFinder:
 
     # ---- stager step 5: records that are not one row, found after their insert ---------------
 
-    def set_aside(self, stage_table: str, chunk: Chunk, exc: NotOneRow, bodies: BodyBuilder) -> str:
+    def set_aside(self, stage_table: str, chunk: Chunk, exc: NotOneRow) -> str:
         """Find the records of ``exc`` that are not one row, remember them; the chunk's error."""
         try:
-            found = self._isolate(stage_table, chunk.token, exc.records, bodies)
+            found = self._isolate(stage_table, chunk.token, exc.records)
         except ChtxnError as failure:
             found, why = [], f"finding them failed: {failure}"
         else:
@@ -77,13 +78,13 @@ class NotOneRowFinder:
         log.error("%s and %s", exc, why, extra={"txn": chunk.txn})
         return f"{exc}: some record is not exactly one {self.section.input_format} row, and {why}; the txn will abort"
 
-    def _isolate(
-        self, stage_table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder
-    ) -> list[Letter]:
-        """JSON records that are not one object, then a bisection of the rest on a Null-engine clone."""
+    def _isolate(self, stage_table: str, token: str, records: Sequence[RecordLike]) -> list[Letter]:
+        """JSON records that are not one object, then a bisection of the rest on a Null-engine clone
+        (the records' rows only are counted there: no metadata column is filled)."""
         letters: list[Letter] = []
         rest: Sequence[RecordLike] = records
-        if bodies.json_objects:
+        fmt = self.section.input_format
+        if fmt in JSON_OBJECT_FORMATS:
             rest = []
             for record in records:
                 if problem := json_problem(record.value()):  # type: ignore[arg-type]  # prechecked: never None
@@ -99,7 +100,7 @@ class NotOneRowFinder:
                 summary = self._retrying(f"probe {len(part)} records in {probe_table}")(
                     self.client.raw_insert,
                     probe_table,
-                    insert_block=bodies.body(part),
+                    insert_block=frame(part, fmt),
                     fmt=self.section.input_format,
                     settings=settings,
                 )

@@ -30,9 +30,10 @@ from typing import Any
 from participant.bad_records import Letter
 from protocol import naming
 from protocol.chcodes import ErrorClass, classify
-from protocol.chunking import JSON_OBJECT_FORMATS, RecordLike
+from protocol.chunking import RecordLike
 from protocol.config.sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
+from protocol.framing import JSON_OBJECT_FORMATS
 from protocol.tables import replicated_ddl, schema_types
 
 log = logging.getLogger(__name__)

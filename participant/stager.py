@@ -12,8 +12,10 @@
    "add-columns"`` each becomes a column of the target, then of the stage table, before the
    insert (a failed ALTER fails the chunk, step 6); with ``unknown_fields = "dead-letter"`` the
    records carrying one are letters. Off (the default), the records are not read here at all.
-2. The rest go to ClickHouse in one ``raw_insert`` of the bytes as read (metadata columns
-   spliced in when the table has them), with ``insert_deduplication_token = chunk.token`` and
+2. The rest go to ClickHouse in one insert of the bytes as read, framed by their format
+   (``protocol.framing``): a ``raw_insert``, or, when the table has metadata columns, an
+   ``INSERT ... SELECT ... FROM input()`` in which ClickHouse fills them from the chunk's
+   coordinates (``MetadataInsert``); with ``insert_deduplication_token = chunk.token`` and
    ``protocol.insert_settings.CHUNK_INSERT_SETTINGS`` (deduplicated, synchronous, no row skipped
    or collapsed); retryable failures are retried with the same token, so a chunk is stored once
    however often it is sent. In JSON object formats, a record holding objects back to back is
@@ -73,10 +75,11 @@ from participant.schema_evolution import SchemaEvolution
 from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
-from protocol.chunking import METADATA_COLUMNS, BodyBuilder, Chunk, RecordLike
+from protocol.chunking import Chunk, RecordLike
 from protocol.config.parse import PipelineConfig
 from protocol.config.sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
+from protocol.framing import JSON_OBJECT_FORMATS, ROW_ORDER_SETTINGS, Column, MetadataInsert, check_format, frame
 from protocol.participant.events import ChunkStaged
 
 log = logging.getLogger(__name__)
@@ -115,7 +118,7 @@ class Stager:
         self.tally = tally or Tally()  # inserts, their time and retries, for the heartbeats' figures
         self.remembered = remembered if remembered is not None else Remembered()
         self._sleep = sleep
-        self._columns: dict[str, tuple[str, ...]] = {}
+        self._inserts: dict[str, tuple[frozenset[str], MetadataInsert | None]] = {}
         self._settings: dict[str, int] | None = None
         self._lock = threading.Lock()
         self.schema = SchemaEvolution(
@@ -135,27 +138,32 @@ class Stager:
 
     # ---- the table ------------------------------------------------------------------------
 
-    def metadata_columns(self, table: str) -> tuple[str, ...]:
-        """The metadata columns ``table`` has (read from ``system.columns`` once per table)."""
+    def metadata_insert(self, table: str) -> MetadataInsert | None:
+        """The insert that has ClickHouse fill ``table``'s metadata columns; None when it has none.
+        Read from ``system.columns`` once per table, and again when step 1.5 added columns to it."""
         with self._lock:
-            if table in self._columns:
-                return self._columns[table]
+            cached = self._inserts.get(table)
+        if cached is not None and (not self.schema.adds or cached[0] == frozenset(self.schema.columns(table))):
+            return cached[1]
         rows = self._retrying(f"read the columns of {self.section.database}.{table}")(
             self.client.query,
-            "SELECT name FROM system.columns WHERE database = %(db)s AND table = %(table)s",
+            "SELECT name, type, default_kind, default_expression FROM system.columns "
+            "WHERE database = %(db)s AND table = %(table)s ORDER BY position",
             parameters={"db": self.section.database, "table": table},
         ).result_rows
         if not rows:
             raise ClickHouseError(
                 f"table {self.section.database}.{table} does not exist (or has no columns)", code=UNKNOWN_TABLE
             )
-        names = {row[0] for row in rows}
-        present = tuple(c for c in METADATA_COLUMNS if c in names)
+        columns = [Column(*row) for row in rows]
+        check_format(self.section.input_format, [c.name for c in columns])
+        insert = MetadataInsert(self.section.database, table, columns, self.section.input_format)
+        shape = (frozenset(c.name for c in columns), insert if insert.metadata else None)
         with self._lock:
-            if len(self._columns) >= 16:
-                self._columns.pop(next(iter(self._columns)))
-            self._columns[table] = present
-        return present
+            if len(self._inserts) >= 16:
+                self._inserts.pop(next(iter(self._inserts)))
+            self._inserts[table] = shape
+        return shape[1]
 
     # ---- one chunk ------------------------------------------------------------------------
 
@@ -168,22 +176,17 @@ class Stager:
             "chunk_no": chunk.chunk_no,
         }
         try:
-            bodies = BodyBuilder(
-                topic=chunk.topic,
-                partition=chunk.partition,
-                input_format=self.section.input_format,
-                columns=self.metadata_columns(stage_table),
-            )
+            json_objects = self.section.input_format in JSON_OBJECT_FORMATS
             # Stager step 1: records that cannot be one row, and those remembered
             remembered = self.remembered.recall(chunk.topic, chunk.partition, chunk.first_offset, chunk.next_offset)
-            good, letters = precheck(chunk.records, json_objects=bodies.json_objects, remembered=remembered)
+            good, letters = precheck(chunk.records, json_objects=json_objects, remembered=remembered)
             if self.schema.scans:  # Stager step 1.5: fields the stage table lacks, by [schema]
                 good, unknown = self.schema.prepare(stage_table, good, chunk.txn)
                 letters += unknown
             try:
-                rows = self._insert_or_isolate(stage_table, chunk.token, good, bodies, letters)
+                rows = self._insert_or_isolate(stage_table, chunk, good, letters)
             except NotOneRow as exc:  # Stager step 5: records that are not one row, found after their insert
-                return ChunkStaged(**result, error=self._not_one_row.set_aside(stage_table, chunk, exc, bodies))
+                return ChunkStaged(**result, error=self._not_one_row.set_aside(stage_table, chunk, exc))
             letters.sort(key=lambda letter: letter.record.offset())
             if letters:
                 log.warning(
@@ -200,21 +203,31 @@ class Stager:
             log.error("cannot stage chunk %s into %s: %s", chunk.token, stage_table, exc, extra={"txn": chunk.txn})
             return ChunkStaged(**result, error=str(exc))
 
-    def _insert_or_isolate(
-        self, table: str, token: str, records: Sequence[RecordLike], bodies: BodyBuilder, letters: list[Letter]
-    ) -> int:
+    def _insert_or_isolate(self, table: str, chunk: Chunk, records: Sequence[RecordLike], letters: list[Letter]) -> int:
         if not records:
             return 0
-        body = bodies.body(records)
-        if bodies.json_objects and has_joins(body, len(records)):  # Stager step 2: objects back to back
+        fmt, token = self.section.input_format, chunk.token
+        json_objects = fmt in JSON_OBJECT_FORMATS
+        body = frame(records, fmt)
+        if json_objects and has_joins(body, len(records)):  # Stager step 2: objects back to back
             records, joined = split_joined(records)
             if joined:
                 letters += joined
                 if not records:
                     return 0
-                body = bodies.body(records)
+                body = frame(records, fmt)
+        metadata = self.metadata_insert(table)
+
+        def insert_as(part: Sequence[RecordLike], part_token: str, part_body: bytes, retry_memory: bool) -> int:
+            if metadata is None:
+                return self._insert(table, part, part_token, part_body, retry_memory=retry_memory)
+            statement, params = metadata.statement(chunk.topic, chunk.partition, part)
+            return self._insert(
+                table, part, part_token, part_body, retry_memory=retry_memory, select=(statement, params)
+            )
+
         try:
-            return self._insert(table, records, token, body)
+            return insert_as(records, token, body, True)
         except ClickHouseError as exc:
             if classify(exc.code) is not ErrorClass.DATA and not is_memory(exc.code):
                 raise
@@ -223,7 +236,7 @@ class Stager:
 
         def insert(part: Sequence[RecordLike], retry_memory: bool) -> int:
             sub = f"{token}/{part[0].offset()}-{part[-1].offset()}"
-            return self._insert(table, part, sub, bodies.body(part), retry_memory=retry_memory)
+            return insert_as(part, sub, frame(part, fmt), retry_memory)
 
         def malformed(record: RecordLike) -> bool:
             return json_problem(record.value()) is not None  # type: ignore[arg-type]  # prechecked: never None
@@ -233,7 +246,7 @@ class Stager:
             refused,
             insert,
             self._has_memory,
-            suspect=malformed if bodies.json_objects else None,
+            suspect=malformed if json_objects else None,
         )
         letters += self.schema.name_fields(table, refused_letters)
         return rows
@@ -246,18 +259,31 @@ class Stager:
         body: bytes,
         *,
         retry_memory: bool = True,
+        select: tuple[str, dict[str, object]] | None = None,
     ) -> int:
         """Stager step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
-        Without ``retry_memory``, a memory error is raised at once (stager step 3 splits the part instead)."""
-        settings = {**self._chunk_settings(), "insert_deduplication_token": token}
+        ``select`` is the ``MetadataInsert`` statement and its parameters, when the table has metadata
+        columns. Without ``retry_memory``, a memory error is raised at once (stager step 3 splits the
+        part instead)."""
+        settings: dict[str, object] = {**self._chunk_settings(), "insert_deduplication_token": token}
         policy = self._retrying(f"insert chunk {token} into {table}")
         if not retry_memory:
             policy = policy.copy(retry=tenacity.retry_if_exception(_retryable_but_memory))
         started = time.monotonic()
         try:
-            summary = policy(
-                self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
-            )
+            if select is None:
+                summary = policy(
+                    self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
+                )
+            else:
+                statement, params = select
+                summary = policy(
+                    self.client.command,
+                    statement,
+                    parameters=params,
+                    data=body,
+                    settings={**settings, **ROW_ORDER_SETTINGS},
+                )
         finally:
             self.tally.inserted(time.monotonic() - started)
         written = summary.written_rows

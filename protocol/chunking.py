@@ -10,10 +10,8 @@ Rules (the deduplication of retried inserts depends on them; see docs/architectu
    bytes are ``len(value)``; ``chunk_rows`` is fixed for the txn (its START may lower it, see
    ``protocol.coordinator.chunk_sizing``). Time never cuts a chunk, and neither do poll batch boundaries: a
    chunk depends only on the sequence of records read from the txn's start offset.
-3. A chunk body is the records' values joined with ``b"\\n"``, untouched, unless the target has
-   metadata columns (``_topic``, ``_partition``, ``_offset``): then, for JSONEachRow, they are
-   spliced into each object at the byte level (``{"_topic":"t","_partition":0,"_offset":7,`` +
-   the rest of the object); no JSON is parsed.
+3. A chunk body is its records' values, untouched, framed by their format; ClickHouse fills the
+   metadata columns (``protocol.framing``).
 
 Records are anything with confluent-kafka's ``Message`` accessors (``offset()``, ``key()``,
 ``value()``, ``topic()``, ``partition()``), so polled messages flow through without copies.
@@ -22,23 +20,17 @@ Records are anything with confluent-kafka's ``Message`` accessors (``offset()``,
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
 
 import msgspec
 
-from protocol.errors import SetupError
 from protocol.naming import chunk_token
 
-#: Target columns the participant fills itself, when the target has them.
-METADATA_COLUMNS = ("_topic", "_partition", "_offset")
-#: Input formats whose records are JSON objects (ClickHouse aliases of JSONEachRow included).
-JSON_OBJECT_FORMATS = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
-
 _WHITESPACE = b" \t\r\n"
-_OPEN, _QUOTE = ord("{"), ord('"')
+_OPEN = ord("{")
 
 
 class RecordLike(Protocol):
@@ -225,77 +217,3 @@ def _object_start(value: bytes) -> int:
         return 0
     stripped = value.lstrip(_WHITESPACE)
     return len(value) - len(stripped) if stripped[:1] == b"{" else -1
-
-
-class BodyBuilder:
-    """Builds insert bodies for one partition: plain joins, or metadata spliced into JSON objects.
-
-    Construct with the metadata columns the target has; ``input_format`` must be a JSON object
-    format when there are any (``check_format`` says so at start-up).
-    """
-
-    def __init__(self, *, topic: str, partition: int, input_format: str, columns: Collection[str] = ()) -> None:
-        check_format(input_format, columns)
-        present = [c for c in METADATA_COLUMNS if c in columns]
-        self.json_objects = input_format in JSON_OBJECT_FORMATS
-        self.with_offset = "_offset" in present
-        fields = []
-        if "_topic" in present:
-            fields.append(b'"_topic":' + msgspec.json.encode(topic))
-        if "_partition" in present:
-            fields.append(b'"_partition":%d' % partition)
-        head = b"{" + b",".join(fields)
-        if self.with_offset:
-            head += (b"," if fields else b"") + b'"_offset":'
-        self.splice = bool(present)
-        self._head = head
-
-    def body(self, records: Sequence[RecordLike]) -> bytes:
-        """The insert body of ``records`` (each must have passed ``record_problem``)."""
-        if not self.splice:
-            return b"\n".join([r.value() for r in records])  # type: ignore[misc]  # never None: record_problem
-        head = self._head.replace(b"%", b"%%")
-        lines: list[bytes] = []
-        append = lines.append
-        if self.with_offset:
-            fast = head + b"%d,%s"
-            for r in records:
-                v: bytes = r.value()  # type: ignore[assignment]  # never None: record_problem
-                if v[0] == _OPEN and v[1] == _QUOTE:  # '{"': a non-empty object, no leading blanks
-                    append(fast % (r.offset(), v[1:]))
-                else:
-                    append(self._splice_slowly(v, b"%d" % r.offset()))
-        else:
-            fast = head + b",%s"
-            for r in records:
-                v = r.value()  # type: ignore[assignment]  # never None: record_problem
-                if v[0] == _OPEN and v[1] == _QUOTE:
-                    append(fast % v[1:])
-                else:
-                    append(self._splice_slowly(v, b""))
-        return b"\n".join(lines)
-
-    def _splice_slowly(self, value: bytes, offset: bytes) -> bytes:
-        """Blanks around the brace, or an empty object (``{}`` takes no comma)."""
-        rest = value[_object_start(value) + 1 :]
-        empty = rest.lstrip(_WHITESPACE)[:1] == b"}"
-        return self._head + offset + (b"" if empty else b",") + rest
-
-
-def check_format(input_format: str, columns: Collection[str]) -> None:
-    """Refuse metadata columns with an input format the participant cannot splice into."""
-    if problem := format_problem(input_format, columns):
-        raise SetupError(problem)
-
-
-def format_problem(input_format: str, columns: Collection[str], table: str = "the target table") -> str:
-    """Why the participant cannot fill the metadata columns among ``columns`` of ``table`` from
-    records of ``input_format`` (and what to do); "" when it can."""
-    present = [c for c in METADATA_COLUMNS if c in columns]
-    if not present or input_format in JSON_OBJECT_FORMATS:
-        return ""
-    return (
-        f"{table} has metadata columns {', '.join(present)} but clickhouse.input_format is "
-        f"{input_format!r}: chtxn fills them only for JSONEachRow records; set clickhouse.input_format = "
-        '"JSONEachRow" or drop or rename those columns'
-    )

@@ -177,8 +177,14 @@ def make_pipeline(
 def _toml_section(name: str, fields: dict) -> str:
     lines = [f"[{name}]"]
     for key, value in fields.items():
-        lines.append(f"{key} = {json.dumps(value)}")
+        lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
 
 
 def control_messages(pipeline: Pipeline) -> list:

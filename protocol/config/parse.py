@@ -18,10 +18,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import msgspec
 
 from protocol import insert_settings, routing, secrets, topic_patterns
-from protocol.chunking import JSON_OBJECT_FORMATS
 from protocol.config import env as config_env, keys as config_keys
 from protocol.config.pipeline import PipelineConfig
 from protocol.errors import ConfigError
+from protocol.framing import JSON_OBJECT_FORMATS
 
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TOPIC = r"^[A-Za-z0-9._-]+$"

@@ -13,7 +13,6 @@ default. A window a table does not set itself is the server's default (``system.
 from __future__ import annotations
 
 from protocol.checks import Check
-from protocol.chunking import METADATA_COLUMNS
 from protocol.config.parse import PipelineConfig
 from protocol.doctor.facts import (
     ClickHouseFacts,
@@ -23,6 +22,7 @@ from protocol.doctor.facts import (
     replicated,
     setting_in,
 )
+from protocol.framing import METADATA_COLUMNS
 from protocol.ledger import rows as ledger
 from protocol.tables.target_rules import CheckName, Refusal, TargetFacts, refusals
 

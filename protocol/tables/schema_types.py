@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.chunking import METADATA_COLUMNS
+from protocol.framing import METADATA_COLUMNS
 
 
 class Kind(enum.Enum):

@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from protocol.chunking import METADATA_COLUMNS
 from protocol.coordinator.events import PartitionStats
+from protocol.framing import METADATA_COLUMNS
 from protocol.messages import TopicPartition
 from protocol.tables.replicated_ddl import base_engine
 

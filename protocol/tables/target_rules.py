@@ -24,8 +24,8 @@ from typing import Literal
 
 import msgspec
 
-from protocol.chunking import format_problem
 from protocol.config.parse import PipelineConfig
+from protocol.framing import format_problem
 from protocol.tables.replicated_ddl import distributed_local_table
 from protocol.tables.shape import deduplicates
 

@@ -18,8 +18,8 @@ from participant.bad_records import (
     split_joined,
 )
 from participant.bisection import TOO_BIG_FOR_MEMORY, Refused, isolate, isolate_refused
-from protocol.chunking import BodyBuilder
 from protocol.errors import ClickHouseError
+from protocol.framing import frame
 from tests.records import Rec
 
 TWO_OBJECTS = [
@@ -77,15 +77,13 @@ def test_blanks_around_an_object_are_fine() -> None:
     assert list(kept) == records and letters == []
 
 
-@pytest.mark.parametrize("columns", [(), ("_topic", "_partition", "_offset")])
-def test_objects_back_to_back_are_found_by_one_scan_and_set_aside(columns: tuple[str, ...]) -> None:
+def test_objects_back_to_back_are_found_by_one_scan_and_set_aside() -> None:
     records = [good(0)] + [Rec("src", 0, i + 1, v) for i, v in enumerate(TWO_OBJECTS)] + [good(9)]
-    bodies = BodyBuilder(topic="src", partition=0, input_format="JSONEachRow", columns=columns)
     clean = [good(0), good(9), Rec("src", 0, 10, b'{"a": {"b": {"c": 1}}}')]
-    assert not has_joins(bodies.body(clean), len(clean)), "nested objects are not joins"
-    assert has_joins(bodies.body(records), len(records))
+    assert not has_joins(frame(clean, "JSONEachRow"), len(clean)), "nested objects are not joins"
+    assert has_joins(frame(records, "JSONEachRow"), len(records))
     for bad in TWO_OBJECTS:  # each alone is enough
-        assert has_joins(bodies.body([good(0), Rec("src", 0, 1, bad), good(2)]), 3), bad
+        assert has_joins(frame([good(0), Rec("src", 0, 1, bad), good(2)], "JSONEachRow"), 3), bad
     kept, letters = split_joined(records)
     assert [r.offset() for r in kept] == [0, 9]
     assert [letter.record.offset() for letter in letters] == [1, 2, 3, 4, 5]
@@ -94,7 +92,7 @@ def test_objects_back_to_back_are_found_by_one_scan_and_set_aside(columns: tuple
 
 def test_a_join_inside_a_string_is_a_false_alarm_never_a_letter() -> None:
     records = [good(0), Rec("src", 0, 1, b'{"note": "}{ is not a join"}')]
-    body = BodyBuilder(topic="src", partition=0, input_format="JSONEachRow").body(records)
+    body = frame(records, "JSONEachRow")
     assert has_joins(body, 2)
     assert split_joined(records) == (records, [])
 

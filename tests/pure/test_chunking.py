@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
-from protocol.chunking import BodyBuilder, ChunkBuilder, check_format, json_problem, record_problem
-from protocol.errors import SetupError
+from protocol.chunking import ChunkBuilder, json_problem, record_problem
 from tests.records import Rec
 
 
@@ -130,63 +128,6 @@ def test_flush_of_an_empty_chunk_is_none():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         builder(rows=0)
-
-
-def splice(values: list[bytes], columns=("_topic", "_partition", "_offset"), fmt="JSONEachRow") -> list[dict]:
-    body = BodyBuilder(topic="src.a", partition=3, input_format=fmt, columns=columns).body(
-        [Rec("src.a", 3, 100 + i, v) for i, v in enumerate(values)]
-    )
-    decoder, text, out, at = json.JSONDecoder(), body.decode(), [], 0
-    while text[at:].strip():
-        obj, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
-        out.append(obj)
-    return out
-
-
-def test_splice_prepends_metadata_without_parsing():
-    body = BodyBuilder(
-        topic="src.a", partition=3, input_format="JSONEachRow", columns=("_topic", "_partition", "_offset", "x")
-    ).body([Rec("src.a", 3, 7, b'{"x":1}'), Rec("src.a", 3, 9, b'{"x":2}')])
-    assert (
-        body
-        == b'{"_topic":"src.a","_partition":3,"_offset":7,"x":1}\n{"_topic":"src.a","_partition":3,"_offset":9,"x":2}'
-    )
-
-
-def test_splice_handles_empty_objects_whitespace_and_nested_values():
-    assert splice([b"{}", b'  {"a": [1, {"b": 2}]}', b"{ }", b'{\n"c":"}"}']) == [
-        {"_topic": "src.a", "_partition": 3, "_offset": 100},
-        {"_topic": "src.a", "_partition": 3, "_offset": 101, "a": [1, {"b": 2}]},
-        {"_topic": "src.a", "_partition": 3, "_offset": 102},
-        {"_topic": "src.a", "_partition": 3, "_offset": 103, "c": "}"},
-    ]
-
-
-@pytest.mark.parametrize(
-    "columns, expected",
-    [
-        (("_offset",), {"_offset": 100, "v": 1}),
-        (("_topic",), {"_topic": "src.a", "v": 1}),
-        (("_partition", "_offset"), {"_partition": 3, "_offset": 100, "v": 1}),
-        (("_topic", "_partition"), {"_topic": "src.a", "_partition": 3, "v": 1}),
-    ],
-)
-def test_splice_fills_only_the_columns_the_target_has(columns, expected):
-    assert splice([b'{"v":1}'], columns=columns) == [expected]
-
-
-def test_without_metadata_columns_the_body_is_the_values_joined():
-    body = BodyBuilder(topic="t", partition=0, input_format="CSV").body(
-        [Rec("t", 0, 0, b"1,a"), Rec("t", 0, 1, b"2,b")]
-    )
-    assert body == b"1,a\n2,b"
-
-
-def test_metadata_columns_with_a_non_json_format_fail_clearly():
-    with pytest.raises(SetupError, match=r"input_format is 'CSV'.*JSONEachRow"):
-        check_format("CSV", ["x", "_offset"])
-    check_format("CSV", ["x"])
-    check_format("NDJSON", ["_offset"])
 
 
 def test_cheap_record_checks():

@@ -20,6 +20,7 @@ from protocol.doctor.facts import (
     version_tuple,
 )
 from protocol.doctor.rules import evaluate, failed
+from protocol.framing import RECORD_FORMATS
 from protocol.tables.target_rules import ViewTable
 
 #: Every setting the rules look at, as a 26.x server's profile shows it.
@@ -283,13 +284,14 @@ def test_views_fail_with_move_and_pass_with_insert_select_into_a_deduplicating_t
 
 
 def test_metadata_columns_the_participants_cannot_fill_fail_with_their_advice() -> None:
-    check = checks(config(clickhouse={"input_format": "CSV"}))["metadata columns"]
-    assert (check.status, check.found) == ("fail", "_topic, _partition, _offset with clickhouse.input_format = CSV")
+    check = checks(config(clickhouse={"input_format": "Parquet"}))["metadata columns"]
+    assert (check.status, check.found) == ("fail", "_topic, _partition, _offset with clickhouse.input_format = Parquet")
     assert check.fix == (
         "target table db.events has metadata columns _topic, _partition, _offset but clickhouse.input_format is "
-        "'CSV': chtxn fills them only for JSONEachRow records; set clickhouse.input_format = \"JSONEachRow\" or drop "
-        "or rename those columns"
+        "'Parquet', which chtxn does not load one record per row: set clickhouse.input_format to one of "
+        f"{', '.join(sorted(RECORD_FORMATS))}, or drop or rename those columns"
     )
+    assert checks(config(clickhouse={"input_format": "CSV"}))["metadata columns"].status == "ok"
 
 
 @pytest.mark.parametrize(
