@@ -128,6 +128,7 @@ DATA: dict[int, str] = {
     395: "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",  # a throwIf in a DEFAULT or MATERIALIZED expression
     407: "DECIMAL_OVERFLOW",
     441: "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+    444: "UNKNOWN_PROTOBUF_FORMAT",  # a Protobuf record that is not a message of the schema
     467: "CANNOT_PARSE_BOOL",
     469: "VIOLATED_CONSTRAINT",
     563: "CANNOT_READ_MAP_FROM_TEXT",

@@ -87,10 +87,12 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         description="Never logged and never shown in `repr`. Prefer `CHTXN_CLICKHOUSE_PASSWORD`.")] = ""
     target_table: Annotated[str, Meta(description=(
         "Required. A MergeTree-family table in `database`. Optional columns `_topic`, `_partition`, `_offset` are "
-        "filled by the participants and enable the row-level checks."))] = ""
+        "filled by ClickHouse from each record's coordinates and enable the row-level checks."))] = ""
     input_format: Annotated[str, Meta(description=(
-        "ClickHouse input format of the record values, which go to ClickHouse untouched. The metadata columns can be "
-        "filled only with JSONEachRow (or its aliases)."))] = "JSONEachRow"
+        "ClickHouse input format of the record values, which go to ClickHouse untouched, one record per row. With "
+        "metadata columns: JSONEachRow (and its aliases), CSV, TSV, the JSONCompact kinds, RowBinary, AvroConfluent "
+        "(set `format_avro_schema_registry_url` in `insert_settings`) or Protobuf (records unframed, one message "
+        "each; set `format_schema`)."))] = "JSONEachRow"
     insert_settings: Annotated[dict[str, str | int | float | bool], Meta(description=(
         "Extra ClickHouse settings for every request. Settings that would skip, invent or merge rows, or turn off "
         "synchronous deduplicated inserts, are refused (`input_format_allow_errors_*`, header detection and skipped "

@@ -376,9 +376,9 @@ def test_reading_waits_while_one_chunk_per_partition_read_is_inserted(pipeline, 
 
 def test_a_target_the_participant_cannot_fill_is_refused_at_start(pipeline):
     cfg = pipeline.cfg
-    csv = msgspec.structs.replace(cfg, clickhouse=msgspec.structs.replace(cfg.clickhouse, input_format="CSV"))
-    with pytest.raises(SetupError, match=r"metadata columns .*input_format is 'CSV'"):
-        TaskRunner(csv, pipeline.partitions).run()
+    parquet = msgspec.structs.replace(cfg, clickhouse=msgspec.structs.replace(cfg.clickhouse, input_format="Parquet"))
+    with pytest.raises(SetupError, match=r"metadata columns .*input_format is 'Parquet', which chtxn does not load"):
+        TaskRunner(parquet, pipeline.partitions).run()
     missing = msgspec.structs.replace(cfg, clickhouse=msgspec.structs.replace(cfg.clickhouse, target_table="nope"))
     with pytest.raises(SetupError, match=r"target table .*\.nope does not exist"):
         TaskRunner(missing, pipeline.partitions).run()

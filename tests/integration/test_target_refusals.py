@@ -24,7 +24,7 @@ METADATA_MERGE_TREE = (
 #: (target DDL, pipeline settings, the doctor's row it fails): shapes the coordinator refuses.
 REFUSED = {
     "memory-engine": (MEMORY, {}, "target table"),
-    "metadata-columns-with-csv": (METADATA_MERGE_TREE, {"clickhouse.input_format": "CSV"}, "metadata columns"),
+    "metadata-columns-with-parquet": (METADATA_MERGE_TREE, {"clickhouse.input_format": "Parquet"}, "metadata columns"),
 }
 
 
