@@ -6,7 +6,9 @@ Rules (the deduplication of retried inserts depends on them; see docs/architectu
    ``naming.chunk_token(pipeline, txn, topic, partition, n, first, next)`` (its offset range binds
    the token to its content).
 2. A chunk ends after ``chunk_rows`` records, or before the record that would take its payload
-   past ``chunk_bytes`` (a record larger than ``chunk_bytes`` forms a chunk of its own). Payload
+   past ``chunk_bytes`` (a record larger than ``chunk_bytes`` forms a chunk of its own), or before
+   the record that would start its ``MAX_RUNS + 1``-th run of consecutive offsets (the runs travel
+   as query parameters of its insert: ``protocol.framing``). Payload
    bytes are ``len(value)``; ``chunk_rows`` is fixed for the txn (its START may lower it, see
    ``protocol.coordinator.chunk_sizing``). Time never cuts a chunk, and neither do poll batch boundaries: a
    chunk depends only on the sequence of records read from the txn's start offset.
@@ -28,6 +30,9 @@ from typing import Protocol
 import msgspec
 
 from protocol.naming import chunk_token
+
+#: Runs of consecutive offsets a chunk may hold (rule 2): a URL's worth of query parameters.
+MAX_RUNS = 1_000
 
 _WHITESPACE = b" \t\r\n"
 _OPEN = ord("{")
@@ -95,6 +100,7 @@ class ChunkBuilder:
         self._open: list[RecordLike] = []
         self._open_bytes = 0
         self._open_first = start_offset
+        self._open_runs = 0
 
     def add(self, records: Sequence[RecordLike], lo: int = 0, hi: int | None = None) -> list[Chunk]:
         """Take ``records[lo:hi]`` (all of this builder's partition, in offset order as Kafka
@@ -102,8 +108,11 @@ class ChunkBuilder:
         hi = len(records) if hi is None else hi
         if lo >= hi:
             return []
-        if records[lo].offset() < self.next_offset:  # a stale delivery: sort it out record by record
+        first = records[lo].offset()
+        if first < self.next_offset:  # a stale delivery: sort it out record by record
             return self._add_each(records, lo, hi)
+        if records[hi - 1].offset() - first != hi - lo - 1 or (self._open and first != self._open[-1].offset() + 1):
+            return self._add_each(records, lo, hi)  # gaps between offsets: count the runs record by record
         taken = records[lo:hi]
         try:  # ends[k]: payload bytes of taken[:k]
             ends = list(accumulate(map(len, [r.value() for r in taken]), initial=0))  # type: ignore[arg-type]  # len(None): below
@@ -120,6 +129,7 @@ class ChunkBuilder:
             if fit > i:
                 if not self._open:
                     self._open_first = taken[i].offset()
+                    self._open_runs = 1
                 self._open.extend(taken[i:fit])
                 self._open_bytes += ends[fit] - ends[i]
                 self.next_offset = taken[fit - 1].offset() + 1
@@ -141,11 +151,14 @@ class ChunkBuilder:
                 continue
             value = record.value()
             size = len(value) if value is not None else 0
-            if open_ and self._open_bytes + size > bytes_cap:
+            new_run = not open_ or offset != open_[-1].offset() + 1
+            if open_ and (self._open_bytes + size > bytes_cap or (new_run and self._open_runs >= MAX_RUNS)):
                 closed.append(self._cut())
                 open_ = self._open
             if not open_:
                 self._open_first = offset
+                new_run = True
+            self._open_runs += new_run
             open_.append(record)
             self._open_bytes += size
             self.next_offset = offset + 1
@@ -184,6 +197,7 @@ class ChunkBuilder:
         self.chunks_cut += 1
         self._open = []
         self._open_bytes = 0
+        self._open_runs = 0
         return chunk
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from protocol.chunking import ChunkBuilder, json_problem, record_problem
+from protocol.chunking import MAX_RUNS, ChunkBuilder, json_problem, record_problem
 from tests.records import Rec
 
 
@@ -144,3 +144,25 @@ def test_json_pre_check():
     assert json_problem(b'{"a":1}') is None
     assert json_problem(b'{"a":').startswith("malformed JSON")
     assert json_problem(b"[1]") == "not a JSON object but a list"
+
+
+def test_a_chunk_ends_before_its_max_runs_plus_first_run_of_consecutive_offsets():
+    every_other = list(range(0, 2 * MAX_RUNS + 10, 2))  # each record a run of its own
+    b = builder(rows=10 * MAX_RUNS, nbytes=1 << 30)
+    closed = b.add(records(every_other))
+    assert [c.rows for c in closed] == [MAX_RUNS]
+    assert closed[0].next_offset == every_other[MAX_RUNS - 1] + 1
+    rest = b.flush()
+    assert rest is not None and rest.first_offset == every_other[MAX_RUNS] and rest.rows == 5
+
+
+def test_runs_are_counted_across_poll_batches_and_the_same_records_cut_the_same_chunks():
+    offsets = [o for o in range(4 * MAX_RUNS) if o % 3 != 2]  # runs of two
+    whole, batched = builder(rows=10 * MAX_RUNS, nbytes=1 << 30), builder(rows=10 * MAX_RUNS, nbytes=1 << 30)
+    cut_whole = whole.add(records(offsets)) + [whole.flush()]
+    cut_batched = [c for i in range(0, len(offsets), 7) for c in batched.add(records(offsets[i : i + 7]))]
+    cut_batched.append(batched.flush())
+    assert [(c.first_offset, c.next_offset, c.rows) for c in cut_whole] == [
+        (c.first_offset, c.next_offset, c.rows) for c in cut_batched
+    ]
+    assert cut_whole[0].rows == 2 * MAX_RUNS
