@@ -159,7 +159,7 @@ def test_a_chunk_ends_before_its_max_runs_plus_first_run_of_consecutive_offsets(
 def test_runs_are_counted_across_poll_batches_and_the_same_records_cut_the_same_chunks():
     offsets = [o for o in range(4 * MAX_RUNS) if o % 3 != 2]  # runs of two
     whole, batched = builder(rows=10 * MAX_RUNS, nbytes=1 << 30), builder(rows=10 * MAX_RUNS, nbytes=1 << 30)
-    cut_whole = whole.add(records(offsets)) + [whole.flush()]
+    cut_whole = [*whole.add(records(offsets)), whole.flush()]
     cut_batched = [c for i in range(0, len(offsets), 7) for c in batched.add(records(offsets[i : i + 7]))]
     cut_batched.append(batched.flush())
     assert [(c.first_offset, c.next_offset, c.rows) for c in cut_whole] == [
