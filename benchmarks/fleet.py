@@ -10,8 +10,8 @@ stages what it holds of the txn and sends one WRITE-STATUS per partition.
 - Busy (``read_data=True``): one consumer reads every partition continuously, as the tasks'
   data consumers would. At END each task inserts the records it read from each partition's START
   offset on (the ``_topic/_partition/_offset`` splice of the participant) into the stage table,
-  as one ``JSONEachRow`` insert per task, then reports. Real tasks insert a chunk per partition,
-  most of it during the txn; the coordinator sees the same messages either way.
+  one ``JSONEachRow`` insert per task and stage table (``per_partition``: per partition, as real
+  tasks' chunks), then reports. Real tasks insert most of it during the txn; same messages.
 
 It is test code for measuring the coordinator, not a participant: no pausing, no retries, no
 dead letters, no consumer-group commits. Its CPU is the benchmark driver's, never the
@@ -93,8 +93,10 @@ def tasks_of(partitions: list[TopicPartition], tasks: int) -> list[list[TopicPar
 class Fleet:
     """``with Fleet(cfg, groups, read_data=...)``: the tasks run until the block ends."""
 
-    def __init__(self, cfg: PipelineConfig, groups: list[list[TopicPartition]], *, read_data: bool) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, cfg: PipelineConfig, groups: list[list[TopicPartition]], *, read_data: bool, per_partition: bool = False
+    ) -> None:
+        self.cfg, self.per_partition = cfg, per_partition
         self.groups = groups
         self.senders = [f"bench-task-{i:03d}" for i in range(len(groups))]
         self.read_data = read_data
@@ -260,8 +262,9 @@ class Fleet:
     def _stage(
         self, start: StartCommit, sender: str, group: list[TopicPartition], offsets: dict[TopicPartition, int]
     ) -> None:
-        """One task at END: its partitions' records from START on, as one insert; then WRITE-STATUSes."""
-        lines: dict[str, list[bytes]] = {}  # by stage table: a txn across tables has one per table
+        """One task at END: its partitions' records from START on, one insert per stage table (per partition
+        too with ``per_partition``), as many at once as a task's pool; then WRITE-STATUSes."""
+        lines: dict[tuple[str, str], list[bytes]] = {}
         ends: dict[TopicPartition, int] = {}
         with self._lock:
             for tp in group:
@@ -275,20 +278,23 @@ class Fleet:
                 values = read.values[begin - read.base :]
                 ends[tp] = begin + len(values)
                 prefix = b'{"_topic":"%s","_partition":%d,"_offset":' % (tp.topic.encode(), tp.partition)
-                lines.setdefault(start.stage_table_of(tp.topic), []).extend(
-                    prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values)
-                )
+                key = (start.stage_table_of(tp.topic), f"/{tp.topic}:{tp.partition}" if self.per_partition else "")
+                lines.setdefault(key, []).extend(prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values))
         ends_key = ",".join(f"{tp.topic}:{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
         token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, 0)
 
-        def insert(stage_table: str, body: list[bytes]) -> str:
-            """One stage table's insert; the error, "" when none."""
+        def insert(key: tuple[str, str], body: list[bytes]) -> str:
+            """One stage table's insert (of one partition with ``per_partition``); the error, "" when none."""
+            stage_table, suffix = key
             try:
                 self._client().raw_insert(
                     stage_table,
                     insert_block=b"\n".join(body),
                     fmt="JSONEachRow",
-                    settings={"insert_deduplication_token": f"{token}/{stage_table}/{ends_key}", "async_insert": 0},
+                    settings={
+                        "insert_deduplication_token": f"{token}/{stage_table}/{ends_key}{suffix}",
+                        "async_insert": 0,
+                    },
                 )
             except Exception as exc:  # e.g. the stage table of an aborted txn: report, as a participant does
                 with self._lock:
@@ -299,8 +305,7 @@ class Fleet:
                 self.counts.rows_staged += len(body)
             return ""
 
-        # one insert per stage table (a txn across tables has one per table), as many at once as a task's pool
-        bodies = [(table, body) for table, body in lines.items() if body]
+        bodies = [(key, body) for key, body in lines.items() if body]
         if len(bodies) == 1:
             found = [insert(*bodies[0])]
         else:

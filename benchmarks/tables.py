@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the control: the same N topics, all routed to one table (what the partitions cost, without the tables)",
     )
+    parser.add_argument(
+        "--per-partition",
+        action="store_true",
+        help="the fleet inserts each partition's records on their own, as a participant's chunks are "
+        "(default: one insert per task and table)",
+    )
     parser.add_argument("--dir", default=".chtxn/bench-tables", help="working directory (wiped at start)")
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")
     args = parser.parse_args(argv)
@@ -104,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
         "git": git_state(),
         "settings": {
-            k: getattr(args, k) for k in ("tables", "tasks", "rate", "window", "warmup", "interval", "one_table")
+            k: getattr(args, k)
+            for k in ("tables", "tasks", "rate", "window", "warmup", "interval", "one_table", "per_partition")
         },
         "machine": {
             "cores": os.cpu_count(),
@@ -154,7 +161,7 @@ def run_one(stack: EmbeddedStack, work: Path, args: argparse.Namespace, n: int) 
                 start_new_session=True,
             )
         )
-        with Fleet(cfg, groups, read_data=True) as fleet:
+        with Fleet(cfg, groups, read_data=True, per_partition=args.per_partition) as fleet:
             outputs.append(open(logs / f"{name}-coordinator.log", "w"))  # noqa: SIM115 -- closed below
             coordinator = subprocess.Popen(
                 [sys.executable, "-m", "cli", "coordinator", "--config", str(work / f"{name}.toml")],
