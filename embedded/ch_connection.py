@@ -55,6 +55,15 @@ def latin1(text: str) -> bytes:
     return text.encode("latin-1")
 
 
+def _message(ex: Exception) -> str:
+    """The engine's error message. chDB raises ``UnicodeDecodeError`` instead of its error when the
+    message quotes bytes of the data that are not UTF-8 (a parse error's excerpt of a record): the
+    message is then the bytes it could not decode."""
+    if isinstance(ex, UnicodeDecodeError) and isinstance(ex.object, bytes):
+        return ex.object.decode("utf-8", errors="replace")
+    return str(ex)
+
+
 class EngineConnection:
     """A chDB connection to ``path``. Not thread-safe: one statement at a time.
 
@@ -112,7 +121,7 @@ class EngineConnection:
         try:
             return ResultStream(self._conn.send_query(sql, fmt, params=dict(params) if params else None))  # type: ignore[arg-type]  # chDB takes bytes too; its hints say str
         except Exception as ex:
-            raise from_engine_message(str(ex)) from None
+            raise from_engine_message(_message(ex)) from None
 
     def insert(
         self,
@@ -129,7 +138,7 @@ class EngineConnection:
         try:
             inserter = self._conn.send_insert(statement, input_format)  # type: ignore[arg-type]  # bytes, as in ``stream``
         except Exception as ex:
-            raise from_engine_message(str(ex)) from None
+            raise from_engine_message(_message(ex)) from None
         try:
             if len(data):
                 inserter.append(bytes(data))
@@ -137,7 +146,7 @@ class EngineConnection:
         except Exception as ex:
             with suppress(Exception):
                 inserter.cancel()
-            raise from_engine_message(str(ex)) from None
+            raise from_engine_message(_message(ex)) from None
         return Outcome(
             result_rows=res.rows_written,
             written_rows=res.rows_written,
@@ -215,7 +224,7 @@ class EngineConnection:
         try:
             return self._conn.query(sql, fmt, params=dict(params) if params else None)  # type: ignore[arg-type]  # bytes, as in ``stream``
         except Exception as ex:
-            raise from_engine_message(str(ex)) from None
+            raise from_engine_message(_message(ex)) from None
 
 
 class ResultStream:
@@ -237,7 +246,7 @@ class ResultStream:
                 res = self._stream.fetch()
             except Exception as ex:
                 self._done = True
-                raise from_engine_message(str(ex)) from None
+                raise from_engine_message(_message(ex)) from None
             if res is None:
                 self._done = True
                 return

@@ -220,6 +220,7 @@ def before_after_region(prefix: str, results: Path) -> str:
                 f"`{str(doc['git']['commit'])[:7]}`",
                 num(doc["settings"]["events"]),
                 med("ratio_vs_plain"),
+                f"{num(cpu)} / {num(plain)}",
                 f"{cpu / plain:.2f}x" if cpu and plain else "-",
                 f"{med('paced_commit_p50_ms')} / {med('paced_commit_p95_ms')}",
                 f"{med('freshness_p50_ms')} / {med('freshness_p99_ms')}",
@@ -228,7 +229,7 @@ def before_after_region(prefix: str, results: Path) -> str:
             )
         )
     header = cols(
-        "side|commit|events|ratio vs plain|CPU/100k rows chtxn ÷ plain|paced END→commit p50/p95 ms|paced freshness p50/p99 ms|backlog END→commit p50 ms|aborts"
+        "side|commit|events|ratio vs plain|CPU s/100k rows chtxn / plain|CPU/100k rows chtxn ÷ plain|paced END→commit p50/p95 ms|paced freshness p50/p99 ms|backlog END→commit p50 ms|aborts"
     )
     return source(ordered) + "\n\n" + table(header, rows)
 
@@ -240,6 +241,7 @@ REGIONS: dict[str, Callable[[Path], str]] = {
     "commit-point": commit_point_region,
     "refactor": functools.partial(before_after_region, "refactor"),
     "packages": functools.partial(before_after_region, "packages"),
+    "metadata": functools.partial(before_after_region, "metadata"),
 }
 
 

@@ -303,3 +303,17 @@ def test_authentication_accepted_and_refused(tmp_path: Path) -> None:
         bad = basic.http.request("POST", f"http://127.0.0.1:{p}/?user=ingest&password=nope", body=b"SELECT 3")
         assert (bad.status, bad.headers["X-ClickHouse-Exception-Code"]) == (403, "516")
         assert basic.http.request("GET", f"http://127.0.0.1:{p}/ping").data == b"Ok.\n"
+
+
+def test_an_insert_from_input_numbers_rows_and_a_parse_error_quoting_non_utf8_bytes_keeps_its_code(client) -> None:
+    make_table(client, "from_input")
+    client.command(
+        "INSERT INTO from_input (id, s) SELECT id, concat(s, '!') FROM input('id UInt64, s String') FORMAT CSV",
+        data=b"1,a\n2,b\n",
+    )
+    assert client.query("SELECT id, s FROM from_input ORDER BY id").result_rows == [(1, "a!"), (2, "b!")]
+    with pytest.raises(DatabaseError, match=r"(?s)Code: 117\..*\(INCORRECT_DATA\)"):
+        client.command(
+            "INSERT INTO from_input (id, s) SELECT id, s FROM input('id UInt64, s String') FORMAT JSONEachRow",
+            data=b'{"id": 3, "s": \xe9\xe9}',
+        )
