@@ -9,7 +9,7 @@ stages what it holds of the txn and sends one WRITE-STATUS per partition.
 - Idle: nothing is produced, so nothing is staged: a WRITE-STATUS of 0 rows at once.
 - Busy (``read_data=True``): one consumer reads every partition continuously, as the tasks'
   data consumers would. At END each task inserts the records it read from each partition's START
-  offset on (the ``_topic/_partition/_offset`` splice of the participant) into the stage table,
+  offset on (with ``_topic/_partition/_offset`` spliced in by the fleet: only the coordinator is measured) into the stage table,
   one ``JSONEachRow`` insert per task and stage table (``per_partition``: per partition, as real
   tasks' chunks), then reports. Real tasks insert most of it during the txn; same messages.
 

@@ -5,8 +5,8 @@
 Steps, all on one fresh ``EmbeddedStack`` (stopped at the end, with every process started here):
 
 1. produce ``--events`` of the demo's JSON events into a topic of ``--partitions`` partitions;
-2. raw ceilings (skip with ``--no-ceilings``): consume only, and insert only (the same spliced
-   JSONEachRow bodies, built before the clock starts);
+2. raw ceilings (skip with ``--no-ceilings``): consume only, and insert only (the plain loop's
+   bodies and statements, built before the clock starts);
 3. (a) the plain loop: consume, ``raw_insert`` batches of ``--chunk-rows``, commit offsets;
 4. (b) the chtxn pipeline (coordinator + ``chtxn participant``), figures from the ledger.
 

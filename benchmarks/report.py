@@ -26,7 +26,7 @@ def results(outcomes: list[Outcome], figures: PipelineFigures, title: str) -> Ta
         table.add_column(column, justify="left" if column == "run" else "right")
     names = {
         "consume": "(c) consume only (confluent-kafka)",
-        "insert": "(c) insert only (JSONEachRow, spliced)",
+        "insert": "(c) insert only (JSONEachRow, metadata by ClickHouse)",
         "loop": "(a) plain at-least-once loop",
     }
     base = next((o.rows_per_s for o in outcomes if o.mode == "loop"), 0.0)

@@ -1,4 +1,4 @@
-"""Chunking and token rules: the same offsets always give the same chunks; metadata splice."""
+"""Chunking and token rules: the same offsets always give the same chunks; cheap record checks."""
 
 from __future__ import annotations
 
