@@ -22,6 +22,7 @@ import struct
 from dataclasses import dataclass
 
 from embedded.ch_errors import NOT_IMPLEMENTED, EngineError
+from protocol.framing import varint
 
 #: The setting that makes chDB write full types (binary-encoded) into Native output.
 BINARY_TYPES_SETTING = "output_format_native_encode_types_in_binary_format"
@@ -124,7 +125,7 @@ def reframe(native: bytes, revision: int, keep_binary_types: bool = False) -> by
                 if revision < _WITH_TIME_ZONE_IN_DATETIME and name.startswith("DateTime("):
                     name = "DateTime"
                 encoded = name.encode()
-                out += _varuint(len(encoded)) + encoded
+                out += varint(len(encoded)) + encoded
             if revision >= _WITH_CUSTOM_SERIALIZATION:
                 out.append(0)
             start = reader.pos
@@ -177,15 +178,6 @@ class _Reader:
         size = self.varuint()
         self.skip(size)
         return self.data[self.pos - size : self.pos].decode()
-
-
-def _varuint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _quote(text: str) -> str:

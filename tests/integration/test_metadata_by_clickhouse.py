@@ -16,7 +16,7 @@ from participant.stager import Stager
 from protocol import naming
 from protocol.chunking import ChunkBuilder
 from tests.helpers import unique_name
-from tests.pipelines import make_pipeline
+from tests.pipelines import Pipeline, make_pipeline
 from tests.records import Rec
 
 TARGET_DDL = (
@@ -41,12 +41,7 @@ def test_a_million_rows_each_get_the_offset_of_their_record_under_parallel_parsi
         settings={"clickhouse.insert_settings": PARALLEL_PARSING},
     )
     cfg, client = pipeline.cfg, pipeline.client()
-    table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, "e1_t1")
-    StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name).create(
-        table
-    )
-    sink = DeadLetterSink(client, database=cfg.clickhouse.database, pipeline=cfg.name)
-    stager = Stager(client=client, section=cfg.clickhouse, attempts=3, dead_letters=sink)
+    table, stager = stage_table_and_stager(pipeline)
     # Half the records at consecutive offsets, half with a gap after every 997th (the runs path);
     # payloads of uneven length, so that segments end anywhere in a record; every 7th omits country.
     offsets = list(range(RECORDS // 2)) + [RECORDS + i + i // 997 for i in range(RECORDS // 2)]
@@ -59,16 +54,7 @@ def test_a_million_rows_each_get_the_offset_of_their_record_under_parallel_parsi
         )
         for o in offsets
     ]
-    builder = ChunkBuilder(
-        pipeline=cfg.name,
-        txn="e1_t1",
-        topic=pipeline.topic,
-        partition=1,
-        start_offset=0,
-        chunk_rows=RECORDS // 2,
-        chunk_bytes=1 << 30,
-    )
-    chunks = builder.add(records)
+    chunks = chunk_builder(pipeline, 1, 0, RECORDS // 2).add(records)
     assert [c.rows for c in chunks] == [RECORDS // 2, RECORDS // 2]
 
     for chunk in chunks:
@@ -90,21 +76,9 @@ def test_a_million_rows_each_get_the_offset_of_their_record_under_parallel_parsi
 def test_a_chunk_sent_again_is_stored_once(stack, tmp_path) -> None:
     pipeline = make_pipeline(stack, tmp_path, unique_name("rowdedup"), target_ddl=TARGET_DDL)
     cfg, client = pipeline.cfg, pipeline.client()
-    table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, "e1_t1")
-    StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name).create(
-        table
-    )
-    stager = Stager(client=client, section=cfg.clickhouse, attempts=3, dead_letters=None)
+    table, stager = stage_table_and_stager(pipeline)
     values = [json.dumps({"n": o, "pad": ""}).encode() for o in range(10, 20)]
-    builder = ChunkBuilder(
-        pipeline=cfg.name,
-        txn="e1_t1",
-        topic=pipeline.topic,
-        partition=0,
-        start_offset=10,
-        chunk_rows=100,
-        chunk_bytes=1 << 20,
-    )
+    builder = chunk_builder(pipeline, 0, 10, 100)
     builder.add([Rec(pipeline.topic, 0, 10 + i, v) for i, v in enumerate(values)])
     chunk = builder.flush()
     assert chunk is not None
@@ -114,3 +88,27 @@ def test_a_chunk_sent_again_is_stored_once(stack, tmp_path) -> None:
         f"SELECT count(), countIf(_offset != n) FROM `{cfg.clickhouse.database}`.`{table}`"
     ).result_rows
     assert (rows, wrong) == (10, 0)
+
+
+def stage_table_and_stager(pipeline: Pipeline) -> tuple[str, Stager]:
+    """Txn ``e1_t1``'s stage table, created, and a stager with a dead-letter sink."""
+    cfg, client = pipeline.cfg, pipeline.client()
+    table = naming.stage_table(cfg.clickhouse.target_table, cfg.name, "e1_t1")
+    StageTables(client, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name).create(
+        table
+    )
+    sink = DeadLetterSink(client, database=cfg.clickhouse.database, pipeline=cfg.name)
+    return table, Stager(client=client, section=cfg.clickhouse, attempts=3, dead_letters=sink)
+
+
+def chunk_builder(pipeline: Pipeline, partition: int, start: int, rows: int) -> ChunkBuilder:
+    """Chunks of txn ``e1_t1`` of ``partition`` from ``start``, ``rows`` records each, bytes unbounded."""
+    return ChunkBuilder(
+        pipeline=pipeline.cfg.name,
+        txn="e1_t1",
+        topic=pipeline.topic,
+        partition=partition,
+        start_offset=start,
+        chunk_rows=rows,
+        chunk_bytes=1 << 30,
+    )
