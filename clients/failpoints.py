@@ -46,6 +46,7 @@ POINTS: dict[str, str] = {
     "leader.before-publish": "ACK-COMMIT sent; before the stage table is moved into the target",
     "leader.mid-publish": "some partitions of the stage table are moved, not all",
     "leader.between-table-publishes": "a txn across several tables: one table's stage table is published, the next is not",
+    "leader.between-shard-publishes": "a txn on a sharded ClickHouse: one shard's stage tables are published, the next shard's are not",
     "leader.before-dead-letters": "the rows are in the target; before the txn's dead letters are published",
     "leader.before-published-row": "the rows are in the target; before the PUBLISHED row",
     "stage.mid-drop": "a published txn's tables are being dropped: the first is gone, the others are not",

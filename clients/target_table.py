@@ -19,13 +19,14 @@ _TARGET_SQL = (
 )
 
 
-def check_target(client: Any, cfg: PipelineConfig, table: str) -> None:
+def check_target(client: Any, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:
     """Raise ``SetupError`` with the first refusal of ``table`` (``protocol.tables.target_rules``); return
     when chtxn can load it. ``client`` is a clickhouse-connect client; ClickHouse errors pass
-    through unchanged (the caller retries them)."""
+    through unchanged (the caller retries them). ``shard`` names the shard ``client`` reaches, in the
+    refusal (``protocol.shards.where``), "" for a ClickHouse that is not sharded."""
     found = target_refusals(client, cfg, table)
     if found:
-        raise SetupError(found[0].message)
+        raise SetupError(f"on {shard}: {found[0].message}" if shard else found[0].message)
 
 
 def target_refusals(client: Any, cfg: PipelineConfig, table: str) -> list[Refusal]:

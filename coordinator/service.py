@@ -33,9 +33,10 @@ from coordinator.ledger import commit_points
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
-from coordinator.stage.sets import StageSet
+from coordinator.stage.sets import Stages, StageSet
+from coordinator.stage.shards import ShardedStages, clients_of
 from coordinator.stage.tables import StageTables
-from protocol import secrets
+from protocol import secrets, shards as shard_rules
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.leadership import LeaseWatch
 from protocol.errors import ChtxnError, ClickHouseError, SetupError
@@ -108,7 +109,8 @@ class CoordinatorService:
         commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
         for target in self.cfg.tables:
-            check_target(stages.client, self.cfg, target)
+            for shard, client in clients_of(stages):
+                check_target(client, self.cfg, target, shard=shard)
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",
@@ -157,7 +159,7 @@ class CoordinatorService:
             beat.close(max(watch.epoch, led), leaving=stop.is_set())
             control.close()
 
-    def _ping_clickhouse(self, stages: StageSet) -> None:
+    def _ping_clickhouse(self, stages: Stages) -> None:
         """A standby's check that it could still take over (``/ready``); a failed ping changes nothing else."""
         if stages.client.ping(timeout=PING_TIMEOUT_S):
             self.readiness.clickhouse("")
@@ -166,7 +168,7 @@ class CoordinatorService:
             self.readiness.clickhouse(f"no answer from {url} within {PING_TIMEOUT_S:g} s")
 
     def _lead(
-        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: StageSet, stop: threading.Event
+        self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: Stages, stop: threading.Event
     ) -> None:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
         self.epoch = epoch
@@ -205,8 +207,8 @@ def problem_cause(exc: BaseException) -> str:
     return "other"
 
 
-def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
-    """The ledger and the stage tables, on one client whose queries run at
+def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, Stages]:
+    """The ledger and the stage tables (on every shard of ``clickhouse.shards``), on clients whose queries run at
     ``coordinator.clickhouse_nice`` (ClickHouse's ``os_thread_priority``): ahead of the
     participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
     without ``CAP_SYS_NICE`` ignores the setting; at 0 it is not sent (a server may refuse it)."""
@@ -219,8 +221,14 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, StageSet]:
         checkpoint_every=co.ledger_checkpoint_every,
         retention_s=co.ledger_retention_days * 86400,
     )
-    stages = stage_set(cfg, client, copy_settings={"os_thread_priority": 0} if renice else {})
-    return ledger, stages
+    copy = {"os_thread_priority": 0} if renice else {}
+    if not cfg.clickhouse.shards:
+        return ledger, stage_set(cfg, client, copy_settings=copy)
+    shards = {
+        shard_rules.where(i, section.url): stage_set(cfg, make_client(section, **renice), copy_settings=copy)
+        for i, section in enumerate(cfg.shard_sections)
+    }
+    return ledger, ShardedStages(shards, client, coordinator=cfg.coordinator_id)
 
 
 def stage_set(cfg: PipelineConfig, client: Any, *, copy_settings: dict[str, Any] | None = None) -> StageSet:

@@ -27,6 +27,7 @@ from clients.target_table import check_target
 from coordinator.ledger import commit_points, rows as ledger_rows
 from coordinator.ledger.store import LedgerStore
 from coordinator.stage.sets import Stages, adopting
+from coordinator.stage.shards import adopting_on_shards, clients_of
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import AbortKind
 from protocol.errors import ChtxnError
@@ -60,8 +61,9 @@ def take_over(
     ``progress()`` is called after each txn rolled forward and each stage table handled (a long
     take-over is progress: the lease holds); ``aborted(kind)`` after each orphan recorded ABORTED."""
     failpoints.hit("leader.before-take-over", coordinator)
-    for target in cfg.tables:  # Take-over step 1: check the target tables
-        retry(f"check the target table {target}")(check_target, stages.client, cfg, target)
+    for target in cfg.tables:  # Take-over step 1: check the target tables (on every shard)
+        for shard, client in clients_of(stages):
+            retry(f"check the target table {target}")(check_target, client, cfg, target, shard=shard)
     while True:  # Take-over step 2: seal
         head_seq, head = ledger.head()
         commit_points.ensure(ledger, coordinator)  # read after the head: a switch in it shows here
@@ -87,8 +89,9 @@ def take_over(
     owed = sorted({t for row in unpublished for t in ledger_rows.targets_of(row)} - set(cfg.tables))
     for target in owed:
         log.warning("publishing committed txns into a table no route names any more", extra={"table": target})
-        retry(f"check the target table {target}")(check_target, stages.client, cfg, target)
-    with adopting(stages, owed, cfg.publish_mode_of):
+        for shard, client in clients_of(stages):
+            retry(f"check the target table {target}")(check_target, client, cfg, target, shard=shard)
+    with adopting_on_shards(stages, lambda one: adopting(one, owed, cfg.publish_mode_of)):
         for row in unpublished:  # Take-over step 3: roll forward, in commit order
             log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
             publish(

@@ -30,6 +30,7 @@ from confluent_kafka import KafkaError, KafkaException
 from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
 from clients.kafka import KafkaClientFactory, check_control_topic, partitions_of
 from participant.outage import Outage, ride_out
+from protocol import shards
 from protocol.config.parse import PipelineConfig
 from protocol.errors import ConfigError
 from protocol.messages import TopicPartition
@@ -68,16 +69,18 @@ def kafka_admin(cfg: PipelineConfig) -> Any:  # an AdminClient
 
 
 def check_clickhouse(cfg: PipelineConfig) -> bool:
-    """Every target table exists and the participants can fill it (``participant.stager.check_target``)."""
+    """Every target table exists and the participants can fill it (``participant.stager.check_target``), on
+    every shard."""
     from participant.stager import Stager, check_target
 
-    client = make_client(cfg.clickhouse)
-    try:
-        stager = Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1)
-        for table in cfg.tables:
-            check_target(stager, cfg, table)
-    finally:
-        client.close()
+    for i, section in enumerate(cfg.shard_sections):  # on every shard of ``clickhouse.shards``
+        client = make_client(section)
+        try:
+            stager = Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1)
+            for table in cfg.tables:
+                check_target(stager, cfg, table, shard=shards.where(i, section.url) if cfg.clickhouse.shards else "")
+        finally:
+            client.close()
     return True
 
 

@@ -335,12 +335,12 @@ class Stager:
         return policy.copy(before_sleep=before_sleep)
 
 
-def check_target(stager: Stager, cfg: PipelineConfig, table: str) -> None:
+def check_target(stager: Stager, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:
     """``SetupError`` when no task could work with the target ``table``: the check the coordinator,
     ``chtxn init`` and ``chtxn doctor`` make too (``clients.target_table``), its ClickHouse
-    calls retried as the stager's are."""
+    calls retried as the stager's are. ``shard`` names the stager's shard, "" when not sharded."""
     what = f"check the target table {stager.section.database}.{table}"
-    stager._retrying(what)(target_table.check_target, stager.client, cfg, table)
+    stager._retrying(what)(target_table.check_target, stager.client, cfg, table, shard=shard)
 
 
 def _retryable_but_memory(exc: BaseException) -> bool:

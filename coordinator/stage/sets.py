@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from clients import failpoints
 from clients.clickhouse import error_code
@@ -43,6 +43,9 @@ from protocol.tables.shape import (
     shapes_of,
     staged_sql,
 )
+
+if TYPE_CHECKING:
+    from coordinator.stage.shards import ShardedStages
 
 
 class StageSet:
@@ -236,8 +239,9 @@ class StageSet:
         return {txn: self.every(txn) for txn in sorted(txns)}
 
 
-#: What the leader, its take-over and its publisher work with: one table's stage tables, or a set.
-Stages = StageTables | StageSet
+#: What the leader, its take-over and its publisher work with: one table's stage tables, a set, or
+#: the sets of every shard (``coordinator.stage.shards.ShardedStages``, which has the same methods).
+Stages = Union[StageTables, StageSet, "ShardedStages"]
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 
-from protocol import insert_settings, routing, secrets, topic_patterns
+from protocol import insert_settings, routing, secrets, shards, topic_patterns
 from protocol.config import env as config_env, keys as config_keys
 from protocol.config.pipeline import PipelineConfig
 from protocol.errors import ConfigError
@@ -118,6 +118,17 @@ def _validate(config: PipelineConfig) -> None:
         raise bad("ledger.keeper_path", config.ledger.keeper_path, "an absolute Keeper path such as /chtxn/default")
     if not ch.url.startswith(("http://", "https://")):
         raise bad("clickhouse.url", ch.url, "must start with http:// or https://")
+    for shard in ch.shards:
+        if not shard.startswith(("http://", "https://")):
+            raise bad("clickhouse.shards", shard, "every shard's URL must start with http:// or https://")
+        if urlsplit(shard).username or urlsplit(shard).password:
+            raise bad(
+                "clickhouse.shards",
+                secrets.mask_url(shard),
+                "a shard's URL holds a user or password: set clickhouse.user and .password",
+            )
+    if len({shards.address(u) for u in ch.shards}) < len(ch.shards):
+        raise bad("clickhouse.shards", ", ".join(ch.shards), "names one server twice: list one server per shard")
     if not re.match(r"^[A-Za-z0-9]+$", ch.input_format):
         raise bad("clickhouse.input_format", ch.input_format, "a ClickHouse input format name, e.g. JSONEachRow")
     positive = {

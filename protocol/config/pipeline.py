@@ -73,6 +73,13 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return tuple(dict.fromkeys(r.table for r in self.routes))
 
     @property
+    def shard_sections(self) -> tuple[ClickHouseSection, ...]:
+        """The ``clickhouse`` section of each shard, in shard order (``clickhouse.shards``, each URL in
+        ``url``): the one section itself when the ClickHouse is not sharded."""
+        ch = self.clickhouse
+        return tuple(msgspec.structs.replace(ch, url=url, shards=[]) for url in ch.shards) or (ch,)
+
+    @property
     def control_topic(self) -> str:
         return self.pipeline.control_topic or f"{self.pipeline.name}.chtxn-control"
 

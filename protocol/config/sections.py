@@ -102,6 +102,12 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         "(the ledger, the dead letters) are then `ReplicatedMergeTree`, created `ON CLUSTER`, their inserts wait for "
         "a quorum and their reads see every quorum insert. See [clusters](clusters.md)."),
         extra={"brief": '"": a single server, or ClickHouse Cloud'})] = ""
+    shards: Annotated[list[str], Meta(description=(
+        "A sharded ClickHouse: the `http://` or `https://` URL of one server of every shard, in shard order, each "
+        "holding the local `target_table`. Each source partition's rows go to one shard (by topic and partition), a "
+        "txn stages on every shard and commits once, in the ledger at `url`. Users and passwords are `user` and "
+        "`password`, never in these URLs. See [clusters](clusters.md#a-sharded-cluster)."),
+        extra={"brief": "[]: every row to the server at `url`"})] = []
     connect_timeout_s: Annotated[float, Meta(description="Seconds to connect to ClickHouse.")] = 10.0
     send_receive_timeout_s: Annotated[float, Meta(description="Seconds a ClickHouse request may take.")] = 300.0
 

@@ -1,0 +1,41 @@
+"""A pipeline into a sharded ClickHouse (``clickhouse.shards``, issue 39): three real embedded
+endpoints, each its own chDB process and data; the real coordinator service and participant tasks
+in threads. Each test ends with the oracle over the union of the shards (``tests.sharded``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import shards as shard_rules
+from tests.helpers import unique_name, wait_until
+from tests.integration.live_pipeline import coordinator, participants
+from tests.sharded import (
+    assert_exactly_once_over_shards,
+    make_sharded_pipeline,
+    more_shards,
+    rows_per_shard,
+    stage_tables_on_shards,
+    union_count,
+)
+
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def shard_urls(stack, tmp_path_factory):
+    with more_shards(stack, tmp_path_factory.mktemp("shards"), 2) as urls:
+        yield urls
+
+
+def test_each_partition_is_staged_on_its_shard_and_committed_once_over_all(stack, shard_urls, tmp_path):
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("shard"), partitions=6)
+    produced = pipeline.produce(1_200)
+    with participants(pipeline, tasks=2), coordinator(pipeline):
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed over the shards")
+        produced += pipeline.produce(600, start_id=produced)
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "the second batch committed")
+    assert_exactly_once_over_shards(pipeline, produced)
+    placed = {shard_rules.shard_of(tp.topic, tp.partition, 3) for tp in pipeline.partitions}
+    assert placed == {0, 1, 2}, "six partitions of one topic go round the three shards"
+    assert all(rows for rows in rows_per_shard(pipeline)), "every shard holds rows"
+    wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
