@@ -12,9 +12,8 @@ from clients import failpoints
 from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.service import stage_set
-from coordinator.stage.sets import StageSet
-from coordinator.stage.tables import StageTables
+from coordinator.service import clickhouse_stores, stage_set
+from coordinator.stage.sets import Stages
 from tests.pipelines import Pipeline
 
 
@@ -27,7 +26,7 @@ class LeaderThread:
         epoch: int,
         name: str,
         *,
-        stages: StageTables | StageSet | None = None,
+        stages: Stages | None = None,
         leader_class: type[Leader] = Leader,
     ) -> None:
         self.pipeline, self.epoch, self.name, self.leader_class = pipeline, epoch, name, leader_class
@@ -75,11 +74,14 @@ class LeaderThread:
         return self.outcome
 
 
-def stage_tables(pipeline: Pipeline, coordinator: str = "") -> StageSet:
-    """The stage tables of every target table of the pipeline, as the coordinator service makes them."""
+def stage_tables(pipeline: Pipeline, coordinator: str = "") -> Stages:
+    """The stage tables of every target table of the pipeline (on every shard of ``clickhouse.shards``),
+    as the coordinator service makes them."""
     cfg = msgspec.structs.replace(
         pipeline.cfg, coordinator=msgspec.structs.replace(pipeline.cfg.coordinator, id=coordinator)
     )
+    if cfg.clickhouse.shards:
+        return clickhouse_stores(cfg)[1]
     return stage_set(cfg, pipeline.client())
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import clickhouse_connect
 
 from embedded.clickhouse_process import EmbeddedClickHouse
+from procs import free_port
 from protocol import shards as shard_rules
 from tests.pipelines import TARGET_DDL, Pipeline, make_pipeline
 
@@ -97,11 +99,24 @@ def assert_exactly_once_over_shards(pipeline: Pipeline, produced: int) -> None:
             assert shard_rules.shard_of(topic, partition, len(shards)) == i, (topic, partition, i)
 
 
+@dataclass
+class Shards:
+    """The shards of a test: the stack's endpoint first, then ``extra`` (embedded endpoints of their own)."""
+
+    urls: list[str]
+    extra: list[EmbeddedClickHouse]
+
+    def endpoint(self, index: int) -> EmbeddedClickHouse:
+        """The endpoint of 0-based shard ``index`` (not the stack's, shard 0)."""
+        return self.extra[index - 1]
+
+
 @contextmanager
-def more_shards(stack, tmp_path: Path, count: int) -> Iterator[list[str]]:
-    """The URLs of the stack's endpoint and ``count`` more embedded endpoints: ``count + 1`` shards."""
-    endpoints = [EmbeddedClickHouse(tmp_path / f"shard{i + 2}") for i in range(count)]
+def more_shards(stack, tmp_path: Path, count: int) -> Iterator[Shards]:
+    """The stack's endpoint and ``count`` more embedded endpoints: ``count + 1`` shards."""
+    # fixed ports: a shard restarted in a test keeps its URL
+    endpoints = [EmbeddedClickHouse(tmp_path / f"shard{i + 2}", free_port("127.0.0.1")) for i in range(count)]
     with ExitStack() as started:
         for endpoint in endpoints:
             started.enter_context(endpoint)
-        yield [stack.clickhouse_url, *(e.url for e in endpoints)]
+        yield Shards([stack.clickhouse_url, *(e.url for e in endpoints)], endpoints)

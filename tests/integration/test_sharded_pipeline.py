@@ -23,8 +23,8 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def shard_urls(stack, tmp_path_factory):
-    with more_shards(stack, tmp_path_factory.mktemp("shards"), 2) as urls:
-        yield urls
+    with more_shards(stack, tmp_path_factory.mktemp("shards"), 2) as shards:
+        yield shards.urls
 
 
 def test_each_partition_is_staged_on_its_shard_and_committed_once_over_all(stack, shard_urls, tmp_path):

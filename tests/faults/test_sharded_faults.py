@@ -1,0 +1,163 @@
+"""Faults of a pipeline into a sharded ClickHouse (``clickhouse.shards``, issue 39): three real
+embedded endpoints, each its own chDB process and data, real participant tasks, real leaders; a
+leader stalled or killed between two shards' publishes, a shard frozen (SIGSTOP) through commit
+and publish, a shard killed and restarted mid-txn, one shard's stage table failing commit step 5.
+Every test ends with the oracle over the union of the shards (``tests.sharded``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from clients import failpoints
+from tests.helpers import crash_a_coordinator_at, unique_name, wait_until
+from tests.integration.live_pipeline import coordinator, participants
+from tests.leaders import LeaderThread, leaders
+from tests.sharded import (
+    assert_exactly_once_over_shards,
+    client_of,
+    make_sharded_pipeline,
+    more_shards,
+    stage_tables_on_shards,
+    union_count,
+)
+
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def shards(stack, tmp_path_factory):
+    with more_shards(stack, tmp_path_factory.mktemp("shards"), 2) as found:
+        yield found
+
+
+def _target_rows(pipeline, url: str) -> int:
+    return int(client_of(url).command(f"SELECT count() FROM `{pipeline.cfg.clickhouse.database}`.`events`"))
+
+
+def _staged_rows(pipeline, url: str) -> int:
+    """Rows in the pipeline's stage tables on the shard at ``url``."""
+    db = pipeline.cfg.clickhouse.database
+    client = client_of(url)
+    names = [n for n in stage_tables_on_shards(pipeline) if int(client.command(f"EXISTS TABLE `{db}`.`{n}`"))]
+    return sum(int(client.command(f"SELECT count() FROM `{db}`.`{n}`")) for n in names)
+
+
+def _committed_txn(pipeline) -> str:
+    (k,) = [t.txn for t in pipeline.ledger().history(limit=50, state="COMMITTED")]
+    return k
+
+
+def test_a_leader_stalled_between_two_shards_publishes_is_rolled_forward_by_the_next(stack, shards, tmp_path):
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shpub"))
+    produced = pipeline.produce(900)
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with participants(pipeline, tasks=2), leaders(e1, e2):
+        between = failpoints.arm("leader.between-shard-publishes", "pause*1", who="E1")
+        e1.start()
+        assert between.reached.wait(WAIT_S), "E1 never published a first shard"
+        k = _committed_txn(pipeline)
+        assert _target_rows(pipeline, shards.urls[1]) == _target_rows(pipeline, shards.urls[2]) == 0
+        assert _staged_rows(pipeline, shards.urls[1]) + _staged_rows(pipeline, shards.urls[2]) > 0, (
+            "the txn held rows for the shards not yet published"
+        )
+        e2.start()  # seals, then rolls k forward: shard 1's stage table is empty, the others' are moved
+        wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published by E2")
+        failpoints.release("leader.between-shard-publishes")  # E1 goes on: the rest is gone, published
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
+        wait_until(lambda: isinstance(e1.outcome, str), WAIT_S, "E1 stepped down")
+    assert_exactly_once_over_shards(pipeline, produced)
+    wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
+
+
+def test_a_leader_killed_between_two_shards_publishes_is_rolled_forward_by_the_next(stack, shards, tmp_path):
+    """The coordinator process SIGKILLs itself (failpoint ``crash``) with one of three shards published."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shkill"))
+    produced = pipeline.produce(900)
+    with participants(pipeline, tasks=2):
+        crash_a_coordinator_at(pipeline.config_path, "leader.between-shard-publishes", WAIT_S * 2)
+        k = _committed_txn(pipeline)
+        assert _target_rows(pipeline, shards.urls[1]) == _target_rows(pipeline, shards.urls[2]) == 0
+        with coordinator(pipeline, coordinator_id="next"):
+            wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published by the next")
+            wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
+    assert_exactly_once_over_shards(pipeline, produced)
+
+
+def test_a_shard_frozen_through_commit_and_publish_delays_its_rows_and_loses_none(stack, shards, tmp_path):
+    """Shard 3's server is SIGSTOPped once a txn is counted, before its commit point: the commit (in the
+    ledger, on shard 1) goes through, shards 1 and 2 publish, shard 3's rows wait for it to thaw."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shfrz"))
+    produced = pipeline.produce(900)
+    frozen = shards.endpoint(2)
+    with participants(pipeline, tasks=2), coordinator(pipeline, coordinator_id="c1"):
+        claiming = failpoints.arm("leader.before-commit", "pause*1", who="c1")
+        try:
+            assert claiming.reached.wait(WAIT_S), "no txn reached its commit point"
+            k = _held_txn(pipeline)
+            os.killpg(frozen.pid, signal.SIGSTOP)
+            failpoints.release("leader.before-commit")
+            wait_until(lambda: pipeline.ledger().txn(k).state == "COMMITTED", WAIT_S, f"{k} committed, shard 3 frozen")
+            wait_until(
+                lambda: _target_rows(pipeline, shards.urls[0]) > 0 and _target_rows(pipeline, shards.urls[1]) > 0,
+                WAIT_S,
+                "shards 1 and 2 published while shard 3 is frozen",
+            )
+            assert pipeline.ledger().txn(k).state == "COMMITTED", "not PUBLISHED while a shard has not moved its rows"
+        finally:
+            os.killpg(frozen.pid, signal.SIGCONT)
+            failpoints.disarm()
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed once shard 3 thawed")
+        wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published")
+    assert_exactly_once_over_shards(pipeline, produced)
+
+
+def _held_txn(pipeline) -> str:
+    """The txn a leader holds at step 5 or its commit point: the oldest STARTED (the next may be too)."""
+    return next(t.txn for t in reversed(pipeline.ledger().history(limit=50)) if t.state == "STARTED")
+
+
+def test_a_shard_killed_and_restarted_mid_txn_loses_nothing(stack, shards, tmp_path):
+    """Shard 2's server is SIGKILLed while participants stage into it and started again on its data."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shcrash"))
+    produced = pipeline.produce(600)
+    crashed = shards.endpoint(1)
+    with participants(pipeline, tasks=2), coordinator(pipeline, coordinator_id="c1"):
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "the first records committed")
+        staging = failpoints.arm("stage.before-insert", "pause*1")
+        produced += pipeline.produce(600, start_id=produced)
+        assert staging.reached.wait(WAIT_S), "no chunk of the second batch was staged"
+        os.killpg(crashed.pid, signal.SIGKILL)
+        failpoints.release("stage.before-insert")
+        crashed.stop()
+        crashed.start()
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S * 2, "every record committed after the restart")
+    assert_exactly_once_over_shards(pipeline, produced)
+
+
+def test_one_shards_stage_table_failing_step_5_aborts_the_txn_on_every_shard(stack, shards, tmp_path):
+    """A row no participant staged appears in shard 3's stage table while the txn is counted: the txn
+    aborts (on every shard: their stage tables are dropped) and its records commit in a later txn."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shchk"))
+    produced = pipeline.produce(900)
+    db = pipeline.cfg.clickhouse.database
+    third = client_of(shards.urls[2])
+    with participants(pipeline, tasks=2), coordinator(pipeline, coordinator_id="c1"):
+        counting = failpoints.arm("leader.before-count", "pause*1", who="c1")
+        try:
+            assert counting.reached.wait(WAIT_S), "no txn was counted"
+            k = _held_txn(pipeline)
+            (stage,) = [n for n in stage_tables_on_shards(pipeline) if n.endswith(f"__{k}")][:1]
+            tp = pipeline.partitions[0]
+            third.command(
+                f"INSERT INTO `{db}`.`{stage}` (id, user, amount, _topic, _partition, _offset) "
+                f"VALUES (0, 'intruder', 0, '{tp.topic}', {tp.partition}, 1000000)"
+            )
+        finally:
+            failpoints.release("leader.before-count")
+        wait_until(lambda: pipeline.ledger().txn(k).state == "ABORTED", WAIT_S, f"{k} aborted")
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed by a later txn")
+    assert not any(n.endswith(f"__{k}") for n in stage_tables_on_shards(pipeline)), "k's stage tables dropped"
+    assert_exactly_once_over_shards(pipeline, produced)
