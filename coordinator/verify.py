@@ -97,7 +97,15 @@ def verify_pipeline(client: Any, cfg: Any, ledger: Any) -> dict[str, DeepReport]
         reports[table] = (
             _failed_table(table, missing, sent.get(table, (0, 0)))
             if missing
-            else check_table(client, database, table, sources, chain if i == 0 else [], topics=topics)
+            else check_table(
+                client,
+                database,
+                table,
+                sources,
+                chain if i == 0 else [],
+                topics=topics,
+                target=_over_shards(cfg, table),
+            )
         )
     return _with_letter_bound(_with_notes(reports, expired), sum(gone.values()), skips)
 
@@ -110,10 +118,12 @@ def check_table(
     chain_anomalies: Sequence[str],
     *,
     topics: Collection[str] | None,
+    target: str = "",
 ) -> DeepReport:
     """Count every offset of ``table`` against the committed ranges of ``sources`` (``protocol.verify.check``).
-    ``topics``: whose rows are checked (None: every row)."""
-    target = f"`{database}`.`{table}`"
+    ``topics``: whose rows are checked (None: every row). ``target``: the SQL of the rows to count, when
+    not ``table`` on ``client``'s server (the union of the shards, ``_over_shards``)."""
+    target = target or f"`{database}`.`{table}`"
     parameters = {
         **sources.parameters,
         "table": table,
@@ -197,6 +207,16 @@ def dead_letter_offsets(cfg: Any, timeout_s: float = 30.0) -> dict[TopicPartitio
 
 
 # ---- plumbing ---------------------------------------------------------------------------------
+
+
+def _over_shards(cfg: Any, table: str) -> str:
+    """The rows of ``table`` on every shard of ``clickhouse.shards``, counted on the ledger's server;
+    "" when the ClickHouse is not sharded."""
+    ch = cfg.clickhouse
+    if not ch.shards:
+        return ""
+    login = deep_check.url_login(ch.user, ch.password)
+    return deep_check.sharded_target_sql(ch.database, table, ch.shards, here=ch.url, login=login)
 
 
 def _rows(client: Any, sql: str, parameters: dict[str, Any]) -> list[tuple]:

@@ -32,8 +32,9 @@ counted missing (each of its offsets without a row is named: the lost ones are a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import quote
 
-from protocol import naming
+from protocol import naming, shards
 from protocol.dead_letters import letters as dead_letters
 from protocol.ledger import range_tables, rows as ledger, sql as ledger_sql
 
@@ -46,6 +47,8 @@ OFFENDERS_SHOWN = 10
 OK, UNSURE, SKIPPED, DUPLICATE, OUTSIDE, MISSING = "ok", "unsure", "skipped", "duplicate", "outside", "missing"
 #: Verdicts that are no failure.
 _FINE = f"('{OK}', '{UNSURE}', '{SKIPPED}')"
+#: The coordinates a shard's rows are read as by ``sharded_target_sql``.
+_SHARD_STRUCTURE = "_topic String, _partition Int64, _offset Int64"
 
 #: Outcomes of a table and of the whole check.
 PASSED, FAILED, EXPIRED = "OK", "FAILED", "EXPIRED"
@@ -237,3 +240,30 @@ def outcome(failed: bool, expired: bool) -> str:
     """A table's or the whole check's outcome: FAILED over EXPIRED (evidence gone, nothing wrong
     found in the rest) over OK."""
     return FAILED if failed else EXPIRED if expired else PASSED
+
+
+def sharded_target_sql(database: str, table: str, shard_urls: Sequence[str], *, here: str, login: str = "") -> str:
+    """The rows' coordinates of ``table`` on every shard (``clickhouse.shards``), as one table for the
+    checks above, run on the server at ``here`` (the ledger's): its own table read directly, every
+    other shard's through ClickHouse's ``url()`` table function over that shard's HTTP interface, so
+    the offsets of all shards are counted together in ClickHouse. ``login``: ``headers(...)`` for
+    ``url()`` ("" for none)."""
+    select = (
+        "SELECT toString(_topic) AS _topic, toInt64(_partition) AS _partition, toInt64(_offset) AS _offset "
+        f"FROM `{database}`.`{table}`"
+    )
+    parts = []
+    for url in shard_urls:
+        if shards.address(url) == shards.address(here):
+            parts.append(select)
+            continue
+        query = quote(f"{select} FORMAT Native", safe="")
+        address = sql_string(url.rstrip("/") + f"/?query={query}")
+        args = f"{address}, 'Native', '{_SHARD_STRUCTURE}'"
+        parts.append(f"SELECT _topic, _partition, _offset FROM url({args}{', ' + login if login else ''})")
+    return "(" + " UNION ALL ".join(parts) + ")"
+
+
+def url_login(user: str, password: str) -> str:
+    """``headers(...)`` that log ``url()`` in to a shard as ``user``."""
+    return f"headers('X-ClickHouse-User' = {sql_string(user)}, 'X-ClickHouse-Key' = {sql_string(password)})"

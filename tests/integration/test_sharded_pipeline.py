@@ -4,13 +4,16 @@ in threads. Each test ends with the oracle over the union of the shards (``tests
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from protocol import shards as shard_rules
-from tests.helpers import unique_name, wait_until
+from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.sharded import (
     assert_exactly_once_over_shards,
+    client_of,
     make_sharded_pipeline,
     more_shards,
     rows_per_shard,
@@ -39,3 +42,26 @@ def test_each_partition_is_staged_on_its_shard_and_committed_once_over_all(stack
     assert placed == {0, 1, 2}, "six partitions of one topic go round the three shards"
     assert all(rows for rows in rows_per_shard(pipeline)), "every shard holds rows"
     wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
+
+
+def test_verify_deep_counts_every_offset_over_the_shards(stack, shard_urls, tmp_path):
+    """``chtxn verify --deep`` agrees with the oracle over the union of the shards, and fails on a row of
+    shard 1 copied into shard 3: a duplicate no check of one shard alone could see."""
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("shver"), partitions=6)
+    produced = pipeline.produce(900)
+    with participants(pipeline, tasks=2), coordinator(pipeline):
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed over the shards")
+    assert_exactly_once_over_shards(pipeline, produced)
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    (report,) = json.loads(verified.stdout)["tables"].values()
+    assert report["rows_in_target"] == produced, report
+
+    db = pipeline.cfg.clickhouse.database
+    (row,) = client_of(shard_urls[0]).query(f"SELECT * FROM `{db}`.`events` LIMIT 1").result_rows
+    client_of(shard_urls[2]).insert(
+        f"{db}.events", [row], column_names=["id", "user", "amount", "_topic", "_partition", "_offset"]
+    )
+    doubled = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep")
+    assert doubled.returncode == 1, doubled.stdout + doubled.stderr
+    assert "1 duplicates" in doubled.stdout and "FAILED" in doubled.stdout
