@@ -31,7 +31,7 @@ from coordinator.ledger.rows import ledger_row
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
 from coordinator.offsets.source import SourceOffsets
-from coordinator.stage.sets import Stages
+from coordinator.stage.shards import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher

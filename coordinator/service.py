@@ -33,8 +33,8 @@ from coordinator.ledger import commit_points
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
-from coordinator.stage.sets import Stages, StageSet
-from coordinator.stage.shards import ShardedStages, clients_of
+from coordinator.stage.sets import StageSet
+from coordinator.stage.shards import ShardedStages, Stages, clients_of
 from coordinator.stage.tables import StageTables
 from protocol import secrets, shards as shard_rules
 from protocol.config.parse import PipelineConfig

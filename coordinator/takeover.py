@@ -26,8 +26,8 @@ from clients import failpoints
 from clients.target_table import check_target
 from coordinator.ledger import commit_points, rows as ledger_rows
 from coordinator.ledger.store import LedgerStore
-from coordinator.stage.sets import Stages, adopting
-from coordinator.stage.shards import adopting_on_shards, clients_of
+from coordinator.stage.sets import adopting
+from coordinator.stage.shards import Stages, adopting_on_shards, clients_of
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import AbortKind
 from protocol.errors import ChtxnError

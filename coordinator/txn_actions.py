@@ -14,7 +14,7 @@ from typing import Any
 from coordinator.ledger.rows import ledger_row
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage.sets import Stages
+from coordinator.stage.shards import Stages
 from coordinator.takeover import SteppedDown
 from coordinator.txn_publisher import TxnPublisher
 from protocol.config.parse import PipelineConfig

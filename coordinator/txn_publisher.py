@@ -18,7 +18,7 @@ from coordinator.dead_letters.publisher import DeadLetterPublisher, NewerLeader
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.stage.publish import StageTableMissing
-from coordinator.stage.sets import Stages
+from coordinator.stage.shards import Stages
 from coordinator.takeover import SteppedDown
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.errors import ClickHouseError

@@ -44,9 +44,9 @@ from clients.control_reader import ControlReader
 from clients.kafka import KafkaClientFactory, check_control_topic
 from participant.dead_letters import DeadLetterSink
 from participant.outage import ride_out
-from participant.stager import Stager, check_target
+from participant.shard_stagers import ShardStagers
 from participant.tally import Tally
-from protocol import naming, shards
+from protocol import naming
 from protocol.chunking import RecordLike
 from protocol.codec import encode
 from protocol.config.parse import PipelineConfig
@@ -173,20 +173,7 @@ class _Loop:
             pipeline=cfg.name,
             attempts=cfg.participant.insert_retries,
         )
-        # one stager per shard (``clickhouse.shards``); the dead letters go to the ledger's server
-        self.shard_clients = [make_client(s) for s in cfg.shard_sections] if cfg.clickhouse.shards else [self.client]
-        self.stagers = [
-            Stager(
-                client=client,
-                section=cfg.clickhouse,
-                attempts=cfg.participant.insert_retries,
-                dead_letters=dead_letters,
-                tally=tally,
-                schema=cfg.schema,
-                pipeline=cfg.name,
-            )
-            for client in self.shard_clients
-        ]
+        self.stagers = ShardStagers(cfg, self.client, dead_letters=dead_letters, tally=tally)
         self.pool = ThreadPoolExecutor(max_workers=runner.workers, thread_name_prefix="chtxn-stage")
         self.results: queue.SimpleQueue[tuple[int, ChunkStaged | None]] = queue.SimpleQueue()  # (rows, outcome)
         self.in_flight_rows = 0  # rows of chunks submitted and not yet taken from ``results``
@@ -196,9 +183,7 @@ class _Loop:
     def start(self) -> None:
         """Check what the task needs, then listen to the control topic from its end."""
         cfg = self.cfg
-        for table in cfg.tables:
-            for i, stager in enumerate(self.stagers):
-                check_target(stager, cfg, table, shard=self._shard(i))
+        self.stagers.check_targets()
         check_control_topic(self.control.consumer, cfg.control_topic, bootstrap=cfg.kafka.bootstrap_servers)
         _, high = self.control.consumer.get_watermark_offsets(KafkaTP(cfg.control_topic, 0), timeout=10)
         self.control.assign(high)
@@ -300,10 +285,6 @@ class _Loop:
         self.data.resume([KafkaTP(a.topic, a.partition)])  # a pause outlives a re-assignment
         self.assigned.add((a.topic, a.partition))
 
-    def _shard(self, index: int) -> str:
-        """The stager ``index``'s shard in a message, "" when the ClickHouse is not sharded."""
-        return shards.where(index, self.cfg.shard_sections[index].url) if self.cfg.clickhouse.shards else ""
-
     def _stage(self, a: StageChunk) -> None:  # on a worker thread; always posts one result
         chunk = a.chunk
         if chunk.txn in self.dropped:
@@ -311,8 +292,7 @@ class _Loop:
             return
         try:
             failpoints.hit("stage.before-insert", self.sender)
-            stager = self.stagers[shards.shard_of(chunk.topic, chunk.partition, len(self.stagers))]
-            result = stager.stage(a.stage_table, chunk)
+            result = self.stagers.of(chunk).stage(a.stage_table, chunk)
             failpoints.hit("stage.after-insert", self.sender)
             if not result.error:
                 self.tally.staged()
@@ -340,13 +320,12 @@ class _Loop:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        shard_clients = [c.close for c in self.shard_clients if c is not self.client]
         for closing in (
             self.control.close,
             self.data.close,
             lambda: self.producer.flush(5),
             self.client.close,
-            *shard_clients,
+            self.stagers.close,
         ):
             try:
                 closing()

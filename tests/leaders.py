@@ -13,7 +13,7 @@ from coordinator.control import ControlChannel
 from coordinator.leader import Leader
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.service import clickhouse_stores, stage_set
-from coordinator.stage.sets import Stages
+from coordinator.stage.shards import Stages
 from tests.pipelines import Pipeline
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import Any, Literal
 
 from clients import failpoints
 from clients.clickhouse import error_code
@@ -43,9 +43,6 @@ from protocol.tables.shape import (
     shapes_of,
     staged_sql,
 )
-
-if TYPE_CHECKING:
-    from coordinator.stage.shards import ShardedStages
 
 
 class StageSet:
@@ -239,14 +236,13 @@ class StageSet:
         return {txn: self.every(txn) for txn in sorted(txns)}
 
 
-#: What the leader, its take-over and its publisher work with: one table's stage tables, a set, or
-#: the sets of every shard (``coordinator.stage.shards.ShardedStages``, which has the same methods).
-Stages = Union[StageTables, StageSet, "ShardedStages"]
+#: One table's stage tables, or a set (every shard's, ``coordinator.stage.shards.Stages``, adds the sharded).
+OneServer = StageTables | StageSet
 
 
 @contextmanager
 def adopting(
-    stages: Stages, tables: Iterable[str], publish_mode_of: Callable[[str], Literal["move", "insert-select"]]
+    stages: OneServer, tables: Iterable[str], publish_mode_of: Callable[[str], Literal["move", "insert-select"]]
 ) -> Iterator[None]:
     """``tables`` are targets of ``stages`` too while the block runs: the take-over of a leader whose
     routes no longer name a table that committed txns still go to (publish them, drop its orphans)."""

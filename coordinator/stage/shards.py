@@ -26,7 +26,7 @@ from typing import Any
 
 from clients import failpoints
 from coordinator.stage.sets import StageSet
-from coordinator.stage.tables import StageCheck
+from coordinator.stage.tables import StageCheck, StageTables
 from protocol import shards as shard_rules
 from protocol.coordinator.events import PartitionStats
 from protocol.messages import TopicPartition
@@ -87,6 +87,11 @@ class ShardedStages:
         for shard in self.shards:
             found.update(shard.existing())
         return dict(sorted(found.items()))
+
+
+#: What the leader, its take-over and its publisher work with: one table's stage tables, a set of
+#: tables, or the sets of every shard (all with the same methods).
+Stages = StageTables | StageSet | ShardedStages
 
 
 def merged(checks: Sequence[StageCheck]) -> StageCheck:
