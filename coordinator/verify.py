@@ -17,7 +17,7 @@ import msgspec
 
 from clients import kafka as kafka_clients
 from coordinator.dead_letters.view import DeadLetterReader, offsets_of
-from protocol import topic_patterns
+from protocol import shards as shard_rules, topic_patterns
 from protocol.dead_letters import letters as letters_table
 from protocol.errors import SetupError
 from protocol.ledger import range_tables
@@ -215,7 +215,7 @@ def _over_shards(cfg: Any, table: str) -> str:
     ch = cfg.clickhouse
     if not ch.shards:
         return ""
-    login = deep_check.url_login(ch.user, ch.password)
+    login = shard_rules.url_login(ch.user, ch.password)
     return deep_check.sharded_target_sql(ch.database, table, ch.shards, here=ch.url, login=login)
 
 

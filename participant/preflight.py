@@ -4,7 +4,7 @@
 
 - ``ConfigError``: a ``[kafka.properties]`` value the Kafka client refuses;
 - ``SetupError``: a source topic missing, the control topic missing or not of exactly one
-  partition, the target table missing or unfit (``participant.stager.check_target``), ClickHouse
+  partition, the target table missing or unfit (``participant.shard_stagers.check_target``), ClickHouse
   refusing the user or the database (a non-retryable ``ClickHouseError``);
 - ``OutageError``: the broker or ClickHouse unreachable for ``participant.outage_timeout_s``, each
   failed attempt one log line, retried with back-off (``participant.outage``).
@@ -69,9 +69,10 @@ def kafka_admin(cfg: PipelineConfig) -> Any:  # an AdminClient
 
 
 def check_clickhouse(cfg: PipelineConfig) -> bool:
-    """Every target table exists and the participants can fill it (``participant.stager.check_target``), on
+    """Every target table exists and the participants can fill it (``participant.shard_stagers.check_target``), on
     every shard."""
-    from participant.stager import Stager, check_target
+    from participant.shard_stagers import check_target
+    from participant.stager import Stager
 
     for i, section in enumerate(cfg.shard_sections):  # on every shard of ``clickhouse.shards``
         client = make_client(section)

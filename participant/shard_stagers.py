@@ -1,5 +1,7 @@
 """A participant task's stagers on a sharded ClickHouse (``clickhouse.shards``): one ``Stager`` per
-shard, each on its shard's server, and the shard a chunk goes to (``protocol.shards.shard_of``).
+shard, each on its shard's server, and the shard a chunk goes to (``protocol.shards.shard_of``);
+with ``clickhouse.placement = "sharding-key"`` that shard's server places each row
+(``protocol.shards.ShardRouter``).
 The dead letters of every shard go to the ledger's server (``clickhouse.url``). Unsharded, one
 stager on the task's own client."""
 
@@ -7,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from clients import target_table
 from clients.clickhouse import make_client
 from participant.dead_letters import DeadLetterSink
-from participant.stager import Stager, check_target
+from participant.stager import Stager
 from participant.tally import Tally
 from protocol import shards
 from protocol.chunking import Chunk
@@ -24,6 +27,14 @@ class ShardStagers:
         self.cfg = cfg
         self.clients = [make_client(s) for s in cfg.shard_sections] if cfg.clickhouse.shards else [client]
         self._own = [c for c in self.clients if c is not client]
+        ch = cfg.clickhouse
+        router = (
+            shards.ShardRouter(
+                ch.shards, ch.sharding_key, ch.shard_weights, login=shards.url_login(ch.user, ch.password)
+            )
+            if ch.placement == "sharding-key"
+            else None
+        )
         self.stagers = [
             Stager(
                 client=shard_client,
@@ -33,16 +44,18 @@ class ShardStagers:
                 tally=tally,
                 schema=cfg.schema,
                 pipeline=cfg.name,
+                router=router,
             )
             for shard_client in self.clients
         ]
 
     def of(self, chunk: Chunk) -> Stager:
-        """The stager of the shard ``chunk``'s partition is placed on."""
+        """The stager of the shard ``chunk``'s partition is placed on (by a sharding key: the shard whose
+        server sends every shard its rows of the chunk)."""
         return self.stagers[shards.shard_of(chunk.topic, chunk.partition, len(self.stagers))]
 
     def check_targets(self) -> None:
-        """``participant.stager.check_target`` of every target table on every shard, naming the shard."""
+        """``participant.shard_stagers.check_target`` of every target table on every shard, naming the shard."""
         sharded = bool(self.cfg.clickhouse.shards)
         for table in self.cfg.tables:
             for i, stager in enumerate(self.stagers):
@@ -53,3 +66,11 @@ class ShardStagers:
         """Close the shards' clients (not the task's own)."""
         for shard_client in self._own:
             shard_client.close()
+
+
+def check_target(stager: Stager, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:
+    """``SetupError`` when no task could work with the target ``table``: the check the coordinator,
+    ``chtxn init`` and ``chtxn doctor`` make too (``clients.target_table``), its ClickHouse
+    calls retried as the stager's are. ``shard`` names the stager's shard, "" when not sharded."""
+    what = f"check the target table {stager.section.database}.{table}"
+    stager._retrying(what)(target_table.check_target, stager.client, cfg, table, shard=shard)

@@ -15,7 +15,8 @@
 2. The rest go to ClickHouse in one insert of the bytes as read, framed by their format
    (``protocol.framing``): a ``raw_insert``, or, when the table has metadata columns, an
    ``INSERT ... SELECT ... FROM input()`` in which ClickHouse fills them from the chunk's
-   coordinates (``MetadataInsert``); with ``insert_deduplication_token = chunk.token`` and
+   coordinates (``MetadataInsert``; placed by a sharding key, sent on to each shard by the server:
+   ``protocol.shards.ShardRouter``); with ``insert_deduplication_token = chunk.token`` and
    ``protocol.insert_settings.CHUNK_INSERT_SETTINGS`` (deduplicated, synchronous, no row skipped
    or collapsed); retryable failures are retried with the same token, so a chunk is stored once
    however often it is sent. In JSON object formats, a record holding objects back to back is
@@ -65,7 +66,6 @@ from typing import Any, TypedDict
 
 import tenacity
 
-from clients import target_table
 from clients.clickhouse import error_code, is_retryable, retrying
 from participant.bad_records import Letter, Remembered, has_joins, json_problem, precheck, split_joined
 from participant.bisection import isolate_refused
@@ -76,11 +76,11 @@ from participant.tally import Tally
 from protocol import insert_settings
 from protocol.chcodes import UNKNOWN_TABLE, ErrorClass, classify, is_memory
 from protocol.chunking import Chunk, RecordLike
-from protocol.config.parse import PipelineConfig
 from protocol.config.sections import ClickHouseSection, SchemaSection
 from protocol.errors import ChtxnError, ClickHouseError
 from protocol.framing import JSON_OBJECT_FORMATS, ROW_ORDER_SETTINGS, Column, MetadataInsert, check_format, frame
 from protocol.participant.events import ChunkStaged
+from protocol.shards import ShardRouter
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,10 @@ class Stager:
         tally: Tally | None = None,
         schema: SchemaSection | None = None,
         pipeline: str = "",
+        router: ShardRouter | None = None,
     ) -> None:
         self.client, self.section, self.dead_letters, self.attempts = client, section, dead_letters, attempts
+        self.router = router  # each row to its shard (``clickhouse.placement = "sharding-key"``)
         self.tally = tally or Tally()  # inserts, their time and retries, for the heartbeats' figures
         self.remembered = remembered if remembered is not None else Remembered()
         self._sleep = sleep
@@ -158,7 +160,7 @@ class Stager:
         columns = [Column(*row) for row in rows]
         check_format(self.section.input_format, [c.name for c in columns])
         insert = MetadataInsert(self.section.database, table, columns, self.section.input_format)
-        shape = (frozenset(c.name for c in columns), insert if insert.metadata else None)
+        shape = (frozenset(c.name for c in columns), insert if insert.metadata or self.router else None)
         with self._lock:
             if len(self._inserts) >= 16:
                 self._inserts.pop(next(iter(self._inserts)))
@@ -221,9 +223,9 @@ class Stager:
         def insert_as(part: Sequence[RecordLike], part_token: str, part_body: bytes, retry_memory: bool) -> int:
             if metadata is None:
                 return self._insert(table, part, part_token, part_body, retry_memory=retry_memory)
-            statement, params = metadata.statement(chunk.topic, chunk.partition, part)
+            select, params = metadata.select(chunk.topic, chunk.partition, part)
             return self._insert(
-                table, part, part_token, part_body, retry_memory=retry_memory, select=(statement, params)
+                table, part, part_token, part_body, retry_memory=retry_memory, select=(metadata, select, params)
             )
 
         try:
@@ -259,12 +261,12 @@ class Stager:
         body: bytes,
         *,
         retry_memory: bool = True,
-        select: tuple[str, dict[str, object]] | None = None,
+        select: tuple[MetadataInsert, str, dict[str, object]] | None = None,
     ) -> int:
         """Stager step 2: one deduplicated insert of ``body`` (the ``records``); returns the rows it holds.
-        ``select`` is the ``MetadataInsert`` statement and its parameters, when the table has metadata
-        columns. Without ``retry_memory``, a memory error is raised at once (stager step 3 splits the
-        part instead)."""
+        ``select`` is the table's ``MetadataInsert``, its SELECT of the records and its parameters, when
+        the table has metadata columns or a ``router`` places the rows on the shards. Without
+        ``retry_memory``, a memory error is raised at once (stager step 3 splits the part instead)."""
         settings: dict[str, object] = {**self._chunk_settings(), "insert_deduplication_token": token}
         policy = self._retrying(f"insert chunk {token} into {table}")
         if not retry_memory:
@@ -276,7 +278,9 @@ class Stager:
                     self.client.raw_insert, table, insert_block=body, fmt=self.section.input_format, settings=settings
                 )
             else:
-                statement, params = select
+                insert, rows, params = select
+                routed = self.router.statement(insert, rows, settings) if self.router else ""  # token per shard
+                statement = routed or insert.head + rows
                 summary = policy(
                     self.client.command,
                     statement,
@@ -333,14 +337,6 @@ class Stager:
                 log_retry(state)
 
         return policy.copy(before_sleep=before_sleep)
-
-
-def check_target(stager: Stager, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:
-    """``SetupError`` when no task could work with the target ``table``: the check the coordinator,
-    ``chtxn init`` and ``chtxn doctor`` make too (``clients.target_table``), its ClickHouse
-    calls retried as the stager's are. ``shard`` names the stager's shard, "" when not sharded."""
-    what = f"check the target table {stager.section.database}.{table}"
-    stager._retrying(what)(target_table.check_target, stager.client, cfg, table, shard=shard)
 
 
 def _retryable_but_memory(exc: BaseException) -> bool:

@@ -129,7 +129,11 @@ def offset_runs(offsets: Sequence[int]) -> tuple[list[int], list[int]]:
 
 
 class MetadataInsert:
-    """The INSERT of a table's chunks that has ClickHouse fill its metadata columns (guarantee 2)."""
+    """The INSERT of a table's chunks that has ClickHouse fill its metadata columns (guarantee 2).
+
+    ``columns`` are the inserted columns, ``name type`` each in insert order (the data columns the
+    records fill, then the metadata columns), as another server's insert of the selected rows names
+    them (``protocol.shards.ShardRouter``)."""
 
     def __init__(self, database: str, table: str, columns: Sequence[Column], input_format: str) -> None:
         self.metadata = tuple(c.name for c in columns if c.name in METADATA_COLUMNS)
@@ -143,16 +147,24 @@ class MetadataInsert:
             else:
                 structure.append(f"{name} {c.type}")
                 selected.append(name)
-        names = ", ".join([ident(c.name) for c in data] + [ident(m) for m in self.metadata])
-        head = f"INSERT INTO {ident(database)}.{ident(table)} ({names}) SELECT "
+        self.database, self.table = database, table
+        types = {c.name: c.type for c in columns}
+        self.columns = [f"{ident(c.name)} {c.type}" for c in data] + [f"{ident(m)} {types[m]}" for m in self.metadata]
+        self.names = ", ".join([ident(c.name) for c in data] + [ident(m) for m in self.metadata])
+        self.head = f"INSERT INTO {ident(database)}.{ident(table)} ({self.names}) "
         tail = f" FROM input({quote(', '.join(structure))}) FORMAT {input_format}"
-        self._consecutive = head + ", ".join(selected + [_FILLS[m] for m in self.metadata]) + tail
+        self._consecutive = "SELECT " + ", ".join(selected + [_FILLS[m] for m in self.metadata]) + tail
         runs = {**_FILLS, "_offset": _OFFSET_OF_RUNS}
-        self._gappy = head + ", ".join(selected + [runs[m] for m in self.metadata]) + tail
+        self._gappy = "SELECT " + ", ".join(selected + [runs[m] for m in self.metadata]) + tail
 
     def statement(self, topic: str, partition: int, records: Sequence[RecordLike]) -> tuple[str, dict[str, object]]:
         """The statement and its query parameters for ``records`` (of ``topic``/``partition``, in
         ascending offsets): only the first and last offsets are read when they are consecutive."""
+        select, params = self.select(topic, partition, records)
+        return self.head + select, params
+
+    def select(self, topic: str, partition: int, records: Sequence[RecordLike]) -> tuple[str, dict[str, object]]:
+        """``statement`` without its ``INSERT INTO ... (columns)``: the rows of ``records``."""
         params: dict[str, object] = {"chtxn_topic": topic, "chtxn_partition": partition}
         if "_offset" not in self.metadata:
             return self._consecutive, params

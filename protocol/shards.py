@@ -1,10 +1,19 @@
-"""Sharded ClickHouse (``clickhouse.shards``): which shard a source partition's rows are staged on.
+"""Sharded ClickHouse (``clickhouse.shards``): which shard a row is staged on.
 
-Placement by source partition: all of a partition's rows go to one shard, chosen by a pure
-function of the topic and the partition, so no record is parsed, a participant stages each of its
-partitions on one shard only, and a partition's offsets stay contiguous there. The partitions of
-one topic go round the shards in turn, starting at a shard the topic's name picks (``crc32``), so
-a topic of ``n`` partitions spreads evenly over up to ``n`` shards.
+``clickhouse.placement = "partition"`` (the default): all of a source partition's rows go to one
+shard, chosen by a pure function of the topic and the partition, so no record is parsed, a
+participant stages each of its partitions on one shard only, and a partition's offsets stay
+contiguous there. The partitions of one topic go round the shards in turn, starting at a shard the
+topic's name picks (``crc32``), so a topic of ``n`` partitions spreads evenly over up to ``n`` shards.
+
+``"sharding-key"``: each row goes where a ``Distributed`` table with ``clickhouse.sharding_key`` and
+``clickhouse.shard_weights`` would put it (ClickHouse's ``createBlockSelector``: the key's value as
+an unsigned integer of 32 bits, or 64 for a 64-bit key, modulo the total weight, each shard owning
+as many consecutive slots as its weight). ClickHouse evaluates it, not Python: a chunk goes to one
+shard (the one its partition is placed on), whose server parses it once and sends every other
+shard its rows in one insert of its own (``ShardRouter``). Each shard's insert carries the chunk's
+deduplication token, so a chunk sent again is stored once on every shard. The key must be
+deterministic (``key_problem``): a retried chunk must place every row as the first try did.
 
 Nothing here depends on the placement being the same in every process: commit step 5 sums each
 source partition's rows over every shard, and publish moves each shard's stage table into that
@@ -14,8 +23,12 @@ stages rows that are counted and published where they are, once.
 
 from __future__ import annotations
 
+import re
 import zlib
-from urllib.parse import urlsplit
+from collections.abc import Mapping, Sequence
+from urllib.parse import quote as url_quote, urlencode, urlsplit
+
+from protocol.framing import MetadataInsert
 
 #: The shards a single server is: one, the server of ``clickhouse.url``.
 ONE = 1
@@ -43,3 +56,83 @@ def address(url: str) -> str:
 def where(index: int, url: str) -> str:
     """``shard 2 (host:port)``: a shard in a message an operator reads."""
     return f"{label(index)} ({address(url)})"
+
+
+#: Functions whose value differs between two evaluations of one row: a key using one would place a
+#: retried chunk's rows elsewhere than its first try did.
+_NONDETERMINISTIC = re.compile(
+    r"\b(rand\w*|random\w*|generateUUID\w*|generateULID|generateSnowflakeID|now\w*|today|yesterday|"
+    r"rowNumberIn\w*|blockNumber|blockSize|runningDifference\w*|runningAccumulate|neighbor|hostName|fqdn|"
+    r"uptime|serverUUID|currentDatabase|currentUser|queryID|initialQueryID|shardNum|shardCount)\s*\(",
+    re.IGNORECASE,
+)
+
+
+def key_problem(key: str) -> str:
+    """Why ``key`` cannot place rows (a function whose value changes between tries), "" when it can."""
+    if not key.strip():
+        return 'clickhouse.placement = "sharding-key" needs clickhouse.sharding_key, the Distributed table\'s key'
+    if found := _NONDETERMINISTIC.search(key):
+        return (
+            f"{found.group(1)}() gives a row another value on every try, so a chunk sent again would place its rows "
+            "on other shards than the first try and store them twice: use a key of the row's columns only, e.g. "
+            "cityHash64(customer_id)"
+        )
+    return ""
+
+
+def slots(weights: Sequence[int]) -> list[int]:
+    """The 0-based shard of each slot: shard ``i`` owns ``weights[i]`` consecutive slots, in shard order."""
+    return [i for i, weight in enumerate(weights) for _ in range(weight)]
+
+
+def placement_sql(key: str, weights: Sequence[int], destinations: Sequence[str]) -> str:
+    """The ClickHouse expression of a row's destination among ``destinations`` (one per shard, in
+    shard order), as a Distributed table with sharding key ``key`` and ``weights`` places it."""
+    owner = slots(weights)
+    k = f"({key})"
+    slot = f"multiIf(byteSize({k}) <= 4, toUInt64(toUInt32({k})) % {len(owner)}, toUInt64({k}) % {len(owner)})"
+    return "[" + ", ".join(_literal(destinations[i]) for i in owner) + f"][{slot} + 1]"
+
+
+class ShardRouter:
+    """The statement that stages a chunk on every shard by ``key`` (``clickhouse.sharding_key``), sent
+    to one shard's server: ``INSERT INTO FUNCTION url(...) PARTITION BY <placement> SELECT ...``. The
+    destination of each row is the address (``host:port``) of its shard, put into the URL in place of
+    ``{_partition_id}``; each shard's insert is ``INSERT INTO <stage> (columns) FORMAT Native`` with
+    ``settings`` (the chunk's token among them) in its URL. ``login``: ``headers(...)`` with the user
+    and password for every shard ("" for none)."""
+
+    def __init__(self, urls: Sequence[str], key: str, weights: Sequence[int], *, login: str = "") -> None:
+        schemes = {urlsplit(u).scheme for u in urls}
+        if len(schemes) != 1:
+            raise ValueError(f"the shards of a sharding key must share one scheme, not {', '.join(sorted(schemes))}")
+        self.scheme = schemes.pop()
+        self.placement = placement_sql(key, weights or [1] * len(urls), [address(u) for u in urls])
+        self.login = login
+
+    def statement(self, insert: MetadataInsert, select: str, settings: Mapping[str, object]) -> str:
+        """The routed insert of ``select`` (``MetadataInsert.select``) into ``insert``'s table, every shard's
+        insert with ``settings``."""
+        into = f"INSERT INTO `{insert.database}`.`{insert.table}` ({insert.names}) FORMAT Native"
+        query = urlencode({"query": into, **{k: _setting(v) for k, v in settings.items()}}, quote_via=url_quote)
+        url = f"{self.scheme}://{{_partition_id}}/?{query}"
+        args = f"{_literal(url)}, 'Native', {_literal(', '.join(insert.columns))}" + (
+            f", {self.login}" if self.login else ""
+        )
+        return f"INSERT INTO FUNCTION url({args}) PARTITION BY {self.placement} {select}"
+
+
+def url_login(user: str, password: str) -> str:
+    """``headers(...)`` that log ClickHouse's ``url()`` in to a shard as ``user``."""
+    return f"headers('X-ClickHouse-User' = {_literal(user)}, 'X-ClickHouse-Key' = {_literal(password)})"
+
+
+def _setting(value: object) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    return str(value)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -129,6 +129,21 @@ def _validate(config: PipelineConfig) -> None:
             )
     if len({shards.address(u) for u in ch.shards}) < len(ch.shards):
         raise bad("clickhouse.shards", ", ".join(ch.shards), "names one server twice: list one server per shard")
+    if ch.placement == "sharding-key":
+        if not ch.shards:
+            raise bad("clickhouse.placement", ch.placement, "places rows on shards: list them in clickhouse.shards")
+        if problem := shards.key_problem(ch.sharding_key):
+            raise bad("clickhouse.sharding_key", ch.sharding_key, problem)
+        if len({urlsplit(u).scheme for u in ch.shards}) > 1:
+            raise bad("clickhouse.shards", ", ".join(ch.shards), "mixes http:// and https://: use one for every shard")
+    if ch.shard_weights and (
+        len(ch.shard_weights) != len(ch.shards) or min(ch.shard_weights) < 0 or not sum(ch.shard_weights)
+    ):
+        raise bad(
+            "clickhouse.shard_weights",
+            ch.shard_weights,
+            f"one weight of 0 or more per shard ({len(ch.shards)} shards), at least one above 0",
+        )
     if not re.match(r"^[A-Za-z0-9]+$", ch.input_format):
         raise bad("clickhouse.input_format", ch.input_format, "a ClickHouse input format name, e.g. JSONEachRow")
     positive = {

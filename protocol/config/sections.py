@@ -108,6 +108,18 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         "txn stages on every shard and commits once, in the ledger at `url`. Users and passwords are `user` and "
         "`password`, never in these URLs. See [clusters](clusters.md#a-sharded-cluster)."),
         extra={"brief": "[]: every row to the server at `url`"})] = []
+    placement: Annotated[Literal["partition", "sharding-key"], Meta(description=(
+        "With `shards`, which shard a row is staged on. `partition`: all of a source partition's rows on one shard "
+        "(by topic and partition; no record parsed). `sharding-key`: each row where a Distributed table with "
+        "`sharding_key` and `shard_weights` would put it, evaluated by ClickHouse. "
+        "See [clusters](clusters.md#a-sharded-cluster)."))] = "partition"
+    sharding_key: Annotated[str, Meta(description=(
+        "With `placement = \"sharding-key\"`: the Distributed table's sharding key, a ClickHouse expression of "
+        "an integer over the target's columns, e.g. `cityHash64(customer_id)`. Functions whose value changes between "
+        "tries (`rand()`, `now()`) are refused."))] = ""
+    shard_weights: Annotated[list[int], Meta(description=(
+        "With `placement = \"sharding-key\"`: each shard's weight, in shard order, as the cluster's "
+        "`<weight>`s; all 1 when empty."))] = []
     connect_timeout_s: Annotated[float, Meta(description="Seconds to connect to ClickHouse.")] = 10.0
     send_receive_timeout_s: Annotated[float, Meta(description="Seconds a ClickHouse request may take.")] = 300.0
 

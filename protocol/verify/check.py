@@ -262,8 +262,3 @@ def sharded_target_sql(database: str, table: str, shard_urls: Sequence[str], *, 
         args = f"{address}, 'Native', '{_SHARD_STRUCTURE}'"
         parts.append(f"SELECT _topic, _partition, _offset FROM url({args}{', ' + login if login else ''})")
     return "(" + " UNION ALL ".join(parts) + ")"
-
-
-def url_login(user: str, password: str) -> str:
-    """``headers(...)`` that log ``url()`` in to a shard as ``user``."""
-    return f"headers('X-ClickHouse-User' = {sql_string(user)}, 'X-ClickHouse-Key' = {sql_string(password)})"

@@ -65,3 +65,49 @@ def test_verify_deep_counts_every_offset_over_the_shards(stack, shard_urls, tmp_
     doubled = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep")
     assert doubled.returncode == 1, doubled.stdout + doubled.stderr
     assert "1 duplicates" in doubled.stdout and "FAILED" in doubled.stdout
+
+
+def test_by_a_sharding_key_each_row_goes_where_the_distributed_table_would_put_it(stack, shard_urls, tmp_path):
+    """``clickhouse.placement = "sharding-key"`` with weights 1, 2, 1: the rows of every source partition
+    spread over the three shards as ClickHouse's Distributed table places them (the key modulo the
+    total weight, shard 2 owning two slots), each row once, parsed by one server per chunk."""
+    pipeline = make_sharded_pipeline(
+        stack,
+        shard_urls,
+        tmp_path,
+        unique_name("shkey"),
+        partitions=3,  # record i goes to partition i % 3, and to shard slot i % 4
+        settings={
+            "clickhouse.placement": "sharding-key",
+            "clickhouse.sharding_key": "id",
+            "clickhouse.shard_weights": [1, 2, 1],
+        },
+    )
+    produced = pipeline.produce(2_000)
+    with participants(pipeline, tasks=2), coordinator(pipeline):
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed over the shards")
+    assert_exactly_once_over_shards(pipeline, produced, by_partition=False)
+    db, owner = pipeline.cfg.clickhouse.database, [0, 1, 1, 2]
+    for i, url in enumerate(shard_urls):
+        ids = [r[0] for r in client_of(url).query(f"SELECT id FROM `{db}`.`events`").result_rows]
+        assert ids and all(owner[n % 4] == i for n in ids), f"shard {i + 1} holds rows of another shard"
+        partitions = client_of(url).command(f"SELECT uniqExact(_partition) FROM `{db}`.`events`")
+        assert int(partitions) == 3, "every source partition is spread over every shard"
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.parametrize("key_type", ["Int8", "UInt16", "Int32", "Int64", "UInt64"])
+def test_placement_by_key_is_the_distributed_tables_for_every_integer_width(stack, key_type):
+    """ClickHouse's ``createBlockSelector``: a key of 32 bits or fewer is taken as a ``UInt32`` (a negative
+    one sign-extended first), a wider one as a ``UInt64``, modulo the total weight, into the slots."""
+    weights = [2, 1, 3]
+    sql = shard_rules.placement_sql("x", weights, ["s0", "s1", "s2"])
+    rows = (
+        client_of(stack.clickhouse_url)
+        .query(f"SELECT x, {sql} FROM (SELECT to{key_type}(number * 7919 - 300000) AS x FROM numbers(1000))")
+        .result_rows
+    )
+    bits = 32 if key_type in ("Int8", "UInt16", "Int32") else 64
+    owner = shard_rules.slots(weights)
+    assert [f"s{owner[(int(x) % 2**bits) % len(owner)]}" for x, _ in rows] == [placed for _, placed in rows]

@@ -13,8 +13,11 @@ from protocol import shards
 from protocol.config.parse import parse_config
 from protocol.coordinator.events import PartitionStats
 from protocol.errors import ConfigError
+from protocol.framing import Column, MetadataInsert
 from protocol.messages import TopicPartition
-from protocol.verify.check import sharded_target_sql, url_login
+from protocol.shards import url_login
+from protocol.verify.check import sharded_target_sql
+from tests.records import Rec
 
 BASE = """
 [pipeline]
@@ -83,3 +86,54 @@ def test_verify_reads_the_other_shards_through_url() -> None:
     assert sql.count(" UNION ALL ") == 1
     assert "FROM `db`.`events`" in sql and "url('http://ch-2:8123/?query=SELECT%20" in sql
     assert "headers('X-ClickHouse-User' = 'u', 'X-ClickHouse-Key' = 'p\\'w')" in sql
+
+
+@pytest.mark.parametrize("key", ["rand()", "cityHash64(user) + rand64()", "toUInt64(now())", "rowNumberInAllBlocks()"])
+def test_a_key_that_changes_between_tries_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            BASE
+            + f'shards = ["http://ch-1:8123", "http://ch-2:8123"]\nplacement = "sharding-key"\nsharding_key = "{key}"\n',
+            {},
+        )
+    assert "clickhouse.sharding_key" in str(info.value) and "store them twice" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "says"),
+    [
+        ('placement = "sharding-key"\nsharding_key = "id"\n', "clickhouse.placement", "list them in clickhouse.shards"),
+        (
+            'shards = ["http://a:1", "http://b:1"]\nplacement = "sharding-key"\n',
+            "clickhouse.sharding_key",
+            "needs clickhouse.sharding_key",
+        ),
+        ('shards = ["http://a:1", "http://b:1"]\nshard_weights = [1]\n', "clickhouse.shard_weights", "one weight"),
+        ('shards = ["http://a:1", "http://b:1"]\nshard_weights = [0, 0]\n', "clickhouse.shard_weights", "above 0"),
+        (
+            'shards = ["http://a:1", "https://b:1"]\nplacement = "sharding-key"\nsharding_key = "id"\n',
+            "clickhouse.shards",
+            "mixes http:// and https://",
+        ),
+    ],
+)
+def test_a_sharding_key_placement_needs_its_parts(extra: str, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(BASE + extra, {})
+    assert key in str(info.value) and says in str(info.value)
+
+
+def test_the_routed_insert_sends_each_shard_its_rows_with_the_chunks_token() -> None:
+    router = shards.ShardRouter(["http://ch-1:8123", "http://ch-2:8123"], "cityHash64(user)", [1, 2], login="")
+    insert = MetadataInsert(
+        "db", "stage", [Column("user", "String", "", ""), Column("_offset", "Int64", "", "")], "CSV"
+    )
+    select, _ = insert.select("t", 0, [Rec("t", 0, 5, b"a"), Rec("t", 0, 6, b"b")])
+    sql = router.statement(insert, select, {"insert_deduplication_token": "p/e1_t1/t/0/1/0-10", "async_insert": 0})
+    assert sql.startswith(
+        "INSERT INTO FUNCTION url('http://{_partition_id}/?query=INSERT%20INTO%20%60db%60.%60stage%60"
+    )
+    assert "&insert_deduplication_token=p%2Fe1_t1%2Ft%2F0%2F1%2F0-10&async_insert=0'" in sql
+    assert "'Native', '`user` String, `_offset` Int64')" in sql
+    assert "PARTITION BY ['ch-1:8123', 'ch-2:8123', 'ch-2:8123'][multiIf(byteSize((cityHash64(user))) <= 4" in sql
+    assert sql.endswith(f"PARTITION BY {router.placement} {select}") and "input('`user` String') FORMAT CSV" in sql
