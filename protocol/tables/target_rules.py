@@ -26,7 +26,8 @@ import msgspec
 
 from protocol.config.parse import PipelineConfig
 from protocol.framing import format_problem
-from protocol.tables.replicated_ddl import distributed_local_table
+from protocol.shards import key_problem
+from protocol.tables.replicated_ddl import distributed_local_table, parse_engine
 from protocol.tables.shape import deduplicates
 
 #: The doctor's rows a refusal can fail.
@@ -122,13 +123,20 @@ def refusals(cfg: PipelineConfig, table: str, facts: TargetFacts | None) -> list
 
 
 def distributed_refusal(database: str, table: str, facts: TargetFacts) -> str:
-    """Why a ``Distributed`` target is refused, and the local table to name instead."""
+    """Why a ``Distributed`` target is refused, and the local table and the shards to name instead."""
     cluster, local_db, local = distributed_local_table(facts.engine_full, database)
     local_db = database if local_db == "currentDatabase()" else local_db
     database_fix = f' and clickhouse.database = "{local_db}"' if local_db != database else ""
+    args = parse_engine(facts.engine_full).args
+    key = args[3].strip() if len(args) > 3 else ""
+    placed = (
+        f'; to place rows as it does, clickhouse.placement = "sharding-key" and clickhouse.sharding_key = "{key}"'
+        if key and not key_problem(key)
+        else ""
+    )
     return (
         f"target table {database}.{table} is a Distributed table over {local_db}.{local} on cluster {cluster}; "
         "chtxn publishes by moving partitions between tables of one server, which a Distributed table has not: "
-        f'set clickhouse.target_table = "{local}"{database_fix} to load the local table of the shard '
-        "clickhouse.url reaches (loading every shard is not supported yet: docs/clusters.md, A Distributed target)"
+        f'set clickhouse.target_table = "{local}"{database_fix}, and list one server of every shard of cluster '
+        f"{cluster} in clickhouse.shards to load them all{placed} (docs/clusters.md, A sharded cluster)"
     )

@@ -142,7 +142,8 @@ def test_a_distributed_target(stack, tmp_path: Path) -> None:
     assert checks["target table"]["fix"].startswith(
         f"target table {db}.events is a Distributed table over {db}.events_local on cluster shards; chtxn publishes "
         "by moving partitions between tables of one server, which a Distributed table has not: set "
-        'clickhouse.target_table = "events_local" to load the local table'
+        'clickhouse.target_table = "events_local", and list one server of every shard of cluster shards in '
+        "clickhouse.shards"
     )
 
 

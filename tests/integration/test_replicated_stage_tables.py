@@ -215,8 +215,8 @@ def test_a_distributed_target_is_refused_naming_the_local_table(client) -> None:
         assert str(refused.value) == (
             f"target table {db}.events is a Distributed table over {db}.events_local on cluster main; chtxn "
             "publishes by moving partitions between tables of one server, which a Distributed table has not: set "
-            'clickhouse.target_table = "events_local" to load the local table of the shard clickhouse.url reaches '
-            "(loading every shard is not supported yet: docs/clusters.md, A Distributed target)"
+            'clickhouse.target_table = "events_local", and list one server of every shard of cluster main in '
+            "clickhouse.shards to load them all (docs/clusters.md, A sharded cluster)"
         )
     finally:
         client.command(f"DROP DATABASE IF EXISTS `{db}` SYNC")

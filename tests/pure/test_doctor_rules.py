@@ -157,12 +157,12 @@ def test_a_target_outside_the_merge_tree_family_fails() -> None:
         (
             "Distributed('c', 'shard_db', 'events_local', rand())",
             "shard_db.events_local",
-            'set clickhouse.target_table = "events_local" and clickhouse.database = "shard_db" to load',
+            'set clickhouse.target_table = "events_local" and clickhouse.database = "shard_db", and list',
         ),
         (
             "Distributed(c, currentDatabase(), events_local)",
             "db.events_local",
-            'set clickhouse.target_table = "events_local" to load',
+            'set clickhouse.target_table = "events_local", and list',
         ),
     ],
 )

@@ -60,6 +60,14 @@ def test_a_distributed_target_names_the_local_table() -> None:
     [refusal] = refusals(config(), "events", facts)
     assert refusal.message.startswith("target table db.events is a Distributed table over shard.events_local")
     assert 'set clickhouse.target_table = "events_local" and clickhouse.database = "shard"' in refusal.message
+    assert "clickhouse.sharding_key" not in refusal.message  # rand() places no row twice alike
+
+
+def test_a_distributed_target_with_a_deterministic_key_names_the_placement_that_keeps_it() -> None:
+    facts = TargetFacts(engine="Distributed", engine_full="Distributed('main', '', 'events_local', cityHash64(user))")
+    [refusal] = refusals(config(), "events", facts)
+    assert "list one server of every shard of cluster main in clickhouse.shards" in refusal.message
+    assert 'clickhouse.placement = "sharding-key" and clickhouse.sharding_key = "cityHash64(user)"' in refusal.message
 
 
 def test_every_refusal_of_a_merge_tree_target_is_listed_in_order() -> None:
