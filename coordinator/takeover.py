@@ -25,12 +25,14 @@ from typing import Any
 from clients import failpoints
 from clients.target_table import check_target
 from coordinator.ledger import commit_points, rows as ledger_rows
+from coordinator.ledger.rows import shard_addresses
 from coordinator.ledger.store import LedgerStore
 from coordinator.stage.sets import adopting
 from coordinator.stage.shards import Stages, adopting_on_shards, clients_of
+from protocol import shards
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import AbortKind
-from protocol.errors import ChtxnError
+from protocol.errors import ChtxnError, SetupError
 from protocol.ledger.rows import LedgerEvent, LedgerRow
 from protocol.messages import TopicPartition
 
@@ -85,6 +87,13 @@ def take_over(
     assert seal is not None
     ledger.append(ledger_rows.published_from(seal, epoch=epoch, coordinator=coordinator))
     unpublished = ledger.committed_unpublished()
+    for row in unpublished:  # a shard a committed txn staged on, no longer in clickhouse.shards: its rows wait there
+        if gone := sorted(set(row.shards) - (set(shard_addresses(cfg)) or {shards.address(cfg.clickhouse.url)})):
+            raise SetupError(
+                f"txn {row.txn} is committed and not yet published, and has rows staged on {', '.join(gone)}, which "
+                f"clickhouse.shards no longer lists: add {'it' if len(gone) == 1 else 'them'} back until "
+                "chtxn status shows nothing unpublished, then remove"
+            )
     # The routes changed between restarts: a committed txn still goes where the ledger sent it.
     owed = sorted({t for row in unpublished for t in ledger_rows.targets_of(row)} - set(cfg.tables))
     for target in owed:

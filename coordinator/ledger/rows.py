@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from protocol import naming
+from protocol import naming, shards
 from protocol.coordinator.events import Txn
 from protocol.ledger import range_tables
 from protocol.ledger.rows import LedgerEvent, LedgerRow, PartitionRange
@@ -56,7 +56,13 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
         committed_at=now if event in (LedgerEvent.COMMITTED, LedgerEvent.PUBLISHED) else 0.0,
         published_at=now if event is LedgerEvent.PUBLISHED else 0.0,
         reason=reason,
+        shards=shard_addresses(leader.cfg) if event is LedgerEvent.COMMITTED else (),
     )
+
+
+def shard_addresses(cfg: Any) -> tuple[str, ...]:
+    """``host:port`` of every shard of ``clickhouse.shards``, () when the ClickHouse is not sharded."""
+    return tuple(shards.address(url) for url in cfg.clickhouse.shards)
 
 
 def published_from(committed: LedgerRow, *, epoch: int, coordinator: str) -> LedgerRow:

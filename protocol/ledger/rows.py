@@ -121,6 +121,9 @@ class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
     published_at: float = 0.0
     reason: str = ""
     event_time: float = 0.0
+    #: COMMITTED rows of a sharded ClickHouse: ``host:port`` of every shard the txn staged on
+    #: (``protocol.shards.address``), which a leader rolling it forward must all reach.
+    shards: tuple[str, ...] = ()
 
 
 #: Columns written on insert and their ClickHouse types, in the order of ``to_insert_values``.
@@ -148,10 +151,14 @@ INSERT_SCHEMA: tuple[tuple[str, str], ...] = (
     ("published_at", "DateTime64(3, 'UTC')"),
     ("reason", "String"),
     ("tables", "Array(LowCardinality(String))"),  # per range, its table (``PartitionRange.table``)
+    ("shards", "Array(String)"),  # ``LedgerRow.shards``
 )
 #: Columns added after the first release, with their types: ``chtxn init`` and every coordinator
 #: start add them to a ledger made before (``add_column_sql``); rows stored before read as the default.
-ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("tables", "Array(LowCardinality(String))"),)
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("tables", "Array(LowCardinality(String))"),
+    ("shards", "Array(String)"),
+)
 INSERT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in INSERT_SCHEMA)
 INSERT_TYPES: tuple[str, ...] = tuple(kind for _, kind in INSERT_SCHEMA)
 
@@ -255,6 +262,7 @@ def to_insert_values(row: LedgerRow) -> list[object]:
         _dt(row.published_at),
         row.reason,
         [p.table for p in r],
+        list(row.shards),
     ]
 
 
@@ -289,6 +297,7 @@ def from_result_row(values: Sequence[Any]) -> LedgerRow:
         total_bytes=int(v["total_bytes"]),
         dead_letters=int(v["dead_letters"]),
         reason=v["reason"],
+        shards=tuple(v["shards"]),
         **{c: int(v[c]) / 1000 for c in _TIMES},
     )
 

@@ -12,7 +12,8 @@ import signal
 import pytest
 
 from clients import failpoints
-from tests.helpers import crash_a_coordinator_at, unique_name, wait_until
+from protocol import shards as shard_rules
+from tests.helpers import crash_a_coordinator_at, run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.leaders import LeaderThread, leaders
 from tests.sharded import (
@@ -173,4 +174,32 @@ def test_one_shards_stage_table_failing_step_5_aborts_the_txn_on_every_shard(sta
         wait_until(lambda: pipeline.ledger().txn(k).state == "ABORTED", WAIT_S, f"{k} aborted")
         wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed by a later txn")
     assert not any(n.endswith(f"__{k}") for n in stage_tables_on_shards(pipeline)), "k's stage tables dropped"
+    assert_exactly_once_over_shards(pipeline, produced)
+
+
+def test_a_shard_removed_from_the_config_while_a_committed_txn_waits_there_stops_the_next_leader(
+    stack, shards, tmp_path
+):
+    """Change is a fault: the leader dies between a txn's commit and its publish, and the next starts
+    with shard 3 gone from ``clickhouse.shards``. It must not publish the other shards and record the
+    txn PUBLISHED (shard 3's rows would be lost with its stage table): it stops, naming the txn and the
+    shard. Started again with shard 3 listed, it publishes every shard's rows once."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shgone"))
+    produced = pipeline.produce(900)
+    two = tmp_path / "two-shards.toml"
+    text = pipeline.config_path.read_text()
+    two.write_text(text.replace(f', "{shards.urls[2]}"]', "]"))
+    assert two.read_text() != text, "the config without shard 3"
+    with participants(pipeline, tasks=2):
+        crash_a_coordinator_at(pipeline.config_path, "leader.before-publish", WAIT_S * 2)
+        k = _committed_txn(pipeline)
+        assert _staged_rows(pipeline, shards.urls[2]) > 0, "the committed txn holds rows for shard 3"
+        refused = run_chtxn("coordinator", "--config", str(two), timeout_s=WAIT_S)
+        assert refused.returncode != 0
+        gone = shard_rules.address(shards.urls[2])
+        assert f"txn {k} is committed and not yet published, and has rows staged on {gone}" in refused.stderr
+        assert pipeline.ledger().txn(k).state == "COMMITTED", "nothing published without shard 3"
+        with coordinator(pipeline, coordinator_id="next"):
+            wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published by the next")
+            wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
     assert_exactly_once_over_shards(pipeline, produced)

@@ -62,7 +62,7 @@ def test_rows_without_tables_read_as_ranges_of_no_table():
     assert ledger.from_result_row(old_values).ranges == (rng("orders"),)
     encoded = msgspec.json.encode(new).replace(b',"table":"a"', b"")
     assert ledger_claims.decode_row(encoded.decode()).ranges == (rng("orders"),)
-    assert ledger.ADDED_COLUMNS == (("tables", "Array(LowCardinality(String))"),)
+    assert ledger.ADDED_COLUMNS == (("tables", "Array(LowCardinality(String))"), ("shards", "Array(String)"))
     assert ledger.add_column_sql("db", "tables") == (
         "ALTER TABLE `db`.`chtxn_ledger` ADD COLUMN IF NOT EXISTS tables Array(LowCardinality(String))"
     )
