@@ -9,6 +9,7 @@ from typing import Any
 
 from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
+from protocol.tables.replicated_ddl import distributed_local_table
 from protocol.tables.shape import columns_sql
 from protocol.tables.target_rules import Refusal, TargetFacts, ViewTable, refusals
 
@@ -16,6 +17,13 @@ from protocol.tables.target_rules import Refusal, TargetFacts, ViewTable, refusa
 _TARGET_SQL = (
     "SELECT engine, engine_full, dependencies_database, dependencies_table FROM system.tables "
     "WHERE database = {db:String} AND name = {t:String}"
+)
+
+
+#: The first replica of each shard of cluster ``{cluster}``, in shard order.
+_CLUSTER_SQL = (
+    "SELECT host_name, shard_weight FROM system.clusters WHERE cluster = {cluster:String} AND replica_num = 1 "
+    "ORDER BY shard_num"
 )
 
 
@@ -48,7 +56,16 @@ def read_target(client: Any, database: str, table: str) -> TargetFacts | None:
         columns=tuple(r[0] for r in columns),
         views=views,
         view_tables=_view_tables(client, views),
+        cluster_shards=_cluster_shards(client, engine_full) if engine == "Distributed" else (),
     )
+
+
+def _cluster_shards(client: Any, engine_full: str) -> tuple[tuple[str, int], ...]:
+    """(host, weight) of the first replica of each shard of a Distributed table's cluster, as this
+    server's ``system.clusters`` defines it; () when it does not."""
+    cluster = distributed_local_table(engine_full, "")[0]
+    rows = client.query(_CLUSTER_SQL, parameters={"cluster": cluster}).result_rows
+    return tuple((str(host), int(weight)) for host, weight in rows)
 
 
 def _view_tables(client: Any, views: tuple[str, ...]) -> tuple[ViewTable, ...]:

@@ -21,6 +21,7 @@ one on its own row with the very message the other three print.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -51,6 +52,9 @@ class TargetFacts(msgspec.Struct, frozen=True, kw_only=True):
     columns: tuple[str, ...] = ()  # names, in order
     views: tuple[str, ...] = ()  # materialized views reading from it, "db.view", sorted
     view_tables: tuple[ViewTable, ...] = ()  # their tables (read only when the server can say)
+    #: A Distributed table's cluster, as this server's ``system.clusters`` defines it: (host, weight) of
+    #: the first replica of each shard, in shard order (empty when the server does not define it).
+    cluster_shards: tuple[tuple[str, int], ...] = ()
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,7 +80,7 @@ def refusals(cfg: PipelineConfig, table: str, facts: TargetFacts | None) -> list
         ]
     engine = facts.engine
     if engine == "Distributed":
-        return [Refusal(check="target table", message=distributed_refusal(cfg.clickhouse.database, table, facts))]
+        return [Refusal(check="target table", message=distributed_refusal(cfg, table, facts))]
     if not engine.endswith("MergeTree"):
         return [
             Refusal(
@@ -122,8 +126,11 @@ def refusals(cfg: PipelineConfig, table: str, facts: TargetFacts | None) -> list
     return found
 
 
-def distributed_refusal(database: str, table: str, facts: TargetFacts) -> str:
-    """Why a ``Distributed`` target is refused, and the local table and the shards to name instead."""
+def distributed_refusal(cfg: PipelineConfig, table: str, facts: TargetFacts) -> str:
+    """Why a ``Distributed`` target is refused, and the local table and the shards to name instead: the
+    shards of its cluster when this server defines it, each at the scheme and port of ``clickhouse.url``
+    (``system.clusters`` gives the native protocol's ports, and chtxn speaks HTTP)."""
+    database = cfg.clickhouse.database
     cluster, local_db, local = distributed_local_table(facts.engine_full, database)
     local_db = database if local_db == "currentDatabase()" else local_db
     database_fix = f' and clickhouse.database = "{local_db}"' if local_db != database else ""
@@ -133,6 +140,21 @@ def distributed_refusal(database: str, table: str, facts: TargetFacts) -> str:
         f'; to place rows as it does, clickhouse.placement = "sharding-key" and clickhouse.sharding_key = "{key}"'
         if key and not key_problem(key)
         else ""
+    )
+    listed = f"list one server of every shard of cluster {cluster} in clickhouse.shards"
+    if facts.cluster_shards:
+        url = urlsplit(cfg.clickhouse.url)
+        port = url.port or (8443 if url.scheme == "https" else 8123)
+        urls = ", ".join(f'"{url.scheme}://{host}:{port}"' for host, _ in facts.cluster_shards)
+        listed = f"set clickhouse.shards = [{urls}] (cluster {cluster}, at clickhouse.url's port)"
+        weights = [w for _, w in facts.cluster_shards]
+        if placed and len(set(weights)) > 1:
+            placed += f" and clickhouse.shard_weights = {weights}"
+    return (
+        f"target table {database}.{table} is a Distributed table over {local_db}.{local} on cluster {cluster}; "
+        "chtxn publishes by moving partitions between tables of one server, which a Distributed table has not: "
+        f'set clickhouse.target_table = "{local}"{database_fix}, and {listed} to load them all{placed} '
+        "(docs/clusters.md, A sharded cluster)"
     )
     return (
         f"target table {database}.{table} is a Distributed table over {local_db}.{local} on cluster {cluster}; "

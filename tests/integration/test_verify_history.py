@@ -216,7 +216,9 @@ def test_rows_of_a_ledger_made_before_ranges_named_their_table_are_read_and_judg
     pipeline.client().insert("chtxn_ledger", [list(old.values())], column_names=list(old), database=db)
     put_rows(pipeline, "events", pipeline.topic, list(range(30)))
     before = chtxn("verify", "--config", str(pipeline.config_path), "--deep")
-    assert before.returncode != 0 and "lacks columns this version reads (tables, shards): run chtxn init" in before.stderr
+    assert (
+        before.returncode != 0 and "lacks columns this version reads (tables, shards): run chtxn init" in before.stderr
+    )
     assert chtxn("init", "--config", str(pipeline.config_path)).returncode == 0
     [row] = pipeline.ledger().commits()
     assert row.ranges == (PartitionRange(topic=pipeline.topic, partition=0, start=0, end=30, rows=30),)

@@ -94,3 +94,17 @@ def test_insert_select_needs_a_window_in_the_target_then_in_each_views_table() -
     assert view.check == "materialized views" and view.message.startswith("materialized view db.v on db.events")
     memory = msgspec.structs.replace(agg, engine="Memory", engine_full="Memory")  # not a MergeTree: nothing to set
     assert refusals(cfg, "events", msgspec.structs.replace(views, view_tables=(memory,))) == []
+
+
+def test_a_distributed_target_on_a_defined_cluster_names_its_shards_at_the_http_port() -> None:
+    facts = TargetFacts(
+        engine="Distributed",
+        engine_full="Distributed('main', '', 'events_local', cityHash64(user))",
+        cluster_shards=(("ch-1", 1), ("ch-2", 1), ("ch-3", 2)),
+    )
+    [refusal] = refusals(config(), "events", facts)
+    assert (
+        'set clickhouse.shards = ["http://ch-1:8123", "http://ch-2:8123", "http://ch-3:8123"] '
+        "(cluster main, at clickhouse.url's port) to load them all" in refusal.message
+    )
+    assert 'clickhouse.sharding_key = "cityHash64(user)" and clickhouse.shard_weights = [1, 1, 2]' in refusal.message
