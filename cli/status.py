@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             for s in status.shards:
                 answered = Styled("no", "red") if s.error else Styled("yes", "green")
                 rows = "-" if s.target_rows is None else str(s.target_rows)
-                shards.add(s.shard, s.address, answered, rows, ", ".join(s.staged_txns) or "-")
+                shards.add(s.shard, s.address, answered, rows, _txns(s.staged_txns))
             out.sheet(shards)
         if len(status.tables) > 1:  # [[route]]: each table of the pipeline, its partitions only
             tables = Sheet("target tables (this pipeline's partitions and commits)", TABLE_COLUMNS)
@@ -179,8 +179,14 @@ def _commit_line(status: status_report.Status) -> str:
 def _shard_line(s: ShardStatus) -> str:
     if s.error:
         return f"no answer: {escape(s.error)}"
-    staged = ", ".join(s.staged_txns) or "none"
-    return f"{s.target_rows} rows in the target; stage tables of {staged}"
+    return f"{s.target_rows} rows in the target; stage tables of {_txns(s.staged_txns, none='none')}"
+
+
+def _txns(txns: tuple[str, ...], none: str = "-") -> str:
+    """Up to three txn ids, else how many from the first to the last (``--json`` lists them all)."""
+    if len(txns) <= 3:
+        return ", ".join(txns) or none
+    return f"{len(txns)} txns, {txns[0]} .. {txns[-1]}"
 
 
 def _led(r: Replica) -> str:

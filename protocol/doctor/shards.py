@@ -32,9 +32,7 @@ def sharded_checks(cfg: PipelineConfig, ledger: ClickHouseFacts, shards: Sequenc
     """Every ClickHouse check of a sharded pipeline: ``ledger`` is what the server of ``clickhouse.url``
     said, ``shards`` what each of ``clickhouse.shards`` said, in shard order."""
     urls = cfg.clickhouse.shards
-    found = fold(
-        [(shard_rules.where(i, url), on_shard(cfg, facts)) for i, (url, facts) in enumerate(zip(urls, shards))]
-    )
+    found = fold(urls, [on_shard(cfg, facts) for facts in shards])
     mine = LEDGER_CHECKS
     if shard_rules.address(cfg.clickhouse.url) not in {shard_rules.address(u) for u in urls}:
         mine = mine | {"server version", "async_insert"}  # the ledger's server is none of the shards
@@ -52,20 +50,25 @@ def on_shard(cfg: PipelineConfig, facts: ClickHouseFacts) -> list[Check]:
     return [c for c in clickhouse_checks(cfg, facts) if c.name not in LEDGER_CHECKS]
 
 
-def fold(shards: Sequence[tuple[str, list[Check]]]) -> list[Check]:
-    """The checks of every shard (``(where, checks)`` in shard order) as rows: per check name, one row
-    for each verdict (status, found, fix), naming the shards that gave it; ``clickhouse`` rows first."""
-    names = list(dict.fromkeys(c.name for _, checks in shards for c in checks))
+def fold(urls: Sequence[str], shards: Sequence[list[Check]]) -> list[Check]:
+    """The checks of every shard (at ``urls``, in shard order) as rows: per check name, one row for each
+    verdict (status, found, fix), naming the shards that gave it (one with its address: ``where``);
+    ``clickhouse`` rows first."""
+    names = list(dict.fromkeys(c.name for checks in shards for c in checks))
     names.sort(key=lambda name: name != "clickhouse")  # stable: the others keep their order
     rows = []
     for name in names:
-        verdicts: dict[Check, list[str]] = {}
-        for where, checks in shards:
+        verdicts: dict[Check, list[int]] = {}
+        for i, checks in enumerate(shards):
             for c in checks:
                 if c.name == name:
-                    verdicts.setdefault(c, []).append(where)
-        for check, wheres in verdicts.items():
-            said = f"all {len(shards)} shards" if len(wheres) == len(shards) > 1 else ", ".join(wheres)
+                    verdicts.setdefault(c, []).append(i)
+        for check, indexes in verdicts.items():
+            if len(indexes) == 1:
+                said = shard_rules.where(indexes[0], urls[indexes[0]])
+            else:
+                every = len(indexes) == len(shards)
+                said = f"all {len(shards)} shards" if every else ", ".join(shard_rules.label(i) for i in indexes)
             rows.append(_named(check, said))
     return rows
 

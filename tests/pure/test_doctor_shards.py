@@ -57,14 +57,14 @@ def test_an_unreachable_shard_is_named_with_what_to_do_and_the_others_still_chec
     assert unreachable.status == "fail"
     assert unreachable.found == "shard 3 (ch-3:8123): cannot connect to ClickHouse at http://ch-3:8123 (...)"
     assert unreachable.fix == "start the server, or fix its URL in clickhouse.shards"
-    assert rows["target table"][0].found == "shard 1 (ch-1:8123), shard 2 (ch-2:8123): db.events: MergeTree"
+    assert rows["target table"][0].found == "shard 1, shard 2: db.events: MergeTree"
     assert rows["shard tables"][0].found.endswith("on 2 shards (1 not read)")
 
 
 def test_a_shard_whose_target_is_missing_fails_its_own_row() -> None:
     rows = by_name(sharded_checks(sharded(), on(), [on(), on(target=None), on()]))
     ok, missing = rows["target table"]
-    assert ok.found == "shard 1 (ch-1:8123), shard 3 (ch-3:8123): db.events: MergeTree"
+    assert ok.found == "shard 1, shard 3: db.events: MergeTree"
     assert (missing.status, missing.found) == ("fail", "shard 2 (ch-2:8123): db.events does not exist")
     assert missing.fix.startswith("target table db.events does not exist: create it")
 
@@ -110,5 +110,5 @@ def test_the_ledgers_server_outside_the_shards_gets_its_version_checked_too() ->
 
 def test_fold_keeps_each_checks_order_with_unreachable_rows_first() -> None:
     one = sharded_checks(sharded(), on(), [on(), on(), on()])
-    names = [c.name for c in fold([("a", one[:3]), ("b", one[1:3])])]
+    names = [c.name for c in fold(URLS[:2], [one[:3], one[1:3]])]
     assert names == [one[0].name, one[1].name, one[2].name]
