@@ -1,8 +1,9 @@
 """``chtxn doctor``: a preflight against the live ClickHouse server and Kafka broker that says, check by
 check, whether exactly-once holds there and what to change.
 
-The facts come from ``coordinator.doctor``, the verdicts from ``protocol.doctor.rules``. Exit code 0
-when no check failed (warnings do not fail), 1 when one did, 2 for a bad config.
+The facts come from ``coordinator.doctor``, the verdicts from ``protocol.doctor.rules`` (over the shards
+of ``clickhouse.shards``: ``protocol.doctor.shards``). Exit code 0 when no check failed (warnings do not
+fail), 1 when one did, 2 for a bad config.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from cli.broker_timeout import add_broker_timeout_option
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
-from coordinator.doctor import clickhouse_facts, kafka_facts
+from coordinator.doctor import clickhouse_facts, for_shards, kafka_facts
 from coordinator.offsets import partition_logs
 from protocol.checks import Check
 from protocol.config.parse import PipelineConfig, load_config
 from protocol.doctor.facts import Report
 from protocol.doctor.rules import clickhouse_checks, failed, kafka_checks
+from protocol.doctor.shards import sharded_checks
 from protocol.errors import ChtxnError
 from protocol.offsets.partition_logs import stops_check
 
@@ -41,7 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the metadata columns chtxn verify --deep needs, against clickhouse.input_format; the control and "
         "source topics; the broker's transactions, which dead letters are published in; partitions stopped because their "
         "log no longer matches the ledger (a topic deleted and created again), with why and how to decide "
-        "where they go on. Each row says ok, "
+        "where they go on. With clickhouse.shards, the server and target checks are made on every shard "
+        "(one row where the shards agree, else a row naming each shard), the ledger's on clickhouse.url, and "
+        "shard tables compares the target's columns and types, sorting key and partition key across the "
+        "shards. Each row says ok, "
         "warn or fail, what was found and what to do; what the coordinator, the participants and chtxn init "
         "refuse of the target fails its row with the line they print as the fix. Exit code 0 when no check "
         "failed (warnings do not fail), 1 when one did.",
@@ -78,11 +83,24 @@ def run(args: argparse.Namespace) -> int:
     checks: list[Check] = []
     # The servers are probed at once, each probe bounded: a server that is down costs its timeout, once.
     ones = [cfg.for_table(target) if cfg.route else cfg for target in cfg.tables]  # [[route]]: per table
-    with ThreadPoolExecutor(max_workers=len(ones) + 1, thread_name_prefix="doctor") as pool:
+    servers = 1 + len(cfg.clickhouse.shards)  # the ledger's, and every shard's
+    with ThreadPoolExecutor(max_workers=len(ones) * servers + 1, thread_name_prefix="doctor") as pool:
         kafka = pool.submit(kafka_facts, cfg, args.timeout)
-        facts = [(one, pool.submit(clickhouse_facts, one)) for one in ones]
-        for one, found in facts:  # each table's checks, those another table made already once
-            checks += [c for c in clickhouse_checks(one, found.result()) if c not in checks]
+        facts = [
+            (
+                one,
+                pool.submit(clickhouse_facts, one),
+                [pool.submit(clickhouse_facts, s, keeper=False) for s in for_shards(one)],
+            )
+            for one in ones
+        ]
+        for one, found, shards in facts:  # each table's checks, those another table made already once
+            made = (
+                sharded_checks(one, found.result(), [s.result() for s in shards])
+                if shards
+                else clickhouse_checks(one, found.result())
+            )
+            checks += [c for c in made if c not in checks]
         checks += kafka_checks(cfg, kafka.result())
     checks.append(_partition_logs(cfg))
     report = Report(pipeline=cfg.name, ok=not failed(checks), checks=tuple(checks))

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
-    metrics = CoordinatorMetrics(cfg.name, cfg.tables)
+    metrics = CoordinatorMetrics.of(cfg)
     service = CoordinatorService(cfg, metrics=metrics)
     port = cfg.coordinator.metrics_port if args.metrics_port is None else args.metrics_port
     address = cfg.coordinator.metrics_address if args.metrics_address is None else args.metrics_address

@@ -19,6 +19,7 @@ from protocol.config.parse import load_config
 from protocol.errors import SetupError
 from protocol.status import health as pipeline_health
 from protocol.status.health import Replica
+from protocol.status.shards import ShardStatus
 from protocol.status.standbys import STANDBY
 
 
@@ -35,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "timeout), commits (one within 2 x (interval_s + write_status_timeout_s)) and routes (no topic that the "
         "routes of several tables match: the leader holds it and reads none of it) and partition logs (no "
         "partition stopped because its log no longer matches the ledger: a topic deleted and created again, "
-        "a log that ends before the committed offset). Exit code 0 when no check "
+        "a log that ends before the committed offset). With clickhouse.shards, each shard: whether it "
+        "answered (within --timeout), the rows in the target table(s) there and the txns whose stage tables "
+        "it holds, and a shards check (every shard answered). Exit code 0 when no check "
         "failed, 1 otherwise; the failed checks are named.",
         epilog="Examples:\n  chtxn status --config pipeline.toml\n  chtxn status --config pipeline.toml --format tsv\n"
         "  chtxn status --config pipeline.toml --json | jq '{leader, epoch: .leader_epoch, failed}'",
@@ -76,6 +79,13 @@ REPLICA_COLUMNS = (
     Column("epoch", "epoch", right=True),
     Column("last heartbeat", "heard_s", right=True),
 )
+SHARD_COLUMNS = (
+    Column("shard", "shard"),
+    Column("server", "address"),
+    Column("answered", "answered"),
+    Column("rows in target", "target_rows", right=True),
+    Column("stage tables of", "staged_txns"),
+)
 CHECK_COLUMNS = (
     Column("check", "check"),
     Column("result", "result"),
@@ -111,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             out.note(f"coordinator {escape(r.id)}: {r.role}, {_led(r)}, {_heard(r)}")
         for c in status.checks:
             out.note(f"check {c.name}: {c.status}: {escape(c.found)}" + (f"; {escape(c.fix)}" if c.fix else ""))
+        for s in status.shards:
+            out.note(f"{s.shard} ({s.address}): {_shard_line(s)}")
     else:
         replicas = Sheet("coordinators (leaders and standbys heartbeat on the control topic)", REPLICA_COLUMNS)
         for r in status.replicas:
@@ -122,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
         for c in status.checks:
             checks.add(c.name, Styled(c.status, _STYLES[c.status]), c.found, c.fix or "-")
         out.sheet(checks)
+        if status.shards:
+            shards = Sheet("shards (clickhouse.shards; rows: every writer's, from system.tables)", SHARD_COLUMNS)
+            for s in status.shards:
+                answered = Styled("no", "red") if s.error else Styled("yes", "green")
+                rows = "-" if s.target_rows is None else str(s.target_rows)
+                shards.add(s.shard, s.address, answered, rows, _txns(s.staged_txns))
+            out.sheet(shards)
         if len(status.tables) > 1:  # [[route]]: each table of the pipeline, its partitions only
             tables = Sheet("target tables (this pipeline's partitions and commits)", TABLE_COLUMNS)
             for t in status.tables:
@@ -155,6 +174,19 @@ def _commit_line(status: status_report.Status) -> str:
             f"({status.rate_window_s:g} s)"
         )
     return line
+
+
+def _shard_line(s: ShardStatus) -> str:
+    if s.error:
+        return f"no answer: {escape(s.error)}"
+    return f"{s.target_rows} rows in the target; stage tables of {_txns(s.staged_txns, none='none')}"
+
+
+def _txns(txns: tuple[str, ...], none: str = "-") -> str:
+    """Up to three txn ids, else how many from the first to the last (``--json`` lists them all)."""
+    if len(txns) <= 3:
+        return ", ".join(txns) or none
+    return f"{len(txns)} txns, {txns[0]} .. {txns[-1]}"
 
 
 def _led(r: Replica) -> str:

@@ -1,8 +1,10 @@
 """What ``chtxn status`` finds (``collect``): the coordinators, the last commit and rate, the checks
 and each partition's lag, from the ledger (epochs, the head, the latest commits), the tail of the
-control topic (``cli.control_tail``) and each source partition's log end (``clients.log_ends``:
-right on the embedded broker too, whose ListOffsets answer trails the log). The verdicts are
-``protocol.status.health``'s; the standbys are added by ``protocol.status.standbys``.
+control topic (``cli.control_tail``), each source partition's log end (``clients.log_ends``:
+right on the embedded broker too, whose ListOffsets answer trails the log) and, with
+``clickhouse.shards``, each shard's tables (``cli.shard_reads``). The verdicts are
+``protocol.status.health``'s and ``protocol.status.shards``'; the standbys are added by
+``protocol.status.standbys``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import msgspec
 
 from cli import control_tail
+from cli.shard_reads import status_of_shards
 from cli.txn import _missing_ledger, open_ledger
 from clients import kafka as kafka_clients
 from clients.clickhouse import retry_budget_s
@@ -28,6 +31,7 @@ from protocol.ledger.view import TxnSummary
 from protocol.offsets.partition_logs import stops_check
 from protocol.status import health as pipeline_health
 from protocol.status.health import Replica
+from protocol.status.shards import ShardStatus, shards_check
 from protocol.status.standbys import with_standbys
 
 
@@ -73,6 +77,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     paused_at: float  # unix seconds of the pause; 0.0 when not paused
     partitions: tuple[PartitionStatus, ...]
     tables: tuple[TableStatus, ...]
+    shards: tuple[ShardStatus, ...]  # each shard of clickhouse.shards, in shard order; () when not sharded
     checks: tuple[Check, ...]
     failed: tuple[str, ...]  # the names of the checks that failed
     healthy: bool  # no check failed (a warning does not fail)
@@ -143,6 +148,9 @@ def collect(
         checks = (*checks[:2], Check(name="commits", status="warn", found=found_pause, fix="chtxn resume"))
     checks = (*checks, pipeline_health.routes_check(routed.ambiguous))
     checks = (*checks, stops_check({tp: s for tp, s in stopped.items() if tp in set(partitions)}))
+    shards = status_of_shards(cfg, timeout_s) if cfg.clickhouse.shards else ()
+    if shards:
+        checks = (*checks, shards_check(shards))
     failed = tuple(c.name for c in checks if c.status == "fail")
     return Status(
         pipeline=cfg.name,
@@ -166,6 +174,7 @@ def collect(
         paused_at=(pause.started_at or pause.event_time) if paused and pause else 0.0,
         partitions=tuple(rows),
         tables=_tables(cfg, rows, commits),
+        shards=shards,
         checks=checks,
         failed=failed,
         healthy=not failed,

@@ -18,9 +18,10 @@ from rich.markup import escape
 
 from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
+from cli.shard_reads import stages_on_shards
 from clients.clickhouse import make_client
 from coordinator.ledger.history import LedgerHistory
-from protocol import routing
+from protocol import naming, routing
 from protocol.chcodes import UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
 from protocol.config.parse import PipelineConfig, load_config
 from protocol.errors import ClickHouseError, SetupError
@@ -44,6 +45,13 @@ TXN_COLUMNS = (
     Column("total ms", "total_ms", right=True),
     Column("coordinator", "coordinator", wide=True),
     Column("reason", "reason", fold=10),
+)
+#: The columns of the shards in ``txn show`` (with ``clickhouse.shards``).
+STAGE_COLUMNS = (
+    Column("shard", "shard"),
+    Column("server", "address"),
+    Column("stage tables", "stage_tables", fold=20),
+    Column("rows", "rows", right=True),
 )
 
 
@@ -95,8 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "show",
         help="one transaction in full",
         description="Everything the ledger holds of one transaction: state, epoch, commit slot, "
-        "offsets and rows per partition, durations, abort reason. With --format tsv, the transaction "
-        "as txn list --format tsv gives it.",
+        "offsets and rows per partition, durations, abort reason. With clickhouse.shards, also the "
+        "txn's stage tables each shard holds now and their rows (none once it is published or aborted). "
+        "With --format tsv, the transaction as txn list --format tsv gives it.",
         epilog="Examples:\n  chtxn txn show e3_t17 --config pipeline.toml\n"
         "  chtxn txn show e3_t17 --config pipeline.toml --format tsv",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -210,8 +219,9 @@ def run_show(args: argparse.Namespace) -> int:
     if summary is None:
         raise SetupError(f"no ledger rows for txn {args.txn!r} in pipeline {cfg.name}: list txns with chtxn txn list")
     by_table = rows_by_table(cfg, summary)
+    shards = stages_on_shards(cfg, naming.split_stages(summary.stage_table)) if cfg.clickhouse.shards else ()
     if args.format == "json":
-        document = {**msgspec.to_builtins(summary), "rows_by_table": by_table}
+        document = {**msgspec.to_builtins(summary), "rows_by_table": by_table, "shards": msgspec.to_builtins(shards)}
         print(msgspec.json.format(msgspec.json.encode(document)).decode())
         return 0
     out = Output(args.format)
@@ -221,6 +231,12 @@ def run_show(args: argparse.Namespace) -> int:
         out.sheet(sheet)
         return 0
     _print_summary(out, summary, by_table if len(cfg.tables) > 1 else None)
+    if shards:
+        on = Sheet("the txn's stage tables on each shard, now", STAGE_COLUMNS)
+        for s in shards:
+            held = Styled(f"no answer: {s.error}", "red") if s.error else ", ".join(s.stage_tables) or "none"
+            on.add(s.shard, s.address, held, "-" if s.rows is None else str(s.rows))
+        out.sheet(on)
     return 0
 
 

@@ -5,7 +5,8 @@ It reads only, but for two probes that leave nothing behind: the KeeperMap probe
 (``coordinator.keeper_probe``), run when ``ledger.commit_point = "keeper"`` and also when the target
 is replicated (so that the advice to switch to it is known to work), and one Kafka transaction that
 is aborted. The probes use names of their own (``<pipeline>.chtxn-doctor``), so a running pipeline is
-never fenced or disturbed.
+never fenced or disturbed. A sharded ClickHouse (``clickhouse.shards``) is read on the ledger's server
+and on every shard (``for_shards``), the KeeperMap probe on the ledger's server only.
 
 The profile's settings are the ones the server reported when the client connected
 (``Client.server_settings``), before chtxn's own per-request settings (``async_insert = 0``, ...),
@@ -39,7 +40,8 @@ from protocol.doctor.facts import (
 )
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import rows as ledger
-from protocol.tables.shape import TABLE_ENGINE_SQL
+from protocol.tables.shape import SHAPES_SQL, TABLE_ENGINE_SQL, shapes_of
+from protocol.tables.target_rules import TargetFacts
 
 #: Seconds one ClickHouse request of the doctor may take. A KeeperMap table created while Keeper is
 #: down fails after about 30 s on ClickHouse 26.9 (its Keeper client's connection tries).
@@ -51,8 +53,17 @@ def doctor_id(cfg: PipelineConfig) -> str:
     return f"{cfg.name}.chtxn-doctor"
 
 
-def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
-    """What the server says; ``error`` set (and nothing else) when it cannot be read."""
+def for_shards(cfg: PipelineConfig) -> list[PipelineConfig]:
+    """``cfg`` once per shard of ``clickhouse.shards``, in shard order, each that shard's server alone;
+    [] when the ClickHouse is not sharded."""
+    if not cfg.clickhouse.shards:
+        return []
+    return [msgspec.structs.replace(cfg, clickhouse=section) for section in cfg.shard_sections]
+
+
+def clickhouse_facts(cfg: PipelineConfig, *, keeper: bool = True) -> ClickHouseFacts:
+    """What the server says; ``error`` set (and nothing else) when it cannot be read. ``keeper`` False:
+    no KeeperMap probe (a shard's server, where no commit point is claimed)."""
     section = msgspec.structs.replace(
         cfg.clickhouse, send_receive_timeout_s=min(cfg.clickhouse.send_receive_timeout_s, REQUEST_TIMEOUT_S)
     )
@@ -61,7 +72,7 @@ def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
     except ClickHouseError as exc:
         return ClickHouseFacts(error=str(exc), error_code=exc.code)
     try:
-        return _read(cfg, client)
+        return _read(cfg, client, keeper=keeper)
     except Exception as exc:
         if not is_clickhouse_failure(exc):
             raise
@@ -71,7 +82,7 @@ def clickhouse_facts(cfg: PipelineConfig) -> ClickHouseFacts:
         client.close()
 
 
-def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
+def _read(cfg: PipelineConfig, client: Any, *, keeper: bool) -> ClickHouseFacts:
     db, name = cfg.clickhouse.database, cfg.clickhouse.target_table
 
     def rows(sql: str, **parameters: Any) -> list[tuple]:
@@ -84,7 +95,7 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
         if s in profile
     }
     found = read_target(client, db, name)
-    target = None if found is None else Table(engine=found.engine, engine_full=found.engine_full, columns=found.columns)
+    target = None if found is None else _target(rows, found, db, name)
     replicas: tuple[Replica, ...] = ()
     if target is not None and replicated(target.engine):
         replicas = tuple(
@@ -102,7 +113,7 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
             )
         )
     probe = cfg.ledger.commit_point == "keeper" or bool(cfg.clickhouse.cluster)
-    probe = probe or (target is not None and replicated(target.engine))
+    probe = keeper and (probe or (target is not None and replicated(target.engine)))
     return ClickHouseFacts(
         version=str(rows("SELECT version()")[0][0]),
         settings=settings,
@@ -120,6 +131,20 @@ def _read(cfg: PipelineConfig, client: Any) -> ClickHouseFacts:
         ledger=_table(rows, db, ledger.TABLE),
         stage_window=STAGE_DEDUP_WINDOW,
         keeper=_keeper_probe(cfg) if probe else None,
+    )
+
+
+def _target(rows: Any, found: TargetFacts, db: str, name: str) -> Table:
+    """The target as ``read_target`` found it, with its columns' types and its keys."""
+    shape = shapes_of(rows(SHAPES_SQL, db=db, names=[name])).get(name)
+    kinds = dict(shape.columns) if shape else {}
+    return Table(
+        engine=found.engine,
+        engine_full=found.engine_full,
+        columns=found.columns,
+        types=tuple(kinds.get(c, "") for c in found.columns),
+        sorting_key=shape.sorting if shape else "",
+        partition_key=shape.partition if shape else "",
     )
 
 

@@ -35,7 +35,6 @@ from coordinator.stage.shards import Stages
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
-from protocol import routing
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import (
     AbortTxn,
@@ -334,14 +333,7 @@ class Leader:
             self.ledger.after_won_slot(row.commit_seq, epoch=row.epoch, coordinator=row.coordinator)
             failpoints.hit("leader.after-commit", self.coordinator)
             txn = action.txn
-            self.metrics.committed()
-            self.metrics.rows.labels(self.cfg.name).inc(txn.rows)
-            by_topic = routing.route({tp.topic for tp in txn.statuses}, self.cfg.routes).tables
-            for tp, ws in txn.statuses.items():
-                if ws.rows and tp.topic in by_topic:  # a txn only holds rows of routed topics
-                    self.metrics.table_rows.labels(self.cfg.name, by_topic[tp.topic]).inc(ws.rows)
-            self.metrics.bytes.labels(self.cfg.name).inc(sum(ws.bytes for ws in txn.statuses.values()))
-            self.metrics.dead_letters.labels(self.cfg.name).inc(sum(ws.dead_letters for ws in txn.statuses.values()))
+            self.metrics.count_commit(txn, self.cfg)
             ended = self._ack_at.pop(txn.id, None)
             if ended is not None:
                 self.metrics.commit_latency.labels(self.cfg.name).observe(self.clock() - ended)

@@ -5,7 +5,8 @@ is 0 there, so ``sum by (pipeline) (chtxn_leader)`` counts the leaders of a pipe
 leader-only gauges (lag, live partitions) are reset when a replica stops leading, so a former leader
 never exports stale figures beside the new one's; so are the participants' own figures, which only
 the leader exports (``coordinator.participant_metrics``: one series per participant copy, from its
-heartbeats). The registry also holds prometheus_client's process, platform and garbage-collector
+heartbeats). A sharded ClickHouse (``clickhouse.shards``) adds two series per shard, labelled
+``shard`` with ``protocol.shards.where`` (``shard 2 (host:port)``: as few as the shards). The registry also holds prometheus_client's process, platform and garbage-collector
 collectors (``process_*``, ``python_*``), which a registry of our own does not get by default.
 ``docs/operations.md`` lists every series.
 """
@@ -29,6 +30,8 @@ from prometheus_client import (
 )
 
 from coordinator.participant_metrics import ParticipantCollector
+from protocol import routing, shards as shard_rules
+from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import (
     ABORT_KINDS,
     AbortTxn,
@@ -38,6 +41,7 @@ from protocol.coordinator.events import (
     DropStage,
     Publish,
     RecordStarted,
+    Txn,
 )
 from protocol.messages import ParticipantFigures, TopicPartition
 
@@ -73,8 +77,14 @@ class _PipelineLabel(TypedDict):
 class CoordinatorMetrics:
     """One registry per service, so tests can run several coordinators in one process."""
 
-    def __init__(self, pipeline: str, tables: Sequence[str] = ()) -> None:
-        """``tables``: the pipeline's target tables, whose series exist from the start."""
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> CoordinatorMetrics:
+        """The metrics of ``cfg``'s pipeline, with a series per target table and per shard from the start."""
+        return cls(cfg.name, cfg.tables, [shard_rules.where(i, url) for i, url in enumerate(cfg.clickhouse.shards)])
+
+    def __init__(self, pipeline: str, tables: Sequence[str] = (), shards: Sequence[str] = ()) -> None:
+        """``tables``: the pipeline's target tables, ``shards`` its shards (``protocol.shards.where``, in
+        shard order), whose series exist from the start."""
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -110,6 +120,19 @@ class CoordinatorMetrics:
             "chtxn_table_rows_committed",
             "Rows committed into each target table (this pipeline's rows only)",
             ["pipeline", "table"],
+            registry=self.registry,
+        )
+        self.shards = list(shards)
+        self.shard_rows = Counter(
+            "chtxn_shard_rows_committed",
+            "Rows committed into each shard of clickhouse.shards, by the shard their source partition is placed on",
+            ["pipeline", "shard"],
+            registry=self.registry,
+        )
+        self.shard_publish_failures = Counter(
+            "chtxn_shard_publish_failures",
+            "Attempts to publish a committed txn's stage tables on each shard that failed (each is retried)",
+            ["pipeline", "shard"],
             registry=self.registry,
         )
         self.bytes = Counter("chtxn_bytes_committed", "Bytes of records committed", **labels)
@@ -162,6 +185,9 @@ class CoordinatorMetrics:
             self.step_seconds.labels(pipeline, step)
         for table in tables:
             self.table_rows.labels(pipeline, table)
+        for shard in self.shards:
+            self.shard_rows.labels(pipeline, shard)
+            self.shard_publish_failures.labels(pipeline, shard)
         for metric in (
             self.last_commit,
             self.commit_latency,
@@ -210,3 +236,22 @@ class CoordinatorMetrics:
         """This replica, leading, has just won a commit slot (commit step 6)."""
         self.transactions.labels(self.pipeline, "committed").inc()
         self.last_commit.labels(self.pipeline).set_to_current_time()
+
+    def count_commit(self, txn: Txn, cfg: PipelineConfig) -> None:
+        """What this replica, leading, has just committed in ``txn``: its rows (in all, by target table by
+        ``cfg``'s routes, and by shard by placement), bytes and dead letters."""
+        self.committed()
+        self.rows.labels(self.pipeline).inc(txn.rows)
+        by_topic = routing.route({tp.topic for tp in txn.statuses}, cfg.routes).tables
+        for tp, ws in txn.statuses.items():
+            if ws.rows and tp.topic in by_topic:  # a txn only holds rows of routed topics
+                self.table_rows.labels(self.pipeline, by_topic[tp.topic]).inc(ws.rows)
+            if ws.rows and self.shards and cfg.clickhouse.placement == "partition":  # by key, a partition spreads
+                shard = self.shards[shard_rules.shard_of(tp.topic, tp.partition, len(self.shards))]
+                self.shard_rows.labels(self.pipeline, shard).inc(ws.rows)
+        self.bytes.labels(self.pipeline).inc(sum(ws.bytes for ws in txn.statuses.values()))
+        self.dead_letters.labels(self.pipeline).inc(sum(ws.dead_letters for ws in txn.statuses.values()))
+
+    def shard_publish_failed(self, shard: str) -> None:
+        """An attempt to publish a txn's stage tables on ``shard`` (``protocol.shards.where``) failed."""
+        self.shard_publish_failures.labels(self.pipeline, shard).inc()

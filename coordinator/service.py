@@ -31,6 +31,7 @@ from coordinator.leader import Leader
 from coordinator.lease import StandbyBeat
 from coordinator.ledger import commit_points
 from coordinator.ledger.store import LedgerStore
+from coordinator.metered_shard import MeteredShard
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.readiness import Readiness
 from coordinator.stage.sets import StageSet
@@ -64,7 +65,7 @@ class CoordinatorService:
         self.cfg = cfg
         self.id = cfg.coordinator_id
         self.clock = clock
-        self.metrics = metrics or CoordinatorMetrics(cfg.name, cfg.tables)
+        self.metrics = metrics or CoordinatorMetrics.of(cfg)
         self.readiness = Readiness()
         self.epoch = 0  # the epoch this replica leads, 0 as standby
         self.leaderships = 0
@@ -104,7 +105,7 @@ class CoordinatorService:
             stop.wait(min(0.1, max(0.0, until - self.clock())))
 
     def _run_once(self, stop: threading.Event) -> None:
-        ledger, stages = clickhouse_stores(self.cfg)
+        ledger, stages = clickhouse_stores(self.cfg, metrics=self.metrics)
         ledger.ensure_tables()
         commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
         # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
@@ -207,8 +208,9 @@ def problem_cause(exc: BaseException) -> str:
     return "other"
 
 
-def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, Stages]:
-    """The ledger and the stage tables (on every shard of ``clickhouse.shards``), on clients whose queries run at
+def clickhouse_stores(cfg: PipelineConfig, *, metrics: CoordinatorMetrics | None = None) -> tuple[LedgerStore, Stages]:
+    """The ledger and the stage tables (on every shard of ``clickhouse.shards``, each shard's failed publishes
+    counted in ``metrics`` when given), on clients whose queries run at
     ``coordinator.clickhouse_nice`` (ClickHouse's ``os_thread_priority``): ahead of the
     participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
     without ``CAP_SYS_NICE`` ignores the setting; at 0 it is not sent (a server may refuse it)."""
@@ -224,10 +226,13 @@ def clickhouse_stores(cfg: PipelineConfig) -> tuple[LedgerStore, Stages]:
     copy = {"os_thread_priority": 0} if renice else {}
     if not cfg.clickhouse.shards:
         return ledger, stage_set(cfg, client, copy_settings=copy)
-    shards = {
-        shard_rules.where(i, section.url): stage_set(cfg, make_client(section, **renice), copy_settings=copy)
-        for i, section in enumerate(cfg.shard_sections)
-    }
+    shards: dict[str, StageSet] = {}
+    for i, section in enumerate(cfg.shard_sections):
+        where = shard_rules.where(i, section.url)
+        one = stage_set(cfg, make_client(section, **renice), copy_settings=copy)
+        if metrics is not None:
+            one = MeteredShard(one.tables, coordinator=one.coordinator, shard=where, metrics=metrics)
+        shards[where] = one
     return ledger, ShardedStages(shards, client, coordinator=cfg.coordinator_id)
 
 

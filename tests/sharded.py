@@ -8,6 +8,7 @@ against the ledger's committed ranges, independently of ``chtxn verify --deep``.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -121,3 +122,12 @@ def more_shards(stack, tmp_path: Path, count: int) -> Iterator[Shards]:
         for endpoint in endpoints:
             started.enter_context(endpoint)
         yield Shards([stack.clickhouse_url, *(e.url for e in endpoints)], endpoints)
+
+
+def config_with_shards(pipeline: Pipeline, urls: list[str], path: Path) -> Path:
+    """A copy of ``pipeline``'s config file at ``path`` whose ``clickhouse.shards`` are ``urls``."""
+    text = pipeline.config_path.read_text()
+    listed = f"shards = {json.dumps(list(pipeline.cfg.clickhouse.shards))}"
+    assert listed in text, text
+    path.write_text(text.replace(listed, f"shards = {json.dumps(urls)}"))
+    return path

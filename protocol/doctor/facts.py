@@ -36,6 +36,9 @@ class Table(msgspec.Struct, frozen=True, kw_only=True):
     engine: str
     engine_full: str
     columns: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()  # each column's type, in the order of ``columns`` (the target's only)
+    sorting_key: str = ""  # as system.tables shows them ("" when the table has none)
+    partition_key: str = ""
 
 
 class Replica(msgspec.Struct, frozen=True, kw_only=True):

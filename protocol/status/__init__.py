@@ -1,5 +1,6 @@
 """The verdicts of ``chtxn status``: the pipeline's health from the control topic and the ledger
-(``health``) and the standby replicas among the coordinators (``standbys``).
+(``health``), the standby replicas among the coordinators (``standbys``) and the shards of a sharded
+ClickHouse (``shards``, also for ``chtxn txn show``).
 
 Imports: protocol.
 """

@@ -1,8 +1,9 @@
 """Faults of a pipeline into a sharded ClickHouse (``clickhouse.shards``, issue 39): three real
 embedded endpoints, each its own chDB process and data, real participant tasks, real leaders; a
 leader stalled or killed between two shards' publishes, a shard frozen (SIGSTOP) through commit
-and publish, a shard killed and restarted mid-txn, one shard's stage table failing commit step 5.
-Every test ends with the oracle over the union of the shards (``tests.sharded``)."""
+and publish, a shard killed and restarted mid-txn, one shard's stage table failing commit step 5, a
+shard down at publish time counted by the leader's metrics. Every test ends with the oracle over the
+union of the shards (``tests.sharded``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.sharded import (
     client_of,
     make_sharded_pipeline,
     more_shards,
+    rows_per_shard,
     stage_tables_on_shards,
     union_count,
 )
@@ -202,4 +204,50 @@ def test_a_shard_removed_from_the_config_while_a_committed_txn_waits_there_stops
         with coordinator(pipeline, coordinator_id="next"):
             wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published by the next")
             wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
+    assert_exactly_once_over_shards(pipeline, produced)
+
+
+def test_the_leaders_metrics_count_each_shards_rows_and_a_down_shards_failed_publishes(stack, shards, tmp_path):
+    """Shard 3's server is SIGKILLed while a committed txn with rows for it waits before its publish: the
+    leader counts the failed publishes under shard 3 alone (``chtxn_shard_publish_failures_total``), and
+    once it is back and everything is published, each shard's ``chtxn_shard_rows_committed_total`` is
+    the rows that shard holds."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shmet"), partitions=6)
+    produced = pipeline.produce(900)
+    wheres = [shard_rules.where(i, url) for i, url in enumerate(shards.urls)]
+    down = shards.endpoint(2)
+
+    def for_shard_3(t) -> bool:  # a TxnSummary
+        return t.state == "COMMITTED" and any(shard_rules.shard_of(r.topic, r.partition, 3) == 2 for r in t.ranges)
+
+    with participants(pipeline, tasks=2), coordinator(pipeline, coordinator_id="c1") as service:
+
+        def value(name: str, shard: str) -> float | None:
+            labels = {"pipeline": pipeline.cfg.name, "shard": shard}
+            return service.metrics.registry.get_sample_value(name, labels)
+
+        assert [value("chtxn_shard_publish_failures_total", w) for w in wheres] == [0, 0, 0]
+        publishing = failpoints.arm("leader.before-publish", "pause*1", who="c1")
+        try:
+            assert publishing.reached.wait(WAIT_S), "no txn reached its publish"
+            wait_until(
+                lambda: any(for_shard_3(t) for t in pipeline.ledger().history(limit=50)),
+                WAIT_S,
+                "a txn with rows for shard 3 committed, its publish waiting",
+            )
+            os.killpg(down.pid, signal.SIGKILL)
+            down.stop()
+        finally:
+            failpoints.release("leader.before-publish")
+        wait_until(
+            lambda: (value("chtxn_shard_publish_failures_total", wheres[2]) or 0) >= 1,
+            WAIT_S,
+            "a failed publish on shard 3 counted",
+        )
+        down.start()
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S * 2, "every record published once shard 3 is back")
+        assert [value("chtxn_shard_publish_failures_total", w) for w in wheres[:2]] == [0, 0]
+        placed = [len(rows) for rows in rows_per_shard(pipeline)]
+        assert [value("chtxn_shard_rows_committed_total", w) for w in wheres] == placed
+        assert sum(placed) == produced and all(placed), placed
     assert_exactly_once_over_shards(pipeline, produced)

@@ -13,15 +13,18 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
+from procs import free_port
+from protocol import shards as shard_rules
 from tests.helpers import create_topic, run_chtxn, unique_name, wait_until
 from tests.pipelines import Pipeline, make_pipeline
+from tests.sharded import client_of, config_with_shards, make_sharded_pipeline, more_shards
 
 chtxn = partial(run_chtxn, timeout_s=240, installed=True, inherit_chtxn_vars=False, env={"COLUMNS": "200"})
 
 
-def doctor(pipeline: Pipeline, *extra: str) -> tuple[int, dict[str, dict], str]:
-    """Exit code, the checks by name, and stderr of ``chtxn doctor --json``."""
-    result = chtxn("doctor", "--config", str(pipeline.config_path), "--json", *extra)
+def doctor(pipeline: Pipeline, *extra: str, config: Path | None = None) -> tuple[int, dict[str, dict], str]:
+    """Exit code, the checks by name, and stderr of ``chtxn doctor --json`` (on ``config``, else the pipeline's)."""
+    result = chtxn("doctor", "--config", str(config or pipeline.config_path), "--json", *extra)
     report = json.loads(result.stdout)
     assert report["ok"] == (result.returncode == 0), result.stdout
     return result.returncode, {c["name"]: c for c in report["checks"]}, result.stderr
@@ -264,3 +267,61 @@ def test_an_unreachable_broker_is_one_line_within_the_timeout(stack, tmp_path: P
     [line] = [line for line in table.stdout.splitlines() if line.startswith("kafka broker")]
     assert f"cannot reach a Kafka broker at {closed} within 2 s" in line
     assert "exactly-once: 1 check(s) failed: kafka broker" in table.stdout
+
+
+# ---- a sharded ClickHouse ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shard_urls(stack, tmp_path_factory):
+    """Three shards: the stack's endpoint and two more embedded ones, each its own chDB process and data."""
+    with more_shards(stack, tmp_path_factory.mktemp("doctor_shards"), 2) as shards:
+        yield shards.urls
+
+
+def test_sharded_the_checks_are_made_on_every_shard_and_the_ledgers_once(stack, shard_urls, tmp_path: Path) -> None:
+    name = unique_name("doc_shards")
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, name)
+    code, checks, _ = doctor(pipeline)
+    assert code == 0 and failing(checks) == [], checks
+    assert checks["target table"]["found"] == f"all 3 shards: {name}.events: MergeTree"
+    assert checks["metadata columns"]["found"].startswith("all 3 shards: _topic, _partition, _offset")
+    ledger = f"the ledger's server ({shard_rules.address(shard_urls[0])})"
+    assert checks["commit point"]["found"] == f"{ledger}: token: the ledger's deduplication, on one server"
+    assert checks["shard tables"] == {
+        "name": "shard tables",
+        "status": "ok",
+        "found": f"{name}.events: the same columns and types, sorting key and partition key on 3 shards",
+        "fix": "",
+    }
+
+
+def test_sharded_a_column_of_another_type_on_one_shard_fails_naming_it(stack, shard_urls, tmp_path: Path) -> None:
+    name = unique_name("doc_shtype")
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, name)
+    client_of(shard_urls[2]).command(f"ALTER TABLE `{name}`.events MODIFY COLUMN amount Float32")
+    code, checks, _ = doctor(pipeline)
+    assert (code, failing(checks)) == (1, ["shard tables"])
+    third = shard_rules.where(2, shard_urls[2])
+    assert checks["shard tables"]["found"] == f"{third}: column amount is Float32, shard 1 has Float64"
+    assert checks["shard tables"]["fix"].startswith(f"ALTER TABLE {name}.events on shard 3 (or on the others)")
+
+    table = chtxn("doctor", "--config", str(pipeline.config_path))
+    assert table.returncode == 1, table.stdout + table.stderr
+    [line] = [line for line in table.stdout.splitlines() if line.startswith("shard tables")]
+    assert line.split()[2] == "fail" and f"{third}: column amount is Float32" in line, line
+    assert "exactly-once: 1 check(s) failed: shard tables" in table.stdout
+
+
+def test_sharded_an_unreachable_shard_is_named_with_what_to_do(stack, shard_urls, tmp_path: Path) -> None:
+    name = unique_name("doc_shdown")
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, name)
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    config = config_with_shards(pipeline, [*shard_urls, dead], tmp_path / "four.toml")
+    code, checks, _ = doctor(pipeline, config=config)
+    assert (code, failing(checks)) == (1, ["clickhouse"])
+    fourth = shard_rules.where(3, dead)
+    assert checks["clickhouse"]["found"].startswith(f"{fourth}: cannot connect to ClickHouse at {dead}")
+    assert checks["clickhouse"]["fix"] == "start the server, or fix its URL in clickhouse.shards"
+    assert checks["target table"]["found"] == f"shard 1, shard 2, shard 3: {name}.events: MergeTree"
+    assert checks["shard tables"]["found"].endswith("on 3 shards (1 not read)")

@@ -8,12 +8,15 @@ import json
 
 import pytest
 
+from clients import failpoints
+from procs import free_port
 from protocol import shards as shard_rules
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
 from tests.sharded import (
     assert_exactly_once_over_shards,
     client_of,
+    config_with_shards,
     make_sharded_pipeline,
     more_shards,
     rows_per_shard,
@@ -111,3 +114,71 @@ def test_placement_by_key_is_the_distributed_tables_for_every_integer_width(stac
     bits = 32 if key_type in ("Int8", "UInt16", "Int32") else 64
     owner = shard_rules.slots(weights)
     assert [f"s{owner[(int(x) % 2**bits) % len(owner)]}" for x, _ in rows] == [placed for _, placed in rows]
+
+
+def test_status_and_txn_show_give_each_shard_its_rows_and_stage_tables(stack, shard_urls, tmp_path):
+    """With a committed txn held before its publish: ``txn show`` gives its stage table on every shard with
+    the rows of the partitions placed there, ``status`` each shard's target rows and staged txns; once
+    published, no stage table is left; a fourth shard at a free port fails status's ``shards`` check."""
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("shstat"), partitions=6)
+    config = str(pipeline.config_path)
+    produced = pipeline.produce(900)
+    with participants(pipeline, tasks=2), coordinator(pipeline, coordinator_id="c1"):
+        publishing = failpoints.arm("leader.before-publish", "pause*1", who="c1")
+        try:
+            assert publishing.reached.wait(WAIT_S), "no txn reached its publish"
+            k = wait_until(
+                lambda: next(
+                    (t for t in pipeline.ledger().history(limit=50) if t.state == "COMMITTED" and t.ranges), None
+                ),
+                WAIT_S,
+                "a txn with rows committed and not published (the publishes wait behind the paused one)",
+            )
+            shown = json.loads(run_chtxn("txn", "show", k.txn, "--config", config, "--json", check=True).stdout)
+            placed = [
+                sum(r.rows for r in k.ranges if shard_rules.shard_of(r.topic, r.partition, 3) == i) for i in range(3)
+            ]
+            assert sum(placed) == k.total_rows > 0
+            assert shown["shards"] == [
+                {
+                    "shard": shard_rules.label(i),
+                    "address": shard_rules.address(url),
+                    "error": "",
+                    "stage_tables": [k.stage_table],
+                    "rows": placed[i],
+                }
+                for i, url in enumerate(shard_urls)
+            ]
+            table = run_chtxn("txn", "show", k.txn, "--config", config, check=True).stdout
+            assert f"shard 2  {shard_rules.address(shard_urls[1])}  {k.stage_table}" in table, table
+
+            status = json.loads(run_chtxn("status", "--config", config, "--json").stdout)
+            db = pipeline.cfg.clickhouse.database
+            for i, (url, shard) in enumerate(zip(shard_urls, status["shards"])):
+                assert shard["shard"] == shard_rules.label(i) and shard["error"] == ""
+                assert shard["target_rows"] == int(client_of(url).command(f"SELECT count() FROM `{db}`.events"))
+                assert k.txn in shard["staged_txns"], shard
+            assert {"name": "shards", "status": "ok", "found": "all 3 shards answered", "fix": ""} in status["checks"]
+        finally:
+            failpoints.release("leader.before-publish")
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed over the shards")
+        wait_until(lambda: pipeline.ledger().txn(k.txn).state == "PUBLISHED", WAIT_S, f"{k.txn} published")
+        shown = json.loads(run_chtxn("txn", "show", k.txn, "--config", config, "--json", check=True).stdout)
+        assert [(s["stage_tables"], s["rows"]) for s in shown["shards"]] == [([], 0)] * 3
+    assert_exactly_once_over_shards(pipeline, produced)
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    four = config_with_shards(pipeline, [*shard_urls, dead], tmp_path / "four.toml")
+    result = run_chtxn("status", "--config", str(four), "--json")
+    status = json.loads(result.stdout)
+    assert result.returncode == 1 and "shards" in status["failed"], result.stdout
+    fourth = status["shards"][3]
+    assert (fourth["shard"], fourth["target_rows"], fourth["staged_txns"]) == ("shard 4", None, [])
+    assert fourth["error"].startswith(f"cannot connect to ClickHouse at {dead}")
+    assert [s["target_rows"] for s in status["shards"][:3]] == [len(rows) for rows in rows_per_shard(pipeline)]
+    (check,) = [c for c in status["checks"] if c["name"] == "shards"]
+    assert check["found"].startswith(f"shard 4 ({shard_rules.address(dead)}): cannot connect")
+    lines = run_chtxn("status", "--config", str(four)).stdout.splitlines()
+    assert any(line.split()[:3] == ["shard", "4", shard_rules.address(dead)] and " no " in line for line in lines), (
+        lines
+    )

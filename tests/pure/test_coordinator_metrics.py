@@ -7,6 +7,10 @@ import platform
 import time
 
 from coordinator.metrics import CoordinatorMetrics, package_version
+from protocol import shards as shard_rules
+from protocol.config.parse import parse_config
+from protocol.coordinator.events import Txn
+from protocol.messages import TopicPartition, WriteStatus
 
 
 def value(metrics: CoordinatorMetrics, name: str, **labels: str) -> float | None:
@@ -58,3 +62,36 @@ def test_leading_then_not_leading_drops_the_leader_only_figures() -> None:
     assert (value(metrics, "chtxn_leader"), value(metrics, "chtxn_epoch")) == (0, 0)
     assert value(metrics, "chtxn_partitions_live") == 0
     assert value(metrics, "chtxn_partition_lag", topic="events", partition="0") is None
+
+
+SHARDS = ["shard 1 (ch-1:8123)", "shard 2 (ch-2:8123)", "shard 3 (ch-3:8123)"]
+
+
+def test_a_commit_counts_its_rows_by_table_and_by_the_shard_each_partition_is_placed_on() -> None:
+    cfg = parse_config('[pipeline]\nname = "orders"\ntopics = ["events"]\n[clickhouse]\ntarget_table = "t"\n', {})
+    metrics = CoordinatorMetrics("orders", cfg.tables, SHARDS)
+    assert [value(metrics, "chtxn_shard_rows_committed_total", shard=s) for s in SHARDS] == [0, 0, 0]
+    assert [value(metrics, "chtxn_shard_publish_failures_total", shard=s) for s in SHARDS] == [0, 0, 0]
+    txn = Txn(id="e1_t1", stage_table="s", start={}, created_at=0.0)
+    for partition in range(6):
+        txn.statuses[TopicPartition(topic="events", partition=partition)] = WriteStatus(
+            pipeline="orders", epoch=1, txn="e1_t1", sender="p", topic="events", partition=partition,
+            start_offset=0, end_offset=10, rows=10 * (partition + 1), chunks=1, bytes=5,
+        )  # fmt: skip
+    metrics.count_commit(txn, cfg)
+    placed = [0, 0, 0]
+    for partition in range(6):
+        placed[shard_rules.shard_of("events", partition, 3)] += 10 * (partition + 1)
+    assert [value(metrics, "chtxn_shard_rows_committed_total", shard=s) for s in SHARDS] == placed
+    assert value(metrics, "chtxn_rows_committed_total") == sum(placed) == 210
+    assert value(metrics, "chtxn_table_rows_committed_total", table="t") == 210
+    assert value(metrics, "chtxn_bytes_committed_total") == 30
+    assert value(metrics, "chtxn_transactions_total", outcome="committed") == 1
+    metrics.shard_publish_failed(SHARDS[1])
+    assert [value(metrics, "chtxn_shard_publish_failures_total", shard=s) for s in SHARDS] == [0, 1, 0]
+
+
+def test_one_server_exports_no_shard_series() -> None:
+    metrics = CoordinatorMetrics("orders")
+    names = {s.name for family in metrics.registry.collect() for s in family.samples}
+    assert not {n for n in names if n.startswith("chtxn_shard_")}
