@@ -20,6 +20,7 @@ import clickhouse_connect
 from embedded.clickhouse_process import EmbeddedClickHouse
 from procs import free_port
 from protocol import shards as shard_rules
+from protocol.messages import TopicPartition
 from tests.pipelines import TARGET_DDL, Pipeline, make_pipeline
 
 
@@ -80,14 +81,25 @@ def stage_tables_on_shards(pipeline: Pipeline) -> list[str]:
     ]
 
 
-def assert_exactly_once_over_shards(pipeline: Pipeline, produced: int, *, by_partition: bool = True) -> None:
+def assert_exactly_once_over_shards(
+    pipeline: Pipeline,
+    produced: int,
+    dead_letters: dict[TopicPartition, set[int]] | None = None,
+    *,
+    by_partition: bool = True,
+) -> None:
     """Every offset of the ledger's committed ranges exactly once over the union of the shards, nothing
     else, ``produced`` rows in all; ``by_partition``: each partition's rows on the shard its placement
-    names."""
+    names. ``dead_letters`` (``Pipeline.dead_letter_offsets``): offsets of committed ranges expected on
+    no shard."""
     expected: Counter[tuple[str, int, int]] = Counter()
     for commit in pipeline.ledger().commits():
         for r in commit.ranges:
             expected.update((r.topic, r.partition, o) for o in range(r.start, r.end))
+    letters = {(tp.topic, tp.partition, o) for tp, offsets in (dead_letters or {}).items() for o in offsets}
+    assert letters <= set(expected), f"dead letters outside every committed range: {sorted(letters - set(expected))}"
+    for letter in letters:
+        del expected[letter]
     shards = rows_per_shard(pipeline)
     found = Counter(row for rows in shards for row in rows)
     twice = {row: n for row, n in found.items() if n > 1}
