@@ -39,7 +39,7 @@ class Cluster:
     shards: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not _CLUSTER_NAME.match(self.name):
+        if not cluster_name_ok(self.name):
             raise ValueError(f"cluster name {self.name!r}: expected letters, digits and _, not starting with a digit")
         if not self.shards:
             raise ValueError(f"cluster {self.name}: no shard")
@@ -64,6 +64,11 @@ class Cluster:
         if not 1 <= shard <= len(self.shards):
             raise ValueError(f"cluster {self.name} has shards 1 to {len(self.shards)}, not {shard}")
         return _split(self.shards[shard - 1])[1]
+
+
+def cluster_name_ok(name: str) -> bool:
+    """Whether ClickHouse takes ``name`` for a cluster (an XML element of ``<remote_servers>``)."""
+    return bool(_CLUSTER_NAME.match(name))
 
 
 def macros(shard: int = 1) -> dict[str, str]:
