@@ -31,6 +31,7 @@ meantime fails the start, as an explicit port does.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -202,8 +203,9 @@ class EmbeddedStack:
     def stop(self) -> None:
         """Stop the servers; returns once no process of the stack is left. Idempotent."""
         try:
-            for endpoint in reversed(self.shards):
-                endpoint.stop()
+            with ExitStack() as stopping:  # every shard's stop runs, the last shard's first
+                for endpoint in self.shards:
+                    stopping.callback(endpoint.stop)
         finally:
             try:
                 self.broker.stop()
