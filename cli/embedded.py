@@ -1,7 +1,8 @@
 """``chtxn embedded up | down | status``: a local Kafka broker and ClickHouse endpoint, no Docker
 (``up --keeper``: and a ZooKeeper the endpoint uses for KeeperMap tables; ``up --user U --password
-P``: an endpoint that takes only that user, as a ClickHouse server checks credentials); ``topic create`` and
-``sql`` (:mod:`cli.embedded_tools`) set up a pipeline's topic and table on it by hand.
+P``: an endpoint that takes only that user, as a ClickHouse server checks credentials; ``up --shards
+N``: N ClickHouse endpoints, the shards of one cluster); ``topic create`` and ``sql``
+(:mod:`cli.embedded_tools`) set up a pipeline's topic and table on it by hand.
 
 One stack per user, found from any directory (:mod:`cli.embedded_dir`). Exit codes: ``up`` 0 when
 the stack runs (also when it already did), 1 when a server could not start; ``down`` 0; ``status``
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from cli import embedded_dir, embedded_tools
 from embedded import daemon
+from embedded.ch_config import DEFAULT_CLUSTER
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
@@ -48,11 +50,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "endpoint takes any user and password unless --user or --password is given: then it takes only that "
         "user with that password, answering any other as a ClickHouse server does (HTTP 403, code 516 "
         "AUTHENTICATION_FAILED), so credentials can be tried before production; an endpoint already running "
-        "must take them, or `up` refuses (exit 1) and says how to restart it.",
+        "must take them, or `up` refuses (exit 1) and says how to restart it. With --shards N it starts N ClickHouse "
+        "endpoints, each its own chDB process with its own data (DATA_DIR/clickhouse, DATA_DIR/clickhouse-shard2, "
+        "...), on --clickhouse-port and the ports after it, all configured with one cluster naming them "
+        "(system.clusters, --cluster); CHTXN_CLICKHOUSE_SHARDS lists their URLs. The shards speak HTTP only: a "
+        "Distributed table over them can be created, but reads and inserts through it need ClickHouse's native "
+        "protocol to the other shards and fail (a read with skip_unavailable_shards = 1 returns its own shard's "
+        "rows).",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
         '  eval "$(chtxn embedded up --env)"   # start it (or use the running one), point this shell at it\n'
         "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables\n"
-        "  chtxn embedded up --user ingest --password s3cret   # the endpoint checks credentials",
+        "  chtxn embedded up --user ingest --password s3cret   # the endpoint checks credentials\n"
+        "  chtxn embedded up --shards 3 --json  # three ClickHouse endpoints, the shards of cluster chtxn_shards",
     )
     embedded_dir.add_argument(up)
     up.add_argument("--kafka-port", type=int, default=9092, help="broker port (default 9092; 0: any free port)")
@@ -78,6 +87,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="that user's password (default: with --user, none); never written to the stack's state",
     )
+    up.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N ClickHouse endpoints, the shards of one cluster (default: as many as DATA_DIR holds, else 1; "
+        "fewer is refused until `down --purge`)",
+    )
+    up.add_argument(
+        "--cluster",
+        default=DEFAULT_CLUSTER,
+        metavar="NAME",
+        help=f"the name of the shards' cluster in system.clusters (default {DEFAULT_CLUSTER}; with --shards 2 or more)",
+    )
     output = up.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the addresses as JSON, for scripts")
     output.add_argument(
@@ -96,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument(
         "--purge",
         action="store_true",
-        help="also delete the ClickHouse and keeper data and logs the stack wrote in DATA_DIR",
+        help="also delete the ClickHouse (every shard's) and keeper data and logs the stack wrote in DATA_DIR",
     )
     down.set_defaults(func=run_down)
 
@@ -116,7 +139,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _env(state: daemon.StackState, password: str | None = None) -> dict[str, str]:
     """The ``CHTXN_*`` variables pointing at the stack; the ClickHouse user when the endpoint checks
-    users, and ``password`` (the one this command was given) with it."""
+    users, and ``password`` (the one this command was given) with it; with shards, every shard's URL."""
     env = {}
     if "kafka" in state.components:
         env["CHTXN_KAFKA_BOOTSTRAP_SERVERS"] = state.components["kafka"].address
@@ -126,6 +149,8 @@ def _env(state: daemon.StackState, password: str | None = None) -> dict[str, str
             env["CHTXN_CLICKHOUSE_USER"] = users[0]
             if password is not None:
                 env["CHTXN_CLICKHOUSE_PASSWORD"] = password
+    if len(shards := state.shard_urls()) > 1:
+        env["CHTXN_CLICKHOUSE_SHARDS"] = ",".join(shards)
     if "keeper" in state.components:
         env["CHTXN_EMBEDDED_KEEPER"] = state.components["keeper"].address
     return env
@@ -144,6 +169,8 @@ def run_up(args: argparse.Namespace) -> int:
         keeper_port=args.keeper_port,
         clickhouse_users=users,
         option=where.option(),
+        shards=args.shards,
+        cluster=args.cluster,
     )
     state = result.state
     env = _env(state, args.password if users else None)
@@ -165,6 +192,8 @@ def run_up(args: argparse.Namespace) -> int:
                     "clickhouse_url": state.components["clickhouse"].address,
                     "keeper": state.components["keeper"].address if "keeper" in state.components else None,
                     "clickhouse_users": list(checked),
+                    "clickhouse_shards": state.shard_urls(),
+                    "cluster": state.cluster_name(),
                     "env": env,
                     "components": {name: _component_json(c) for name, c in state.components.items()},
                 },
@@ -179,7 +208,7 @@ def run_up(args: argparse.Namespace) -> int:
         if result.already_up:
             print(f"# using the running embedded stack in {state.data_dir}")
         else:
-            kept = [daemon.TITLES[name] for name in state.components if name not in result.started]
+            kept = [daemon.title(name) for name in state.components if name not in result.started]
             print(
                 f"# started the embedded stack in {state.data_dir}"
                 + (f" (kept the running {', '.join(kept)})" if kept else "")
@@ -197,7 +226,7 @@ def run_up(args: argparse.Namespace) -> int:
     for column in ("server", "address", "pid", "log"):
         table.add_column(column, no_wrap=True)
     for name, component in state.components.items():
-        table.add_row(daemon.TITLES[name], component.address, str(component.pid), component.log)
+        table.add_row(daemon.title(name), component.address, str(component.pid), component.log)
     console.print(table)
     bootstrap = state.components["kafka"].address
     ch = state.components["clickhouse"]
@@ -221,6 +250,12 @@ def run_up(args: argparse.Namespace) -> int:
             if "keeper" in state.components
             else ""
         )
+        + (
+            f"  client.query(\"SELECT shard_num, host_name, port FROM system.clusters WHERE cluster = '{cluster}'\")"
+            ".result_rows\n"
+            if (cluster := state.cluster_name())
+            else ""
+        )
         + f"\nStop it with: chtxn embedded down{where.option()}"
         + "  (its data stays for the next `up`; `down --purge` deletes it)",
         soft_wrap=True,
@@ -234,7 +269,7 @@ def run_down(args: argparse.Namespace) -> int:
         print(f"note: {where.note}")
     stopped = daemon.down(where.data_dir, purge=args.purge)
     if stopped:
-        print(f"stopped in {where.data_dir}: " + ", ".join(daemon.TITLES[name] for name in stopped))
+        print(f"stopped in {where.data_dir}: " + ", ".join(daemon.title(name) for name in stopped))
     else:
         print(f"nothing was running from {where.data_dir}")
     if args.purge:
@@ -279,7 +314,7 @@ def run_status(args: argparse.Namespace) -> int:
             if s.running
             else "[red]stopped[/red]"
         )
-        table.add_row(daemon.TITLES[s.name], state, s.state.address, str(s.state.pid), s.state.started_at, s.state.log)
+        table.add_row(daemon.title(s.name), state, s.state.address, str(s.state.pid), s.state.started_at, s.state.log)
     console = _console()
     console.print(f"embedded stack in {where.data_dir}")
     if where.note:
@@ -301,6 +336,7 @@ def _component_json(component: daemon.ComponentState) -> dict[str, object]:
         "port": component.port,
         **({"keeper": component.keeper} if component.keeper else {}),
         **({"users": list(component.users)} if component.users else {}),
+        **({"cluster": component.cluster} if component.cluster else {}),
         "pid": component.pid,
         "log": component.log,
         "started_at": component.started_at,

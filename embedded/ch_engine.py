@@ -9,12 +9,16 @@ Guarantees:
 - Data is ClickHouse's own on-disk format under ``data_dir``: closing and opening the engine on
   the same directory gives back every committed part.
 - With a keeper (``keeper="host:port"``, a ZooKeeper such as :mod:`embedded.keeper`), the engine
-  is configured for it (:func:`keeper_config`): KeeperMap tables work, their znodes under
-  ``KEEPER_MAP_PATH_PREFIX``. ClickHouse connects to the keeper when a statement first needs it and
-  opens a new session by itself when the old one is lost. A data directory holding KeeperMap tables
-  opens only with a keeper. The macros ``{shard}`` and ``{replica}`` are defined (``MACROS``), as
-  on a replicated server, so ReplicatedMergeTree tables can be created with the usual paths; they
-  stay read-only (chDB starts no interserver endpoint, which a replica needs to become active).
+  is configured for it (:func:`embedded.ch_config.server_config`): KeeperMap tables work, their
+  znodes under ``KEEPER_MAP_PATH_PREFIX``. ClickHouse connects to the keeper when a statement first
+  needs it and opens a new session by itself when the old one is lost. A data directory holding
+  KeeperMap tables opens only with a keeper. The macros ``{shard}`` and ``{replica}`` are defined
+  (``MACROS``), as on a replicated server, so ReplicatedMergeTree tables can be created with the
+  usual paths; they stay read-only (chDB starts no interserver endpoint, which a replica needs to
+  become active).
+- With a cluster (``cluster``, this engine being its shard ``shard``), ``system.clusters`` lists
+  the cluster's shards and the macros are defined, ``{shard}`` being this shard's number
+  (:mod:`embedded.ch_config` says what ClickHouse does with the cluster).
 - Background merges run at nice ``MERGE_NICE`` (ClickHouse's ``os_threads_nice_value_merge_mutate``):
   the engine shares its machine with the pipeline, and a merge can wait where an insert or a
   commit-path query should not. ClickHouse applies it only with ``CAP_SYS_NICE``; without it
@@ -24,38 +28,35 @@ Guarantees:
 from __future__ import annotations
 
 from pathlib import Path
-from xml.sax.saxutils import escape
 
+from embedded.ch_config import KEEPER_MAP_PATH_PREFIX, MACROS, Cluster, server_config
 from embedded.ch_connection import QUERY_ID_SETTING, EngineConnection, Outcome, latin1
 from embedded.ch_errors import EngineError
 from embedded.ch_sql import quote
 
-__all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "MACROS", "Engine", "Outcome", "keeper_config"]
+__all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "MACROS", "Engine", "Outcome"]
 
 CANNOT_OPEN_DATA_DIR = 76  # ClickHouse's CANNOT_OPEN_FILE
-#: The znode under which KeeperMap tables keep their rows (ClickHouse's ``keeper_map_path_prefix``).
-KEEPER_MAP_PATH_PREFIX = "/chtxn_keeper_map"
-#: The engine's configuration file when it has a keeper, in its data directory (rewritten at each open).
-KEEPER_CONFIG_FILE = "chtxn-keeper.xml"
-#: The server macros with a keeper, as a replicated server defines them (``system.macros``).
-MACROS = {"shard": "01", "replica": "chdb"}
+#: The engine's configuration file when it has a keeper or a cluster, in its data directory
+#: (rewritten at each open, removed when it has neither; named when it held only the keeper).
+CONFIG_FILE = "chtxn-keeper.xml"
 #: Nice value of the engine's merge and mutation threads (0 = the process's priority, 19 lowest).
 MERGE_NICE = 10
 
 
 class Engine:
-    """chDB on ``data_dir``, with the ZooKeeper at ``keeper`` ("host:port") when given. Thread-safe;
-    open one per process. Raises EngineError (CANNOT_OPEN_FILE) when the directory cannot be opened,
-    e.g. another process serves it."""
+    """chDB on ``data_dir``, with the ZooKeeper at ``keeper`` ("host:port") when given, as shard
+    ``shard`` (1-based) of ``cluster`` when given. Thread-safe; open one per process. Raises
+    EngineError (CANNOT_OPEN_FILE) when the directory cannot be opened, e.g. another process serves it."""
 
-    def __init__(self, data_dir: str | Path, keeper: str | None = None):
+    def __init__(self, data_dir: str | Path, keeper: str | None = None, cluster: Cluster | None = None, shard: int = 1):
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         # chDB passes the parameters of its connection string to the engine as server settings.
         self._path = f"{path}?os_threads_nice_value_merge_mutate={MERGE_NICE}"
-        config = path / KEEPER_CONFIG_FILE
-        if keeper is not None:
-            config.write_text(keeper_config(keeper))
+        config = path / CONFIG_FILE
+        if keeper is not None or cluster is not None:
+            config.write_text(server_config(keeper, cluster, shard))
             self._path += f"&config-file={config}"
         else:
             config.unlink(missing_ok=True)
@@ -92,24 +93,6 @@ class Engine:
     def close(self) -> None:
         """Release the engine; the data stays on disk. Open connections must be closed first."""
         self._anchor.close()
-
-
-def keeper_config(keeper: str) -> str:
-    """ClickHouse's configuration naming the ZooKeeper at ``keeper`` ("host:port"), the KeeperMap
-    path prefix and the macros."""
-    host, _, port = keeper.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"keeper address {keeper!r}: expected host:port")
-    macros = "".join(f"<{name}>{escape(value)}</{name}>" for name, value in MACROS.items())
-    return (
-        "<clickhouse>\n"
-        "    <zookeeper>\n"
-        f"        <node><host>{escape(host)}</host><port>{port}</port></node>\n"
-        "    </zookeeper>\n"
-        f"    <keeper_map_path_prefix>{KEEPER_MAP_PATH_PREFIX}</keeper_map_path_prefix>\n"
-        f"    <macros>{macros}</macros>\n"
-        "</clickhouse>\n"
-    )
 
 
 def _unescape_tsv(value: str) -> str:

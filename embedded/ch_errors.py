@@ -110,6 +110,8 @@ _STATUS_BY_NAME: dict[str, int] = {
 }
 
 _CODE_RE = re.compile(r"Code: (\d+)\. DB::Exception: ")
+#: ``DB::NetException``, ``DB::ErrnoException`` and the other kinds ClickHouse renders by their class name.
+_KIND_CODE_RE = re.compile(r"Code: (\d+)\. DB::\w+Exception: ")
 _TRAILER_RE = re.compile(r"(?:\s*\(version [^)]*\))+\.?\s*(?:\(([A-Z0-9_]+)\))?\s*$")
 _NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]+)\)\s*$")
 
@@ -139,9 +141,11 @@ def from_engine_message(message: str) -> EngineError:
 
     chDB sometimes nests one rendering inside another or prefixes it with its own words; the last
     ``Code: N. DB::Exception:`` wins, and version trailers are dropped (``render`` adds one back).
+    Without one, the first ``Code: N. DB::<Kind>Exception:`` (``DB::NetException``, ...) is the
+    error: the renderings after it are those its message quotes (the log of a remote shard's tries).
     A message without a code becomes a code-0 error carrying the whole text.
     """
-    matches = list(_CODE_RE.finditer(message))
+    matches = list(_CODE_RE.finditer(message)) or list(_KIND_CODE_RE.finditer(message))[:1]
     if not matches:
         return EngineError(0, message.strip() or "unknown error in the embedded ClickHouse engine")
     last = matches[-1]

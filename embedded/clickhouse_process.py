@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from embedded.ch_config import Cluster
 from embedded.service import LoopbackService, NotReady
 
 #: The endpoint's users (a JSON object, name -> password), read by ``embedded.clickhouse_server``.
@@ -27,7 +28,8 @@ class EmbeddedClickHouse(LoopbackService):
     ("host:port" of a ZooKeeper, read at each start) configured for KeeperMap tables. Without
     ``users`` it accepts any user and password; with ``users`` (name -> password, read at each start)
     it takes only those, as a ClickHouse server checks credentials over HTTP (see
-    ``embedded.clickhouse_server``)."""
+    ``embedded.clickhouse_server``). With ``cluster`` (read at each start) it is that cluster's
+    shard ``shard`` (1-based; see ``embedded.ch_config``)."""
 
     name = "clickhouse"
     title = "the embedded ClickHouse endpoint (chDB)"
@@ -43,10 +45,17 @@ class EmbeddedClickHouse(LoopbackService):
         ready_timeout_s: float = 90.0,
         keeper: str | None = None,
         users: Mapping[str, str] | None = None,
+        cluster: Cluster | None = None,
+        shard: int = 1,
     ) -> None:
         super().__init__(port, host, log_path=log_path, detached=detached, ready_timeout_s=ready_timeout_s)
         self.data_dir = Path(data_dir).resolve()
         self.keeper = keeper
+        self.cluster = cluster
+        self.shard = shard
+        if shard != 1:
+            self.name = f"clickhouse-shard{shard}"
+            self.title = f"{self.title}, shard {shard}"
         self.users: dict[str, str] | None = dict(users) if users is not None else None
 
     @property
@@ -74,6 +83,7 @@ class EmbeddedClickHouse(LoopbackService):
             "--host",
             self.host,
             *(["--keeper", self.keeper] if self.keeper else []),
+            *(["--cluster", self.cluster.arg, "--shard", str(self.shard)] if self.cluster else []),
         ]
 
     def _env(self) -> dict[str, str]:
@@ -84,7 +94,8 @@ class EmbeddedClickHouse(LoopbackService):
 
     def __repr__(self) -> str:  # never the passwords
         users = f", users={sorted(self.users)}" if self.users is not None else ""
-        return f"EmbeddedClickHouse({str(self.data_dir)!r}, port={self.port}{users})"
+        shard = f", shard={self.shard}" if self.shard != 1 else ""
+        return f"EmbeddedClickHouse({str(self.data_dir)!r}, port={self.port}{shard}{users})"
 
     def _cwd(self) -> str:
         """The directory holding the ``embedded`` package, so ``-m`` resolves from any directory."""

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
+from embedded.ch_config import Cluster
 from embedded.ch_engine import Engine
 from embedded.ch_errors import EngineError
 from embedded.ch_http_server import HttpServer
@@ -51,7 +52,8 @@ class ClickHouseEndpoint:
     port). With ``users`` (name -> password), or ``password`` (and optionally ``user``, default
     ``default``), every query must authenticate as one of them (module docstring); ``/ping`` never
     needs to. With ``keeper`` ("host:port" of a ZooKeeper) the engine uses it for KeeperMap tables
-    (see ``ch_engine``). One endpoint per process."""
+    (see ``ch_engine``); with ``cluster`` it is that cluster's shard ``shard`` (1-based, see
+    ``ch_config``). One endpoint per process."""
 
     def __init__(
         self,
@@ -62,9 +64,13 @@ class ClickHouseEndpoint:
         password: str | None = None,
         keeper: str | None = None,
         users: Mapping[str, str] | None = None,
+        cluster: Cluster | None = None,
+        shard: int = 1,
     ):
         self.data_dir = Path(data_dir)
         self.keeper = keeper
+        self.cluster = cluster
+        self.shard = shard
         self.host = host
         self._port = port
         self._users: dict[str, str] | None = dict(users) if users is not None else None
@@ -77,7 +83,7 @@ class ClickHouseEndpoint:
         """Open the engine and serve in a background thread; returns once the port is bound."""
         if self._server is not None:
             raise RuntimeError("this ClickHouseEndpoint is already started")
-        engine = Engine(self.data_dir, self.keeper)
+        engine = Engine(self.data_dir, self.keeper, self.cluster, self.shard)
         try:
             self._server = HttpServer((self.host, self._port), engine, self._users)
         except OSError:
@@ -161,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keeper", default=None, metavar="HOST:PORT", help="a ZooKeeper for KeeperMap tables (default: none)"
     )
+    parser.add_argument(
+        "--cluster",
+        type=Cluster.parse,
+        default=None,
+        metavar="NAME=HOST:PORT,...",
+        help="a cluster, one HOST:PORT (HTTP) per shard, shard 1 first, listed in system.clusters (default: none)",
+    )
+    parser.add_argument("--shard", type=int, default=1, help="this endpoint's shard of --cluster (default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -174,7 +188,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         endpoint = ClickHouseEndpoint(
-            args.data_dir, args.host, args.port, args.user, args.password, args.keeper, users=users
+            args.data_dir,
+            args.host,
+            args.port,
+            args.user,
+            args.password,
+            args.keeper,
+            users=users,
+            cluster=args.cluster,
+            shard=args.shard,
         ).start()
     except OSError as ex:
         print(f"cannot listen on {args.host}:{args.port}: {ex}; choose another --port", file=sys.stderr)

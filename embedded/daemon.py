@@ -23,6 +23,12 @@ endpoint and configures the endpoint for it. Guarantees:
 - ``up`` with users (``--user``/``--password``) starts an endpoint that takes only them, and refuses
   (starting nothing) when the endpoint already running does not take them; without users it takes
   anyone, as before. Passwords reach the endpoint in its environment and are never written down.
+- ``up --shards N`` runs N ClickHouse endpoints (``clickhouse``, ``clickhouse-shard2``, ...; see
+  :mod:`embedded.stack`), each configured with the cluster naming all N. Shard K's port is
+  ``--clickhouse-port`` + K - 1 unless taken. A shard whose configuration names other shards than
+  this ``up``'s (one came back on another port, the cluster grew or was renamed) is restarted on its
+  port, its data kept. A data directory holding N shards' data starts all N (``--shards`` or not)
+  and refuses fewer; ``down --purge`` is the way back to one.
 """
 
 from __future__ import annotations
@@ -36,49 +42,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
-from embedded import credentials
+from embedded import credentials, up_shards
 from embedded.broker import EmbeddedBroker
+from embedded.ch_config import DEFAULT_CLUSTER
 from embedded.clickhouse_process import EmbeddedClickHouse
 from embedded.keeper import EmbeddedKeeper, port_is_free as keeper_port_is_free
-from embedded.stack import KAFKA_DIR, EmbeddedStack
+from embedded.stack import CLICKHOUSE_DIR, KAFKA_DIR, EmbeddedStack
+from embedded.stack_state import (
+    COMPONENTS,
+    REQUIRED as REQUIRED,  # read by cli.embedded_dir
+    STATE_FILE,
+    ComponentState,
+    StackState as StackState,
+    ordered,
+    read_state as read_state,
+    shard_names,
+    shard_of,
+    title,
+    write_state,
+)
 from procs import is_running, port_is_free, stop_group
-from protocol.errors import SetupError
 
 #: Names the data directory, overriding the per-user default.
 DIR_ENV = "CHTXN_EMBEDDED_DIR"
 #: Where chtxn kept the stack before the per-user default: relative to the directory ``up`` ran in.
 LEGACY_DATA_DIR = Path(".chtxn") / "embedded"
-STATE_FILE = "state.json"
 KEEPER_DIR = "keeper"
-#: In start order (``down`` stops them in reverse): the keeper, when there is one, before the endpoint.
-COMPONENTS = ("keeper", "kafka", "clickhouse")
-#: What a stack always has; the keeper is optional.
-REQUIRED = ("kafka", "clickhouse")
-TITLES = {"keeper": "Keeper (ZooKeeper)", "kafka": "Kafka broker (Tansu)", "clickhouse": "ClickHouse endpoint (chDB)"}
-
-
-class ComponentState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One server that ``up`` started."""
-
-    pid: int
-    token: str | None  # process start time: tells our process from one that reuses its pid
-    port: int
-    address: str  # "127.0.0.1:9092" (Kafka bootstrap, keeper) or "http://127.0.0.1:8123"
-    log: str
-    started_at: str
-    keeper: str = ""  # the ClickHouse endpoint: the keeper address it was configured with ("": none)
-    users: tuple[str, ...] = ()  # the ClickHouse endpoint: the users it takes (empty: anyone); never a password
-
-
-class StackState(msgspec.Struct, kw_only=True):
-    """The content of ``state.json``."""
-
-    version: int = 1
-    host: str = "127.0.0.1"
-    data_dir: str = ""
-    components: dict[str, ComponentState] = {}
 
 
 @dataclass
@@ -125,21 +114,6 @@ def legacy_stack(data_dir: Path) -> Path | None:
     return legacy
 
 
-def read_state(data_dir: Path) -> StackState | None:
-    """The recorded state, or None when ``up`` never ran here (or ``down`` cleared it)."""
-    path = Path(data_dir) / STATE_FILE
-    if not path.exists():
-        return None
-    return msgspec.json.decode(path.read_bytes(), type=StackState)
-
-
-def _write_state(data_dir: Path, state: StackState) -> None:
-    path = data_dir / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(state)))
-    tmp.replace(path)
-
-
 @contextmanager
 def _locked(data_dir: Path) -> Iterator[None]:
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -162,21 +136,27 @@ def up(
     host: str = "127.0.0.1",
     clickhouse_users: Mapping[str, str] | None = None,
     option: str = "",
+    shards: int | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> UpResult:
     """Start whatever of the stack is not running, detached; with ``keeper`` (or when ``data_dir``
     has one) the keeper too; with ``clickhouse_users`` (name -> password) an endpoint started here
     takes only those, and one already running must take them (else SetupError, saying how: ``option``
-    is what finds this stack on a command line). Raises SetupError when a server fails to start
-    (after stopping any server this call started)."""
+    is what finds this stack on a command line); with ``shards`` (None: as many as ``data_dir``
+    holds, at least 1) that many ClickHouse endpoints in a cluster named ``cluster``. Raises
+    SetupError when a server fails to start (after stopping any server this call started)."""
     data_dir = Path(data_dir).resolve()
     with _locked(data_dir):
         state = read_state(data_dir) or StackState(host=host, data_dir=str(data_dir))
         recorded_keeper = "keeper" in state.components
+        # A shard that died comes back on its port if it can: the other shards' cluster names it.
+        recorded_shards = {name: c.port for name, c in state.components.items() if shard_of(name)}
         state.components = {k: v for k, v in state.components.items() if _alive(v)}
         running = state.components.get("clickhouse")
         if clickhouse_users is not None and running is not None:
             credentials.check_running(running.address, running.users, clickhouse_users, data_dir, option)
         result = UpResult(state=state)
+        names = shard_names(up_shards.count(data_dir, shards, cluster, option, result.notes, recorded_shards))
         if not keeper and (data_dir / KEEPER_DIR).exists():
             keeper = True
             if not recorded_keeper:
@@ -184,34 +164,28 @@ def up(
                     f"{data_dir / KEEPER_DIR} exists, so the keeper starts too (its ClickHouse data may hold "
                     "KeeperMap tables); `down --purge` removes it"
                 )
-        wanted = {"keeper": keeper_port if keeper else 0, "kafka": kafka_port, "clickhouse": clickhouse_port}
+        wanted = {
+            "keeper": keeper_port if keeper else 0,
+            "kafka": kafka_port,
+            **{name: clickhouse_port + shard - 1 if clickhouse_port else 0 for shard, name in enumerate(names, 1)},
+        }
+        if len(names) > 1:
+            wanted.update({name: port for name, port in recorded_shards.items() if name in names})
         clickhouse = state.components.get("clickhouse")
         # A running endpoint names its keeper's port: a keeper started again serves that one, taken or not.
         pinned = int(clickhouse.keeper.rpartition(":")[2]) if clickhouse is not None and clickhouse.keeper else 0
         if pinned:
             keeper, wanted["keeper"] = True, pinned
-        for name in COMPONENTS:
-            if name in state.components or not wanted[name] or (name == "keeper" and pinned):
+        for name in [*COMPONENTS, *names[1:]]:
+            if name in state.components:
+                wanted[name] = state.components[name].port
+                continue
+            if not wanted[name] or (name == "keeper" and pinned):
                 continue
             free = keeper_port_is_free if name == "keeper" else port_is_free
             if not free(host, wanted[name]):
-                result.notes.append(f"port {wanted[name]} is taken: the {TITLES[name]} uses a free port instead")
+                result.notes.append(f"port {wanted[name]} is taken: the {title(name)} uses a free port instead")
                 wanted[name] = 0
-        if keeper and clickhouse is not None and not clickhouse.keeper:
-            if clickhouse.users and clickhouse_users is None:  # its passwords are known only to who set them
-                raise SetupError(
-                    f"the ClickHouse endpoint runs without a keeper and takes users {', '.join(clickhouse.users)}: "
-                    "restarting it with the keeper needs their passwords; run `chtxn embedded up --keeper "
-                    f"--user {clickhouse.users[0]} --password ...` (nothing was started or stopped)"
-                )
-            # Restarted below with the keeper configured; its data is on disk and stays.
-            stop_group(clickhouse.pid, clickhouse.token)
-            del state.components["clickhouse"]
-            wanted["clickhouse"] = clickhouse.port
-            result.notes.append(
-                f"the ClickHouse endpoint ran without a keeper: restarted on port {clickhouse.port} with one, "
-                "its data kept"
-            )
         stack = EmbeddedStack(
             data_dir,
             kafka_port=wanted["kafka"],
@@ -222,11 +196,19 @@ def up(
             keeper_port=wanted["keeper"],
             kafka_on_disk=True,
             clickhouse_users=clickhouse_users,
+            shards=len(names),
+            shard_ports=[wanted[name] for name in names[1:]],
+            cluster=cluster,
+        )
+        defined = stack.cluster.arg if stack.cluster is not None else ""
+        up_shards.restart_changed(
+            state, names, keeper=keeper, cluster=defined, users=clickhouse_users, option=option, notes=result.notes
         )
         if "keeper" in state.components:
-            stack.clickhouse.keeper = state.components["keeper"].address
+            for endpoint in stack.shards:
+                endpoint.keeper = state.components["keeper"].address
         try:
-            for name in COMPONENTS:
+            for name in [*COMPONENTS, *names[1:]]:
                 if name in state.components or (name == "keeper" and not keeper):
                     continue
                 service = _start(stack, name)
@@ -237,24 +219,26 @@ def up(
                     address=service.bootstrap if isinstance(service, EmbeddedBroker) else _address(service),
                     log=str(service.log_path),
                     started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    keeper=(stack.clickhouse.keeper or "") if name == "clickhouse" else "",
-                    users=tuple(clickhouse_users or ()) if name == "clickhouse" else (),
+                    keeper=(service.keeper or "") if isinstance(service, EmbeddedClickHouse) else "",
+                    users=tuple(clickhouse_users or ()) if isinstance(service, EmbeddedClickHouse) else (),
+                    cluster=defined if isinstance(service, EmbeddedClickHouse) else "",
                 )
                 result.started.append(name)
         except BaseException:
             stack.stop()  # only what this call started
             for name in result.started:
                 state.components.pop(name, None)
-            _write_state(data_dir, state)
+            write_state(data_dir, state)
             raise
-        _write_state(data_dir, state)
+        state.components = {name: state.components[name] for name in ordered(state.components)}
+        write_state(data_dir, state)
         return result
 
 
 def _start(stack: EmbeddedStack, name: str) -> EmbeddedBroker | EmbeddedClickHouse | EmbeddedKeeper:
     if name == "keeper":
         return stack.start_keeper()
-    return stack.start_kafka() if name == "kafka" else stack.start_clickhouse()
+    return stack.start_kafka() if name == "kafka" else stack.start_shard(shard_of(name))
 
 
 def _address(service: EmbeddedClickHouse | EmbeddedKeeper) -> str:
@@ -264,8 +248,8 @@ def _address(service: EmbeddedClickHouse | EmbeddedKeeper) -> str:
 def down(data_dir: Path, *, purge: bool = False) -> list[str]:
     """Stop every server ``up`` recorded here; returns the names of those that were running.
 
-    ``purge`` also deletes what the stack wrote (ClickHouse and keeper data, logs, state); nothing else in
-    ``data_dir`` is touched.
+    ``purge`` also deletes what the stack wrote (every shard's ClickHouse data, the keeper's, logs, state);
+    nothing else in ``data_dir`` is touched.
     """
     data_dir = Path(data_dir).resolve()
     if not data_dir.exists():
@@ -274,13 +258,14 @@ def down(data_dir: Path, *, purge: bool = False) -> list[str]:
         state = read_state(data_dir)
         stopped = []
         if state is not None:
-            for name in reversed(COMPONENTS):
-                component = state.components.get(name)
-                if component is not None and stop_group(component.pid, component.token):
+            for name in reversed(ordered(state.components)):
+                component = state.components[name]
+                if stop_group(component.pid, component.token):
                     stopped.append(name)
             (data_dir / STATE_FILE).unlink(missing_ok=True)
         if purge:
-            for sub in ("clickhouse", KAFKA_DIR, KEEPER_DIR, "logs"):
+            shards = [p.name for p in data_dir.glob(f"{CLICKHOUSE_DIR}-shard*") if shard_of(p.name)]
+            for sub in (CLICKHOUSE_DIR, *shards, KAFKA_DIR, KEEPER_DIR, "logs"):
                 shutil.rmtree(data_dir / sub, ignore_errors=True)
     if purge:
         (data_dir / ".lock").unlink(missing_ok=True)
@@ -295,10 +280,8 @@ def status(data_dir: Path) -> list[ComponentStatus]:
     if state is None:
         return []
     out = []
-    for name in COMPONENTS:
-        component = state.components.get(name)
-        if component is None:
-            continue
+    for name in ordered(state.components):
+        component = state.components[name]
         running = _alive(component)
         probe: EmbeddedBroker | EmbeddedClickHouse | EmbeddedKeeper
         if name == "kafka":
@@ -306,6 +289,6 @@ def status(data_dir: Path) -> list[ComponentStatus]:
         elif name == "keeper":
             probe = EmbeddedKeeper(Path(data_dir) / KEEPER_DIR, component.port, state.host)
         else:
-            probe = EmbeddedClickHouse(Path(data_dir) / "clickhouse", component.port, state.host)
+            probe = EmbeddedClickHouse(Path(data_dir) / name, component.port, state.host)
         out.append(ComponentStatus(name, component, running, running and probe.answers()))
     return out
