@@ -7,6 +7,7 @@ caller passes ``os.environ``.
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Mapping
 
 import msgspec
@@ -47,6 +48,14 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     return found
 
 
+def is_array(kind: object) -> bool:
+    """Whether a config field of type ``kind`` is an array (``list``/``tuple``, ``Annotated`` or not):
+    its variable takes comma-separated values."""
+    if typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    return typing.get_origin(kind) in (list, tuple)
+
+
 def overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
     """The overrides in ``environ``: section -> field -> value."""
     overrides: dict[str, dict[str, object]] = {}
@@ -56,7 +65,11 @@ def overrides(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
             if var not in environ:
                 continue
             raw = environ[var]
-            if field.name == "topics":
+            if (
+                field.name == "topics"
+                or field.default_factory in (list, tuple)
+                or isinstance(field.default, (list, tuple))
+            ):
                 value: object = [t.strip() for t in raw.split(",") if t.strip()]
             elif isinstance(field.default, dict) or field.default_factory is dict:
                 raise ConfigError(

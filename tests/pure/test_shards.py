@@ -137,3 +137,10 @@ def test_the_routed_insert_sends_each_shard_its_rows_with_the_chunks_token() -> 
     assert "'Native', '`user` String, `_offset` Int64')" in sql
     assert "PARTITION BY ['ch-1:8123', 'ch-2:8123', 'ch-2:8123'][multiIf(byteSize((cityHash64(user))) <= 4" in sql
     assert sql.endswith(f"PARTITION BY {router.placement} {select}") and "input('`user` String') FORMAT CSV" in sql
+
+
+def test_the_shards_and_their_weights_come_from_the_environment_comma_separated() -> None:
+    """``chtxn embedded up --shards N --env`` prints ``CHTXN_CLICKHOUSE_SHARDS``: a pipeline reads it."""
+    environ = {"CHTXN_CLICKHOUSE_SHARDS": "http://ch-1:8123, http://ch-2:8123", "CHTXN_CLICKHOUSE_SHARD_WEIGHTS": "1,2"}
+    cfg = parse_config(BASE, environ)
+    assert cfg.clickhouse.shards == ["http://ch-1:8123", "http://ch-2:8123"] and cfg.clickhouse.shard_weights == [1, 2]
