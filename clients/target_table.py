@@ -11,7 +11,7 @@ from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
 from protocol.tables.replicated_ddl import distributed_local_table
 from protocol.tables.shape import columns_sql
-from protocol.tables.target_rules import Refusal, TargetFacts, ViewTable, refusals
+from protocol.tables.target_rules import ClusterShard, Refusal, TargetFacts, ViewTable, refusals
 
 #: ``engine``, ``engine_full`` and the tables that depend on table ``{t}`` of database ``{db}``.
 _TARGET_SQL = (
@@ -22,7 +22,8 @@ _TARGET_SQL = (
 
 #: The first replica of each shard of cluster ``{cluster}``, in shard order.
 _CLUSTER_SQL = (
-    "SELECT host_name, shard_weight FROM system.clusters WHERE cluster = {cluster:String} AND replica_num = 1 "
+    "SELECT host_name, port, is_local, shard_weight FROM system.clusters "
+    "WHERE cluster = {cluster:String} AND replica_num = 1 "
     "ORDER BY shard_num"
 )
 
@@ -60,12 +61,15 @@ def read_target(client: Any, database: str, table: str) -> TargetFacts | None:
     )
 
 
-def _cluster_shards(client: Any, engine_full: str) -> tuple[tuple[str, int], ...]:
-    """(host, weight) of the first replica of each shard of a Distributed table's cluster, as this
-    server's ``system.clusters`` defines it; () when it does not."""
+def _cluster_shards(client: Any, engine_full: str) -> tuple[ClusterShard, ...]:
+    """The first replica of each shard of a Distributed table's cluster, as this server's
+    ``system.clusters`` defines it; () when it does not."""
     cluster = distributed_local_table(engine_full, "")[0]
     rows = client.query(_CLUSTER_SQL, parameters={"cluster": cluster}).result_rows
-    return tuple((str(host), int(weight)) for host, weight in rows)
+    return tuple(
+        ClusterShard(host=str(host), port=int(port), local=bool(local), weight=int(weight))
+        for host, port, local, weight in rows
+    )
 
 
 def _view_tables(client: Any, views: tuple[str, ...]) -> tuple[ViewTable, ...]:

@@ -44,6 +44,16 @@ class ViewTable(msgspec.Struct, frozen=True, kw_only=True):
     engine_full: str
 
 
+class ClusterShard(msgspec.Struct, frozen=True, kw_only=True):
+    """A shard's first replica in ``system.clusters``: its host, port (the native protocol's on a
+    server, unless the cluster names HTTP ports), whether it is the server asked, and its weight."""
+
+    host: str
+    port: int
+    local: bool = False
+    weight: int = 1
+
+
 class TargetFacts(msgspec.Struct, frozen=True, kw_only=True):
     """What the server says of an existing target table (``system.tables``, ``system.columns``)."""
 
@@ -52,9 +62,9 @@ class TargetFacts(msgspec.Struct, frozen=True, kw_only=True):
     columns: tuple[str, ...] = ()  # names, in order
     views: tuple[str, ...] = ()  # materialized views reading from it, "db.view", sorted
     view_tables: tuple[ViewTable, ...] = ()  # their tables (read only when the server can say)
-    #: A Distributed table's cluster, as this server's ``system.clusters`` defines it: (host, weight) of
-    #: the first replica of each shard, in shard order (empty when the server does not define it).
-    cluster_shards: tuple[tuple[str, int], ...] = ()
+    #: A Distributed table's cluster, as this server's ``system.clusters`` defines it: the first replica
+    #: of each shard, in shard order (empty when the server does not define it).
+    cluster_shards: tuple[ClusterShard, ...] = ()
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,9 +155,12 @@ def distributed_refusal(cfg: PipelineConfig, table: str, facts: TargetFacts) -> 
     if facts.cluster_shards:
         url = urlsplit(cfg.clickhouse.url)
         port = url.port or (8443 if url.scheme == "https" else 8123)
-        urls = ", ".join(f'"{url.scheme}://{host}:{port}"' for host, _ in facts.cluster_shards)
-        listed = f"set clickhouse.shards = [{urls}] (cluster {cluster}, at clickhouse.url's port)"
-        weights = [w for _, w in facts.cluster_shards]
+        # the cluster's ports are HTTP ports when this server's own row has the port clickhouse.url reaches
+        http = any(s.local and s.port == port for s in facts.cluster_shards)
+        urls = ", ".join(f'"{url.scheme}://{s.host}:{s.port if http else port}"' for s in facts.cluster_shards)
+        at = "at their ports there" if http else "at clickhouse.url's port"
+        listed = f"set clickhouse.shards = [{urls}] (cluster {cluster}, {at})"
+        weights = [s.weight for s in facts.cluster_shards]
         if placed and len(set(weights)) > 1:
             placed += f" and clickhouse.shard_weights = {weights}"
     return (

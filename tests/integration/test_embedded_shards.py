@@ -28,8 +28,11 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from clients.target_table import check_target
 from embedded.ch_engine import CONFIG_FILE
 from embedded.stack import EmbeddedStack
+from protocol.config.parse import parse_config
+from protocol.errors import SetupError
 from protocol.tables.replicated_ddl import distributed_local_table, parse_engine
 from tests.helpers import unique_name, wait_until
 
@@ -259,3 +262,29 @@ def test_on_cluster_ddl_is_refused(clients, db: str) -> None:
     assert refused.value.code == QUERY_IS_PROHIBITED
     assert "Replicated DDL queries are disabled" in str(refused.value)
     assert [tables(c, db) for c in clients] == [[], [], []]
+
+
+def test_a_distributed_target_is_refused_with_its_clusters_shards_to_paste_into_the_config(
+    sharded: EmbeddedStack, clients, db: str
+) -> None:
+    """chtxn refuses the Distributed table, naming the shards its cluster lists in ``system.clusters`` at
+    the HTTP port and its key; the config the refusal gives passes every shard's target check."""
+    local_tables_with_rows(clients, db)
+    create_distributed(clients[0], db, "SETTINGS flush_on_detach = 0")
+    base = (
+        f'[pipeline]\nname = "p"\ntopics = ["t"]\n[kafka]\nbootstrap_servers = "x:1"\n'
+        f'[clickhouse]\nurl = "{sharded.shard_urls[0]}"\ndatabase = "{db}"\n'
+    )
+    with pytest.raises(SetupError) as refused:
+        check_target(clients[0], parse_config(base + 'target_table = "events"\n'), "events")
+    urls = ", ".join(f'"{u}"' for u in sharded.shard_urls)
+    assert (
+        f'set clickhouse.target_table = "events_local", and set clickhouse.shards = [{urls}] (cluster chtxn_shards, at their ports there)'
+        in str(refused.value)
+    )
+    assert 'clickhouse.placement = "sharding-key" and clickhouse.sharding_key = "id"' in str(refused.value)
+    fixed = parse_config(
+        base + f'target_table = "events_local"\nshards = [{urls}]\nplacement = "sharding-key"\nsharding_key = "id"\n'
+    )
+    for client in clients:
+        check_target(client, fixed, "events_local")

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from protocol.config.parse import PipelineConfig, parse_config
-from protocol.tables.target_rules import TargetFacts, ViewTable, refusals
+from protocol.tables.target_rules import ClusterShard, TargetFacts, ViewTable, refusals
 
 METADATA = ("id", "_topic", "_partition", "_offset")
 PLAIN = TargetFacts(engine="MergeTree", engine_full="MergeTree ORDER BY id", columns=METADATA)
@@ -100,7 +100,11 @@ def test_a_distributed_target_on_a_defined_cluster_names_its_shards_at_the_http_
     facts = TargetFacts(
         engine="Distributed",
         engine_full="Distributed('main', '', 'events_local', cityHash64(user))",
-        cluster_shards=(("ch-1", 1), ("ch-2", 1), ("ch-3", 2)),
+        cluster_shards=(
+            ClusterShard(host="ch-1", port=9000, local=True),
+            ClusterShard(host="ch-2", port=9000),
+            ClusterShard(host="ch-3", port=9000, weight=2),
+        ),
     )
     [refusal] = refusals(config(), "events", facts)
     assert (
