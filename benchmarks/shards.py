@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", default="1,2,4", help="shard counts (default 1,2,4)")
     parser.add_argument("--events", type=int, default=1_000_000, help="events per run (default 1000000)")
     parser.add_argument("--partitions", type=int, default=8, help="partitions of the source topic (default 8)")
-    parser.add_argument("--placement", default=None, help="clickhouse.placement (default: not set, by partition)")
+    parser.add_argument(
+        "--placement",
+        default=None,
+        choices=["partition", "sharding-key"],
+        help=f"clickhouse.placement (default: not set, by partition); sharding-key places by {SHARDING_KEY}",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="transaction.interval_s (default 1.0)")
     parser.add_argument("--chunk-rows", type=int, default=20_000, help="participant.chunk_rows (default 20000)")
     parser.add_argument("--timeout", type=float, default=900, help="give up on a run after this many seconds")
@@ -187,6 +192,10 @@ def run_one(args: argparse.Namespace, work: Path, n: int) -> dict[str, object]:
     }
 
 
+#: The key ``--placement sharding-key`` places rows by: the demo event's user, hashed.
+SHARDING_KEY = "cityHash64(user_id)"
+
+
 def configure(
     stack: EmbeddedStack, urls: list[str], work: Path, args: argparse.Namespace
 ) -> tuple[PipelineConfig, Path]:
@@ -207,6 +216,8 @@ def configure(
     keys = f"shards = {json.dumps(urls)}\n"
     if args.placement is not None:
         keys += f"placement = {json.dumps(args.placement)}\n"
+    if args.placement == "sharding-key":  # as a Distributed table of the demo's events would shard them
+        keys += f"sharding_key = {json.dumps(SHARDING_KEY)}\n"
     path.write_text(text.replace(anchor, anchor + keys))
     return load_config(str(path), {}), path
 
