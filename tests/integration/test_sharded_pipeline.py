@@ -129,7 +129,7 @@ def test_status_and_txn_show_give_each_shard_its_rows_and_stage_tables(stack, sh
             assert publishing.reached.wait(WAIT_S), "no txn reached its publish"
             k = wait_until(
                 lambda: next(
-                    (t for t in pipeline.ledger().history(limit=50) if t.state == "COMMITTED" and t.ranges), None
+                    (t for t in pipeline.ledger().history(limit=50) if t.state == "COMMITTED" and t.total_rows), None
                 ),
                 WAIT_S,
                 "a txn with rows committed and not published (the publishes wait behind the paused one)",
