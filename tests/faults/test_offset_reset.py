@@ -104,12 +104,16 @@ def test_a_commit_that_lands_before_the_resets_claim_pushes_the_reset_to_the_nex
             )
             resetter.start()
             assert reading.reached.wait(30), "the reset never reached its claim"
+            # The txn after the held one (opened by its END, ended by the pause) would commit into
+            # slot + 1 as soon as the held one is in: hold it before its check until the reset claimed.
+            failpoints.arm("leader.before-count", "pause*1", who="c1")
             failpoints.release("leader.before-commit")
             wait_until(lambda: ledger.commits()[-1].commit_seq == slot, 30, "the held commit took its slot")
             ended = {r.tp: r.end for r in ledger.commits()[-1].ranges}
+            failpoints.release("reset.before-claim")
+            resetter.join(30)
         finally:
             failpoints.disarm()
-        resetter.join(30)
         [result] = done
         assert result.row is not None and result.row.commit_seq == slot + 1
         assert {tp: start for tp, (start, _) in _moves(result).items()} == {**cut, **ended}
