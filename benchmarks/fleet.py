@@ -269,7 +269,7 @@ class Fleet:
         with self._lock:
             for tp in group:
                 read, begin = self._read[tp], offsets[tp]
-                if not start.stage_table_of(tp.topic):  # its table has no stage table in this txn: held
+                if not start.stage_table_for(tp):  # its table (or shard) has no stage table in this txn: held
                     ends[tp] = begin
                     continue
                 if begin < read.base:  # not held any more (cannot happen while ACKs trim only below commits)
@@ -278,7 +278,7 @@ class Fleet:
                 values = read.values[begin - read.base :]
                 ends[tp] = begin + len(values)
                 prefix = b'{"_topic":"%s","_partition":%d,"_offset":' % (tp.topic.encode(), tp.partition)
-                key = (start.stage_table_of(tp.topic), f"/{tp.topic}:{tp.partition}" if self.per_partition else "")
+                key = (start.stage_table_for(tp), f"/{tp.topic}:{tp.partition}" if self.per_partition else "")
                 lines.setdefault(key, []).extend(prefix + b"%d," % (begin + i) + v[1:] for i, v in enumerate(values))
         ends_key = ",".join(f"{tp.topic}:{tp.partition}:{offsets[tp]}-{ends[tp]}" for tp in group)
         token = naming.chunk_token(self.cfg.name, start.txn, group[0].topic, group[0].partition, 0, 0, 0)

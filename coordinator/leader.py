@@ -31,7 +31,7 @@ from coordinator.ledger.rows import ledger_row
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import LEADER_STEPS, CoordinatorMetrics
 from coordinator.offsets.source import SourceOffsets
-from coordinator.stage.shards import Stages
+from coordinator.stage.shards import Stages, on_shards
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
@@ -114,6 +114,7 @@ class Leader:
             target=cfg.tables[0],
             timing=timing,
             routes=cfg.routes,
+            shard_count=len(cfg.clickhouse.shards) if cfg.clickhouse.placement == "partition" else 0,
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)
@@ -310,7 +311,8 @@ class Leader:
             if changed := self._offsets.logs.changed():  # a re-created topic: stop its partitions now
                 self._partition_check_due = True
                 return Counted(action.txn, None, log_changed=changed)
-            check = self.retry(f"check {table} against the target")(self.stages.check, table)
+            stages = on_shards(self.stages, action.shards)
+            check = self.retry(f"check {table} against the target")(stages.check, table)
         except ChtxnError as exc:
             return Counted(action.txn, None, error=str(exc))
         return Counted(action.txn, check.count, partitions=check.partitions, altered=check.altered)

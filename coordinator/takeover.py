@@ -25,7 +25,7 @@ from typing import Any
 from clients import failpoints
 from clients.target_table import check_target
 from coordinator.ledger import commit_points, rows as ledger_rows
-from coordinator.ledger.rows import shard_addresses
+from coordinator.ledger.rows import shard_addresses, shard_indexes
 from coordinator.ledger.store import LedgerStore
 from coordinator.stage.sets import adopting
 from coordinator.stage.shards import Stages, adopting_on_shards, clients_of
@@ -39,7 +39,8 @@ from protocol.messages import TopicPartition
 log = logging.getLogger(__name__)
 
 #: Commit step 7 for one committed txn, ``TxnPublisher.publish``: (txn, stage table, its PUBLISHED row) -> lost.
-PublishStep = Callable[[str, str, Callable[[], LedgerRow]], bool]
+#: ``TxnPublisher.publish``: (txn, its stage tables, its PUBLISHED row, shards=its shards) -> lost.
+PublishStep = Callable[..., bool]
 
 
 class SteppedDown(ChtxnError):
@@ -104,7 +105,10 @@ def take_over(
         for row in unpublished:  # Take-over step 3: roll forward, in commit order
             log.warning("rolling forward the publish of a committed txn", extra={"txn": row.txn})
             publish(
-                row.txn, row.stage_table, partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator)
+                row.txn,
+                row.stage_table,
+                partial(ledger_rows.published_from, row, epoch=epoch, coordinator=coordinator),
+                shards=shard_indexes(cfg, row.shards),
             )
             progress()
         for txn_id, table in retry("list stage tables")(stages.existing).items():  # Take-over step 4: drop orphans
@@ -113,7 +117,7 @@ def take_over(
                 summary is not None and summary.state == LedgerEvent.PUBLISHED
             ):  # its rows are in the target: only clean up
                 retry(f"drop {table}")(stages.drop_all, table)
-            elif summary is not None and summary.state == LedgerEvent.COMMITTED and _owns_slot(ledger, summary):
+            elif summary is not None and summary.state == LedgerEvent.COMMITTED and (won := _won(ledger, summary)):
                 publish(
                     txn_id,
                     summary.stage_table or table,  # the stage tables it committed (``table``: every table's)
@@ -124,6 +128,7 @@ def take_over(
                         epoch=epoch,
                         coordinator=coordinator,
                     ),
+                    shards=shard_indexes(cfg, won.shards),
                 )
                 retry(f"drop {table}")(stages.drop_all, table)
             elif summary is None and retry(f"count {table}")(_rows_in, stages, table) == 0:
@@ -153,8 +158,8 @@ def _rows_in(stages: Stages, table: str) -> int:
     return stages.count(table) if stages.exists(table) else 0
 
 
-def _owns_slot(ledger: LedgerStore, summary: Any) -> bool:
-    """Whether ``summary``'s txn won its commit slot (a late claim past the deduplication
-    window leaves a COMMITTED row that lost: its stage table is an orphan)."""
+def _won(ledger: LedgerStore, summary: Any) -> LedgerRow | None:
+    """The COMMITTED row of ``summary``'s txn if it won its commit slot, else None (a late claim
+    past the deduplication window leaves a COMMITTED row that lost: its stage table is an orphan)."""
     winner = ledger.commit_at(summary.commit_seq) if summary.commit_seq else None
-    return winner is not None and winner.txn == summary.txn
+    return winner if winner is not None and winner.txn == summary.txn else None

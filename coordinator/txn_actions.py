@@ -14,7 +14,7 @@ from typing import Any
 from coordinator.ledger.rows import ledger_row
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.stage.shards import Stages
+from coordinator.stage.shards import Stages, on_shards
 from coordinator.takeover import SteppedDown
 from coordinator.txn_publisher import TxnPublisher
 from protocol.config.parse import PipelineConfig
@@ -64,7 +64,8 @@ class TxnActions:
 
     def create_stage(self, action: CreateStage) -> Event:
         try:
-            self.retry(f"create stage table {action.stage_table}")(self.stages.create, action.stage_table)
+            stages = on_shards(self.stages, action.shards)
+            self.retry(f"create stage table {action.stage_table}")(stages.create, action.stage_table)
             return StageCreated(action.txn)
         except ChtxnError as exc:
             log.error("could not create the next stage table; retrying", extra={"txn": action.txn, "error": str(exc)})
@@ -72,7 +73,7 @@ class TxnActions:
 
     def drop_stage(self, action: DropStage) -> None:
         try:
-            self.retry(f"drop {action.stage_table}")(self.stages.drop, action.stage_table)
+            self.retry(f"drop {action.stage_table}")(on_shards(self.stages, action.shards).drop, action.stage_table)
         except ChtxnError as exc:  # an unused, empty table: the next take-over drops it as an orphan
             log.warning("could not drop an unused stage table", extra={"txn": action.txn, "error": str(exc)})
 
@@ -86,7 +87,10 @@ class TxnActions:
         txn = action.txn
         try:
             lost = self.publisher.publish(
-                txn.id, txn.stage_table, lambda: ledger_row(self, txn, LedgerEvent.PUBLISHED, commit_seq=txn.commit_seq)
+                txn.id,
+                txn.stage_table,
+                lambda: ledger_row(self, txn, LedgerEvent.PUBLISHED, commit_seq=txn.commit_seq),
+                shards=txn.shards,
             )
         except SteppedDown:
             raise
@@ -104,7 +108,7 @@ class TxnActions:
         self.count_abort(action.kind)
         self.acked_at.pop(txn.id, None)
         try:
-            self.retry(f"drop {txn.stage_table}")(self.stages.drop_all, txn.stage_table)
+            self.retry(f"drop {txn.stage_table}")(on_shards(self.stages, txn.shards).drop_all, txn.stage_table)
             self.ledger.append(ledger_row(self, txn, LedgerEvent.ABORTED, reason=action.reason))
         except ChtxnError as exc:  # the orphan is dropped by the next take-over; nothing committed depends on it
             log.error("abort clean-up failed", extra={"txn": txn.id, "error": str(exc)})
@@ -122,10 +126,10 @@ class TxnActions:
             if txn.phase in (Phase.COMMITTING, Phase.PUBLISHING):
                 continue  # outcome unknown or committed: the next leader decides
             try:
-                self.retry(f"drop {txn.stage_table}")(self.stages.drop, txn.stage_table)
+                self.retry(f"drop {txn.stage_table}")(on_shards(self.stages, txn.shards).drop, txn.stage_table)
                 self.ledger.append(ledger_row(self, txn, LedgerEvent.ABORTED, reason="leader stepped down"))
                 self.count_abort(AbortKind.STEP_DOWN)
             except ChtxnError as exc:
                 log.warning("could not drop a stage table on stepping down", extra={"txn": txn.id, "error": str(exc)})
         if state.spare is not None:
-            self.drop_stage(DropStage(state.spare.txn, state.spare.stage_table))
+            self.drop_stage(DropStage(state.spare.txn, state.spare.stage_table, state.spare.shards))

@@ -8,7 +8,7 @@ earlier leader committed and did not publish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -18,7 +18,7 @@ from coordinator.dead_letters.publisher import DeadLetterPublisher, NewerLeader
 from coordinator.ledger.store import LedgerStore
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.stage.publish import StageTableMissing
-from coordinator.stage.shards import Stages
+from coordinator.stage.shards import Stages, on_shards
 from coordinator.takeover import SteppedDown
 from protocol.chcodes import UNKNOWN_TABLE
 from protocol.errors import ClickHouseError
@@ -47,26 +47,30 @@ class TxnPublisher:
         self.retry = retry
         self._published: set[str] = set()  # PUBLISHED rows written whose stage table is not dropped yet
 
-    def publish(self, txn_id: str, stage: str, published_row: Callable[[], Any]) -> bool:
+    def publish(
+        self, txn_id: str, stage: str, published_row: Callable[[], Any], *, shards: Sequence[int] | None = None
+    ) -> bool:
         """Commit step 7 for one committed txn: rows into the target, PUBLISHED, drop. True if it was lost.
+        ``shards``: the shards with its stage tables (``LedgerRow.shards``); None: every shard.
 
         A missing stage table with no PUBLISHED row means the rows are gone: that is recorded as
         LOST (an alarm: error log, metric, ``chtxn verify`` fails), never as PUBLISHED. Once this
         leader wrote the PUBLISHED row, a repeated call (its drop failed) only drops. Raises
         ``SteppedDown`` when the dead-letter publisher finds a newer leader.
         """
+        stages = on_shards(self.stages, shards)
         if txn_id in self._published:
-            self.retry(f"drop {stage}")(self.stages.drop, stage)
+            self.retry(f"drop {stage}")(stages.drop, stage)
             self._published.discard(txn_id)
             return False
         failpoints.hit("leader.before-publish", self.coordinator)
         try:
             try:
                 self.retry(f"publish {txn_id}")(
-                    self.stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator)
+                    stages.publish, stage, txn_id, lambda: failpoints.hit("leader.mid-publish", self.coordinator)
                 )
             except ClickHouseError as exc:  # the stage table went away mid-publish: another leader finished it?
-                if exc.code != UNKNOWN_TABLE or self.retry(f"find {stage}")(self.stages.exists, stage):
+                if exc.code != UNKNOWN_TABLE or self.retry(f"find {stage}")(stages.exists, stage):
                     raise
                 raise StageTableMissing(str(exc)) from exc
         except StageTableMissing as exc:
@@ -87,6 +91,6 @@ class TxnPublisher:
         failpoints.hit("leader.before-published-row", self.coordinator)
         self.ledger.append(row)
         self._published.add(txn_id)
-        self.retry(f"drop {stage}")(self.stages.drop, stage)
+        self.retry(f"drop {stage}")(stages.drop, stage)
         self._published.discard(txn_id)
         return False

@@ -22,6 +22,8 @@ from typing import get_args
 
 import msgspec
 
+from protocol import shards as shard_rules
+
 #: The newest message version this code writes and understands.
 PROTOCOL_VERSION = 1
 
@@ -102,6 +104,12 @@ class StartCommit(_Control, frozen=True, tag="start-commit"):
     ``chunk_rows`` caps this txn's chunks below the participant's own ``chunk_rows`` (0: no cap;
     older leaders never set it). It is fixed for the whole txn, so chunks still depend only on
     the records from the START offset.
+
+    ``shards`` (0-based, of ``shard_count``) are the only shards with this txn's stage tables when
+    partitions are placed on shards (``clickhouse.placement = "partition"``) and the leader made
+    them only where records wait (``protocol.coordinator.flight``); empty: every shard has them.
+    A partition placed on another shard (``protocol.shards.shard_of`` over ``shard_count``) is
+    held: it stages nothing in this txn.
     """
 
     stage_table: str
@@ -109,6 +117,15 @@ class StartCommit(_Control, frozen=True, tag="start-commit"):
     holders: tuple[PartitionHolder, ...] = ()
     chunk_rows: int = 0
     stage_tables: tuple[TopicStage, ...] = ()
+    shards: tuple[int, ...] = ()
+    shard_count: int = 0
+
+    def stage_table_for(self, tp: TopicPartition) -> str:
+        """Where ``tp``'s records go in this txn (``stage_table_of`` its topic), "" when its shard has
+        no stage table in this txn (``shards``)."""
+        if self.shards and shard_rules.shard_of(tp.topic, tp.partition, self.shard_count) not in self.shards:
+            return ""
+        return self.stage_table_of(tp.topic)
 
     def stage_table_of(self, topic: str) -> str:
         """Where ``topic``'s records go in this txn: its table's stage table when the txn spans several

@@ -15,10 +15,11 @@ shard its rows in one insert of its own (``ShardRouter``). Each shard's insert c
 deduplication token, so a chunk sent again is stored once on every shard. The key must be
 deterministic (``key_problem``): a retried chunk must place every row as the first try did.
 
-Nothing here depends on the placement being the same in every process: commit step 5 sums each
-source partition's rows over every shard, and publish moves each shard's stage table into that
-shard's own table, so a participant that placed a partition elsewhere (another ``clickhouse.shards``)
-stages rows that are counted and published where they are, once.
+Commit step 5 sums each source partition's rows over the txn's shards, and publish moves each
+shard's stage table into that shard's own table, so a row is counted and published where it was
+staged, once. Placed by partition, a txn has stage tables only on the shards whose partitions had
+records waiting (``StartCommit.shards``): a participant that places a partition elsewhere (another
+``clickhouse.shards``) may find no stage table there, and its insert fails, aborting the txn.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,16 +59,17 @@ class Pipeline:
     def ledger(self) -> LedgerHistory:
         return LedgerHistory.of(self.cfg, self.client())
 
-    def produce(self, count: int, *, start_id: int = 0, bad_every: int = 0) -> int:
-        """``count`` JSON events spread over the partitions by key; every ``bad_every``-th is malformed."""
+    def produce(self, count: int, *, start_id: int = 0, bad_every: int = 0, into: Sequence[int] = ()) -> int:
+        """``count`` JSON events spread over the partitions (those numbered ``into`` only, when given) in
+        turn; every ``bad_every``-th is malformed."""
         producer = Producer({"bootstrap.servers": self.cfg.kafka.bootstrap_servers, "linger.ms": 5})
-        n_parts = len(self.partitions)
+        numbers = list(into) or [tp.partition for tp in self.partitions]
         for i in range(start_id, start_id + count):
             if bad_every and i % bad_every == bad_every - 1:
                 value = b'{"id": %d, "user": "broken' % i  # malformed JSON
             else:
                 value = json.dumps({"id": i, "user": f"u{i % 97}", "amount": i * 0.5}).encode()
-            producer.produce(self.topic, value=value, key=str(i).encode(), partition=i % n_parts)
+            producer.produce(self.topic, value=value, key=str(i).encode(), partition=numbers[i % len(numbers)])
             if i % 10_000 == 0:
                 producer.poll(0)
         assert producer.flush(30) == 0, "not every test record was delivered"

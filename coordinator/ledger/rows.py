@@ -56,13 +56,23 @@ def ledger_row(leader: Any, txn: Txn, event: LedgerEvent, *, commit_seq: int = 0
         committed_at=now if event in (LedgerEvent.COMMITTED, LedgerEvent.PUBLISHED) else 0.0,
         published_at=now if event is LedgerEvent.PUBLISHED else 0.0,
         reason=reason,
-        shards=shard_addresses(leader.cfg) if event is LedgerEvent.COMMITTED else (),
+        shards=shard_addresses(leader.cfg, txn.shards) if event is LedgerEvent.COMMITTED else (),
     )
 
 
-def shard_addresses(cfg: Any) -> tuple[str, ...]:
-    """``host:port`` of every shard of ``clickhouse.shards``, () when the ClickHouse is not sharded."""
-    return tuple(shards.address(url) for url in cfg.clickhouse.shards)
+def shard_addresses(cfg: Any, indexes: tuple[int, ...] | None = None) -> tuple[str, ...]:
+    """``host:port`` of the shards ``indexes`` (0-based) of ``clickhouse.shards``, of every shard when
+    None; () when the ClickHouse is not sharded."""
+    urls = cfg.clickhouse.shards
+    return tuple(shards.address(url) for i, url in enumerate(urls) if indexes is None or i in indexes)
+
+
+def shard_indexes(cfg: Any, addresses: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The 0-based shards of ``clickhouse.shards`` at ``addresses`` (a COMMITTED row's ``shards``); None
+    (every shard) for a row that names none: an unsharded txn, or one with no stage table."""
+    if not addresses:
+        return None
+    return tuple(i for i, url in enumerate(cfg.clickhouse.shards) if shards.address(url) in addresses)
 
 
 def published_from(committed: LedgerRow, *, epoch: int, coordinator: str) -> LedgerRow:

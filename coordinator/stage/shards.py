@@ -5,7 +5,9 @@ Every shard holds a stage set of its own (``coordinator.stage.sets.StageSet``, o
 server) under the same names, so the ledger's ``stage_table`` names a txn's stage tables on all
 of them. ``ShardedStages`` answers with the methods of a stage set:
 
-- ``create``: the stage tables on every shard (commit step 2);
+- ``create``: the stage tables on every shard (commit step 2); ``on(shards)`` is the same on some
+  shards only: placed by partition, a txn has its stage tables only on the shards whose partitions
+  had records waiting (``protocol.coordinator.spare.Spare.shards``), and every step acts on those;
 - ``check``: every shard's, merged: rows summed, each source partition's rows, first and last
   offset summed and spanned over the shards (a partition staged on two shards is counted once
   per row), and the first structural difference on any shard aborts the whole txn (commit step 5);
@@ -20,6 +22,7 @@ The ledger, the dead letters and the commit point stay on the server of ``clickh
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -49,6 +52,14 @@ class ShardedStages:
     def every(self, txn: str) -> str:
         return self.shards[0].every(txn)
 
+    def on(self, shards: Sequence[int]) -> ShardedStages:
+        """The stage sets of ``shards`` only (0-based, in shard order; none: a txn with no stage table):
+        a txn whose stage tables are on some shards only (``protocol.coordinator.spare.Spare.shards``)."""
+        chosen = copy.copy(self)
+        chosen.wheres = [self.wheres[i] for i in sorted(set(shards))]
+        chosen.shards = [self.shards[i] for i in sorted(set(shards))]
+        return chosen
+
     # ---- the commit steps -------------------------------------------------------------------
 
     def create(self, stages: str) -> None:
@@ -56,7 +67,7 @@ class ShardedStages:
             shard.create(stages)
 
     def check(self, stages: str) -> StageCheck:
-        return merged([shard.check(stages) for shard in self.shards])
+        return merged([shard.check(stages) for shard in self.shards], self.wheres)
 
     def publish(self, stages: str, txn: str, on_move: Any = None) -> int:
         rows = 0
@@ -94,9 +105,11 @@ class ShardedStages:
 Stages = StageTables | StageSet | ShardedStages
 
 
-def merged(checks: Sequence[StageCheck]) -> StageCheck:
-    """One step-5 check of the shards' ``checks`` (in shard order): what the txn staged over all."""
-    altered = "; ".join(f"{shard_rules.label(i)}: {c.altered}" for i, c in enumerate(checks) if c.altered)
+def merged(checks: Sequence[StageCheck], names: Sequence[str] = ()) -> StageCheck:
+    """One step-5 check of the shards' ``checks`` (in shard order, named ``names``; by default
+    ``shard 1`` on): what the txn staged over all."""
+    names = names or [shard_rules.label(i) for i in range(len(checks))]
+    altered = "; ".join(f"{name}: {c.altered}" for name, c in zip(names, checks) if c.altered)
     if len(checks) == 1:
         return checks[0]
     if any(c.partitions is None for c in checks):  # a shard's table without the metadata columns
@@ -115,6 +128,13 @@ def merged(checks: Sequence[StageCheck]) -> StageCheck:
                 )
             )
     return StageCheck(altered, sum(c.count for c in checks), partitions)
+
+
+def on_shards(stages: Stages, shards: Sequence[int] | None) -> Stages:
+    """``stages`` on ``shards`` only (``ShardedStages.on``); None: every shard."""
+    if shards is None or not isinstance(stages, ShardedStages):
+        return stages
+    return stages.on(shards)
 
 
 def clients_of(stages: Any) -> list[tuple[str, Any]]:

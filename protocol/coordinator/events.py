@@ -48,6 +48,8 @@ class Txn:
     buffered_rows: int = 0  # their sum: the size trigger's figure
     end_message: EndCommit | None = None  # the END broadcast, as sent again to a holder that missed it
     end_sent_at: float = 0.0  # when it was last broadcast
+    #: The shards with its stage tables (``Spare.shards``); None: every shard (or one server).
+    shards: tuple[int, ...] | None = None
 
     @property
     def complete(self) -> bool:
@@ -194,6 +196,7 @@ class CreateStage:
 
     txn: str
     stage_table: str
+    shards: tuple[int, ...] | None = None  # on these shards only (``Spare.shards``); None: every shard
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class DropStage:
 
     txn: str
     stage_table: str
+    shards: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,7 @@ class RecordStarted:
 class CountStage:
     txn: str
     stage_table: str
+    shards: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

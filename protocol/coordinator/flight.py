@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol import size_trigger
+from protocol import shards as shard_rules, size_trigger
 from protocol.coordinator.chunk_sizing import ChunkSizer
 from protocol.coordinator.events import (
     AbortKind,
@@ -166,7 +166,7 @@ class Flight:
                 continue
             if txn.phase is Phase.COMPLETE and is_oldest_uncommitted(self.txns, txn):
                 txn.phase = Phase.VERIFYING  # Commit step 5
-                actions.append(CountStage(txn.id, txn.stage_table))
+                actions.append(CountStage(txn.id, txn.stage_table, txn.shards))
             if (
                 txn.phase is Phase.PUBLISHING
                 and not txn.publish_in_flight
@@ -179,7 +179,7 @@ class Flight:
         actions += self.maybe_start(now)
         leader = self.leader
         if leader.ready and not leader.stopping and leader.partitions and self.ahead.wants(now):
-            actions += self.ahead.prepare(now, self._tables_due())  # commit step 2, one txn ahead
+            actions += self.ahead.prepare(now, *self._stages_due())  # commit step 2, one txn ahead
         if leader.stopping and not self.txns:
             actions.append(Stopped())
         return actions
@@ -239,17 +239,25 @@ class Flight:
         self.liveness.hold(holders)
         return nxt
 
-    def _tables_due(self) -> tuple[str, ...] | None:
-        """The tables the next txn stages into, in route order (None: the one-table form's one table):
-        those with a partition its holder read past its committed offset, or whose log end is past it
-        (or not known yet: ``Liveness.waiting``). A table none of whose records wait gets no stage table, and its
-        partitions stage nothing in the txn: an idle table costs a txn no statement. Its first records
-        wait for the txn after the one under way when they arrive."""
-        if not self.outbox.many:
-            return None
+    def _stages_due(self) -> tuple[tuple[str, ...] | None, tuple[int, ...] | None]:
+        """The tables the next txn stages into, in route order (None: the one-table form's one table),
+        and the shards it stages on (None: every shard): those with a partition its holder read past
+        its committed offset, or whose log end is past it (or not known yet: ``Liveness.waiting``).
+        A table none of whose records wait gets no stage table, nor does a shard no such partition is
+        placed on (``protocol.shards.shard_of``), and their partitions stage nothing in the txn: an
+        idle table or shard costs a txn no statement. Their first records wait for the txn after the
+        one under way when they arrive."""
+        if not self.outbox.many and not self.outbox.shard_count:
+            return None, None
         waiting = self.liveness.waiting(self.leader.partitions, self.leader.base)
-        due = set(self.outbox.tables_of({tp.topic for tp in waiting}).values())
-        return tuple(table for table in self.outbox.tables if table in due)
+        tables = None
+        if self.outbox.many:
+            due = set(self.outbox.tables_of({tp.topic for tp in waiting}).values())
+            tables = tuple(table for table in self.outbox.tables if table in due)
+        shards = None
+        if count := self.outbox.shard_count:
+            shards = tuple(sorted({shard_rules.shard_of(tp.topic, tp.partition, count) for tp in waiting}))
+        return tables, shards
 
     def maybe_start(self, now: float) -> list[Action]:
         """A START on its own: the first txn, after an abort, or after an END that went alone."""
@@ -274,7 +282,9 @@ class Flight:
 
     def _take_spare(self, start: Offsets, previous: Txn | None, now: float) -> Txn:
         spare = self.ahead.take()
-        txn = Txn(spare.txn, spare.stage_table, start, now, after=previous.id if previous else None)
+        txn = Txn(
+            spare.txn, spare.stage_table, start, now, after=previous.id if previous else None, shards=spare.shards
+        )
         txn.started_at = now
         self.txns.append(txn)
         return txn

@@ -99,10 +99,13 @@ def _check_order(state: CoordinatorState) -> None:
 
 
 def _names_its_stages(state: CoordinatorState, txn: str, stages: str) -> bool:
-    """Whether ``stages`` names stage tables of ``txn`` only: the one target's (the one-table form), or
-    those of some of the routes' tables, each once, in route order."""
+    """Whether ``stages`` names stage tables of ``txn`` only: the one target's (the one-table form; or
+    none, when partitions are placed on shards and none has records waiting), or those of some of the
+    routes' tables, each once, in route order."""
     if not state.outbox.many:
-        return stages == naming.stage_table(state.target, state.pipeline, txn)
+        return stages == naming.stage_table(state.target, state.pipeline, txn) or (
+            stages == "" and bool(state.outbox.shard_count)
+        )
     tables = [naming.table_of_stage(name, state.pipeline, txn) for name in naming.split_stages(stages)]
     return tables == [t for t in state.outbox.tables if t in tables]
 

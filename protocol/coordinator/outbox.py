@@ -20,10 +20,21 @@ from protocol.messages import (
 
 
 class Outbox:
-    """Builds the messages of one leader (``pipeline``, ``epoch``, ``coordinator``); sends nothing."""
+    """Builds the messages of one leader (``pipeline``, ``epoch``, ``coordinator``); sends nothing.
+    ``shard_count``: the shards partitions are placed on (``clickhouse.placement = "partition"``),
+    so that a txn's stage tables may be on some of them only; 0 otherwise."""
 
-    def __init__(self, *, pipeline: str, epoch: int, coordinator: str, routes: Sequence[routing.Route] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        epoch: int,
+        coordinator: str,
+        routes: Sequence[routing.Route] = (),
+        shard_count: int = 0,
+    ) -> None:
         self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
+        self.shard_count = shard_count if shard_count > 1 else 0
         self.routes = tuple(routes)
         self.tables = tuple(dict.fromkeys(r.table for r in self.routes))
         self.many = len(self.tables) > 1  # a txn spans several tables
@@ -48,6 +59,8 @@ class Outbox:
             holders=holders,
             chunk_rows=chunk_rows,
             stage_tables=self._stage_tables(txn) if self.many else (),
+            shards=txn.shards or (),
+            shard_count=self.shard_count if txn.shards else 0,
         )
 
     def _stage_tables(self, txn: Txn) -> tuple[TopicStage, ...]:

@@ -23,6 +23,10 @@ class Spare:
     txn: str
     stage_table: str  # ``naming.txn_stages``: one table's, or several comma-separated, or none ("")
     ready: bool = False
+    #: The shards that get its stage tables, when partitions are placed on shards: those a partition
+    #: with records waiting is placed on (``Flight._shards_due``); () only with no stage table at
+    #: all. None: every shard (one server, or rows placed by a sharding key).
+    shards: tuple[int, ...] | None = None
 
 
 class StageAhead:
@@ -44,17 +48,21 @@ class StageAhead:
         """``prepare`` would ask for a stage table now: none is kept and no failed creation waits."""
         return self.spare is None and now >= self._not_before
 
-    def prepare(self, now: float, tables: Sequence[str] | None = None) -> list[Action]:
+    def prepare(
+        self, now: float, tables: Sequence[str] | None = None, shards: tuple[int, ...] | None = None
+    ) -> list[Action]:
         """Ask for the next txn's stage table, unless one is kept or a failed creation waits to retry.
-        ``tables``: the target tables that get one (``[[route]]``; None: the one target)."""
+        ``tables``: the target tables that get one (``[[route]]``; None: the one target); ``shards``:
+        the shards that get them (``Spare.shards``; none: no table gets one)."""
         if not self.wants(now):
             return []
         txn_id = naming.txn_id(self.epoch, self._next_seq)
         self._next_seq += 1
-        self.spare = Spare(
-            txn_id, naming.txn_stages((self.target,) if tables is None else tables, self.pipeline, txn_id)
-        )
-        return [CreateStage(self.spare.txn, self.spare.stage_table)]
+        if shards == ():
+            tables = ()
+        stages = naming.txn_stages((self.target,) if tables is None else tables, self.pipeline, txn_id)
+        self.spare = Spare(txn_id, stages, shards=shards)
+        return [CreateStage(self.spare.txn, self.spare.stage_table, shards)]
 
     def created(self, event: StageCreated, now: float) -> None:
         spare = self.spare
@@ -75,4 +83,4 @@ class StageAhead:
 
     def drop(self) -> list[Action]:
         spare, self.spare = self.spare, None
-        return [DropStage(spare.txn, spare.stage_table)] if spare is not None else []
+        return [DropStage(spare.txn, spare.stage_table, spare.shards)] if spare is not None else []

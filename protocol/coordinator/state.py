@@ -95,7 +95,11 @@ class CoordinatorState:
         target: str,
         timing: Timing,
         routes: Sequence[routing.Route] = (),
+        shard_count: int = 0,
     ) -> None:
+        """``shard_count``: the shards partitions are placed on (``clickhouse.placement = "partition"``
+        over several ``clickhouse.shards``): a txn's stage tables are then made only on the shards
+        whose partitions have records waiting. 0: every stage table on every shard."""
         self.pipeline = pipeline
         self.epoch = epoch
         self.coordinator = coordinator
@@ -112,7 +116,9 @@ class CoordinatorState:
         self.ignored = 0  # stale-epoch and foreign messages skipped
         self.liveness = Liveness(timing.heartbeat_timeout_s)
         self.ahead = StageAhead(pipeline=pipeline, epoch=epoch, target=target, retry_s=timing.publish_retry_s)
-        self.outbox = Outbox(pipeline=pipeline, epoch=epoch, coordinator=coordinator, routes=routes)
+        self.outbox = Outbox(
+            pipeline=pipeline, epoch=epoch, coordinator=coordinator, routes=routes, shard_count=shard_count
+        )
         self.flight = Flight(self, timing, liveness=self.liveness, ahead=self.ahead, outbox=self.outbox)
 
     # ---- public -----------------------------------------------------------------------

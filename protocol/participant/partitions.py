@@ -136,7 +136,7 @@ class Partitions:
             chunk_bytes=self.chunk_bytes,
         )
         share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
-        stage_table = m.stage_table_of(p.tp.topic)
+        stage_table = m.stage_table_for(p.tp)
         if m.stage_tables and all(s.topic != p.tp.topic for s in m.stage_tables):
             log.warning(
                 "START of %s names no stage table for topic %s (its route is gone?): holding %s/%d, nothing staged",
@@ -152,8 +152,8 @@ class Partitions:
             start_offset=offset,
             builder=builder,
             share=share,
-            # No stage table for its table in this txn: the coordinator saw no records waiting when it
-            # made them. It goes on fetching (so its log end stays fresh in heartbeats: the next txn
+            # No stage table for its table (or on its shard) in this txn: the coordinator saw no
+            # records waiting when it made them. It goes on fetching (so its log end stays fresh in heartbeats: the next txn
             # gets a stage table once records arrive), stages nothing, and its WRITE-STATUS ends where
             # it started; records read meanwhile are read again from there by the next START.
             status=Status.STAGING if stage_table else Status.HELD,

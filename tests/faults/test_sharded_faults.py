@@ -53,6 +53,12 @@ def _staged_rows(pipeline, url: str) -> int:
     return sum(int(client.command(f"SELECT count() FROM `{db}`.`{n}`")) for n in names)
 
 
+def _idle(pipeline) -> bool:
+    """Every committed txn is published and the latest has no stage table (no records waited for it)."""
+    ledger = pipeline.ledger()
+    return ledger.commits()[-1].stage_table == "" and all(t.state != "COMMITTED" for t in ledger.history(limit=50))
+
+
 def _committed_txn(pipeline) -> str:
     """The txn a leader holds between two shards' publishes: the oldest COMMITTED (later ones may be too)."""
     return next(t.txn for t in reversed(pipeline.ledger().history(limit=50)) if t.state == "COMMITTED")
@@ -77,6 +83,40 @@ def test_a_leader_stalled_between_two_shards_publishes_is_rolled_forward_by_the_
         wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
         wait_until(lambda: isinstance(e1.outcome, str), WAIT_S, "E1 stepped down")
     assert_exactly_once_over_shards(pipeline, produced)
+    wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
+
+
+def test_a_txn_on_two_of_three_shards_is_rolled_forward_on_those_two_only(stack, shards, tmp_path):
+    """Records wait only in partitions placed on shards 1 and 2, so a txn makes its stage tables there
+    alone and its COMMITTED row names those two. Its leader stalls between their publishes; the next
+    leader rolls it forward on exactly those two (a publish on shard 3 would find no stage table and
+    never end) and shard 3 is never written."""
+    pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shtouch"))
+    into = [tp.partition for tp in pipeline.partitions if shard_rules.shard_of(tp.topic, tp.partition, 3) != 2]
+    touched = tuple(shard_rules.address(url) for url in shards.urls[:2])
+    e1, e2 = LeaderThread(pipeline, 1, "E1"), LeaderThread(pipeline, 2, "E2")
+    with participants(pipeline, tasks=2), leaders(e1, e2):
+        e1.start()
+        first = pipeline.produce(300, into=into)
+        wait_until(lambda: union_count(pipeline) == first, WAIT_S, "the first records committed")
+        wait_until(lambda: _idle(pipeline), WAIT_S, "every txn published, the latest with no stage table")
+        between = failpoints.arm("leader.between-shard-publishes", "pause*1", who="E1")
+        produced = first + pipeline.produce(600, start_id=first, into=into)
+        assert between.reached.wait(WAIT_S), "E1 never published a first shard"
+        k = _committed_txn(pipeline)
+        [row] = [c for c in pipeline.ledger().commits() if c.txn == k]
+        assert row.shards == touched and row.total_rows > 0, row
+        assert _staged_rows(pipeline, shards.urls[1]) > 0, "the txn held rows for shard 2, not yet published"
+        db = pipeline.cfg.clickhouse.database
+        on_third = f"SELECT count() FROM system.tables WHERE database = '{db}' AND endsWith(name, '__{k}')"
+        assert int(client_of(shards.urls[2]).command(on_third)) == 0, f"a stage table of {k} on shard 3"
+        e2.start()  # seals, then rolls k forward on shards 1 and 2
+        wait_until(lambda: pipeline.ledger().txn(k).state == "PUBLISHED", WAIT_S, f"{k} published by E2")
+        failpoints.release("leader.between-shard-publishes")
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "every record committed")
+        wait_until(lambda: isinstance(e1.outcome, str), WAIT_S, "E1 stepped down")
+    assert_exactly_once_over_shards(pipeline, produced)
+    assert _target_rows(pipeline, shards.urls[2]) == 0
     wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
 
 

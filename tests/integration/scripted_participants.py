@@ -143,15 +143,15 @@ class ScriptedParticipants:
 
     def _stage(self, start: StartCommit, tp: TopicPartition, begin: int) -> WriteStatus:
         """Stage every record from ``begin`` to the end of the partition; nothing when the START gives
-        the partition's table no stage table (``[[route]]``)."""
-        lines = self._read(tp, begin) if start.stage_table_of(tp.topic) else []
+        the partition's table (``[[route]]``) or shard no stage table."""
+        lines = self._read(tp, begin) if start.stage_table_for(tp) else []
         high = begin + len(lines)
         errors: tuple[str, ...] = ()
         if lines:
             token = naming.chunk_token(self.cfg.name, start.txn, tp.topic, tp.partition, 0, begin, begin + len(lines))
             try:
                 self._ch.raw_insert(
-                    start.stage_table_of(tp.topic),
+                    start.stage_table_for(tp),
                     insert_block=b"\n".join(lines),
                     fmt="JSONEachRow",
                     settings={"insert_deduplication_token": token, "async_insert": 0},

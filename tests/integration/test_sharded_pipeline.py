@@ -47,6 +47,35 @@ def test_each_partition_is_staged_on_its_shard_and_committed_once_over_all(stack
     wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
 
 
+def test_a_txn_has_stage_tables_only_on_the_shards_whose_partitions_have_records_waiting(stack, shard_urls, tmp_path):
+    """Per-txn cost grows with the shards a txn touches, not with those that exist: records wait in shard
+    1's partitions only, so the txns make their stage tables there alone; then records arrive in shard
+    3's partitions, whose holders stage nothing into the txn under way (its shard has no stage table)
+    and the next txn takes them. Shard 2 never gets a stage table once the leader knows where records
+    wait (its first txns, before any heartbeat told a log end, are on every shard)."""
+    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("shtouch"), partitions=6)
+    on = {tp.partition: shard_rules.shard_of(tp.topic, tp.partition, 3) for tp in pipeline.partitions}
+    address = [shard_rules.address(url) for url in shard_urls]
+    with participants(pipeline, tasks=2), coordinator(pipeline):
+        produced = pipeline.produce(600, into=[p for p, shard in on.items() if shard == 0])
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "shard 1's records committed")
+        wait_until(lambda: not pipeline.ledger().commits()[-1].shards, WAIT_S, "a txn with no records waiting")
+        since = pipeline.ledger().commits()[-1].commit_seq
+        produced += pipeline.produce(300, start_id=produced, into=[p for p, shard in on.items() if shard == 2])
+        produced += pipeline.produce(300, start_id=produced, into=[p for p, shard in on.items() if shard == 0])
+        wait_until(lambda: union_count(pipeline) == produced, WAIT_S, "shard 3's and shard 1's records committed")
+    later = [c for c in pipeline.ledger().commits() if c.commit_seq > since and c.txn.startswith("e")]
+    assert later and all(address[1] not in c.shards for c in later), [c.shards for c in later]
+    for commit in later:  # each partition with rows in a txn is on one of its shards
+        assert {address[on[r.partition]] for r in commit.ranges if r.rows} <= set(commit.shards), commit
+    assert {address[2], address[0]} <= {a for c in later for a in c.shards}
+    assert_exactly_once_over_shards(pipeline, produced)
+    assert rows_per_shard(pipeline)[1] == [], "shard 2 never received a row"
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
+
+
 def test_verify_deep_counts_every_offset_over_the_shards(stack, shard_urls, tmp_path):
     """``chtxn verify --deep`` agrees with the oracle over the union of the shards, and fails on a row of
     shard 1 copied into shard 3: a duplicate no check of one shard alone could see."""

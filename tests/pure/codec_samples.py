@@ -47,6 +47,8 @@ SAMPLES: dict[str, ControlMessage] = {
             PartitionHolder(topic="src", partition=1, sender="part-b"),
         ),
         chunk_rows=5000,
+        shards=(2,),  # src/0 is placed on shard 2 of 3, src/1 on shard 0: held
+        shard_count=3,
     ),
     "end-commit": EndCommit(
         **_BASE,

@@ -15,7 +15,15 @@ import pytest
 
 from protocol import codec
 from protocol.codec import decode, encode
-from protocol.messages import KINDS, PROTOCOL_VERSION, AckCommit, Heartbeat, ParticipantFigures, WriteStatus
+from protocol.messages import (
+    KINDS,
+    PROTOCOL_VERSION,
+    AckCommit,
+    Heartbeat,
+    ParticipantFigures,
+    TopicPartition,
+    WriteStatus,
+)
 from tests.pure.codec_samples import SAMPLES
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -56,7 +64,8 @@ def test_every_golden_fixture_still_decodes(fixture: str) -> None:
 
 def test_a_start_commit_of_an_old_leader_has_no_holders_and_fences_nobody() -> None:
     old = decode(golden("start-commit.v1.hex"))
-    assert old == msgspec.structs.replace(SAMPLES["start-commit"], holders=(), chunk_rows=0, stage_tables=())
+    bare = {"holders": (), "chunk_rows": 0, "stage_tables": (), "shards": (), "shard_count": 0}
+    assert old == msgspec.structs.replace(SAMPLES["start-commit"], **bare)
 
 
 def test_a_start_commit_of_a_leader_older_than_routes_stages_every_topic_into_stage_table() -> None:
@@ -64,6 +73,15 @@ def test_a_start_commit_of_a_leader_older_than_routes_stages_every_topic_into_st
     assert old.stage_tables == () and old.stage_table_of("clicks") == old.stage_table == "events__chtxn_e3_t17"
     new = SAMPLES["start-commit"]
     assert new.stage_table_of("clicks") == "clicks__chtxn_e3_t17" and new.stage_table_of("other") == ""  # held
+
+
+def test_a_start_commit_of_a_leader_older_than_touched_shards_stages_every_partition() -> None:
+    old = decode(golden("start-commit.v4.hex"))
+    assert old.shards == () and old.shard_count == 0
+    src0, src1 = TopicPartition(topic="src", partition=0), TopicPartition(topic="src", partition=1)
+    assert old.stage_table_for(src0) == old.stage_table_for(src1) == "events__chtxn_e3_t17"
+    new = SAMPLES["start-commit"]
+    assert new.stage_table_for(src0) == "events__chtxn_e3_t17" and new.stage_table_for(src1) == ""  # held
 
 
 def test_a_heartbeat_of_a_participant_older_than_figures_carries_none() -> None:
