@@ -2,7 +2,7 @@
 
 On one embedded stack with a ZooKeeper (chDB with KeeperMap), a ledger of each commit point claims
 ``--claims`` consecutive slots, alternating, each claim timed (``LedgerStore.claim_commit``: for
-``token`` the insert and the read-back; for ``keeper`` the key, the checkpoint read and the row).
+``token`` the insert and the read-back; for ``keeper`` the key, the checkpoint read, the row and the read-back).
 Prints p50 / p95 / max per commit point. Measures; asserts nothing.
 """
 

@@ -41,6 +41,8 @@ POINTS: dict[str, str] = {
     "leader.before-seal": "a new leader read the head and is about to seal slot head+1",
     "leader.before-count": "the WRITE-STATUS set of a txn is complete; before step 5 counts the stage table",
     "leader.before-commit": "step 5 passed; before the COMMITTED row is claimed (the commit point)",
+    "keeper.after-key-insert": "keeper commit point: a claim's key insert has answered (taken or refused); before the "
+    "claimer acts on the answer. `raise` loses the answer, as a connection dropped after Keeper took the key does",
     "leader.after-keeper-claim": "keeper commit point: a txn's commit key is ours; before its COMMITTED row goes into the ledger",
     "leader.after-commit": "the COMMITTED row is ours; before ACK-COMMIT goes out",
     "leader.before-publish": "ACK-COMMIT sent; before the stage table is moved into the target",

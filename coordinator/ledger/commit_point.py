@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from clients.clickhouse import is_clickhouse_failure
-from clients.failpoints import hit
+from clients.failpoints import FailpointError, hit
 from coordinator.ledger.access import LedgerAccess
 from protocol.errors import ClickHouseError, SetupError
 from protocol.ledger import claims as ledger_claims
@@ -137,8 +137,11 @@ class KeeperCommitPoint:
     def _claim_key(self, row: LedgerRow, what: str) -> LedgerRow:
         """Insert ``row``'s key unless it exists; the row the key holds afterwards.
 
-        The insert's error is not trusted either way (an existing key and an unreachable Keeper
-        are one code): the key read back answers. A key still missing is retried."""
+        An insert answered without error created the key (``protocol.ledger.claims``; over HTTP an
+        error raised after ClickHouse began its answer still reaches the client, as the exception
+        code header or a broken response). A failed insert is not trusted either way (an existing
+        key and an unreachable Keeper are one code; a lost answer may hide a key taken): the key
+        read back answers. A key still missing is retried."""
         store = self._store
         parameters = ledger_claims.claim_parameters(store.pipeline, row)
         key = str(parameters["key"])
@@ -155,12 +158,15 @@ class KeeperCommitPoint:
                 if not is_clickhouse_failure(exc):
                     raise
                 failure = exc
+            try:
+                hit("keeper.after-key-insert", row.coordinator)
+            except FailpointError as exc:  # the answer lost on its way back
+                failure = failure or exc
+            if failure is None:
+                return row  # Keeper created the key in this very insert
             held = self._read_key_once(key)
             if held is None:
-                raise ClickHouseError(
-                    f"{what}: Keeper took no key {key} ({failure or 'the insert returned but the key is missing'})",
-                    retryable=True,
-                )
+                raise ClickHouseError(f"{what}: Keeper took no key {key} ({failure})", retryable=True)
             return held
 
         won: LedgerRow = store._retry(what)(attempt)

@@ -20,8 +20,12 @@ written (epoch keys stay: one per leadership). A late claim of such a slot could
 again, so a won key counts only if no checkpoint covers its slot; the check is read after the
 key is won, and a key is deleted only once a covering checkpoint exists, so it cannot miss one.
 
-Errors: "the key exists" and "Keeper is unreachable" are both ``KEEPER_EXCEPTION`` (999); a
-claimer tells them apart by reading the key back, never by the message.
+Answers: an insert answered without error created the key, so its claimer holds it without
+reading it. In strict mode the insert is one Keeper multi-request of creates, which fails on an
+existing key; ClickHouse repeats it only after a lost Keeper connection (never, with
+``CLAIM_SETTINGS``), and a repeat that finds the key raises too. A failed insert tells nothing:
+"the key exists" and "Keeper is unreachable" are both ``KEEPER_EXCEPTION`` (999), and a lost
+answer may hide a key taken; its claimer reads the key back, never the message.
 """
 
 from __future__ import annotations
@@ -80,7 +84,9 @@ def create_table_sql(database: str, keeper_path: str, *, cluster: str = "") -> s
 
 
 def claim_sql(database: str) -> str:
-    """Insert the key ``{key:String}`` (with ``CLAIM_SETTINGS``: fails when it exists)."""
+    """Insert the key ``{key:String}`` (with ``CLAIM_SETTINGS``: fails when it exists). One statement
+    without a body, never a streamed insert: chDB (the embedded endpoint) answers a streamed insert
+    whose write failed as a success, and a claimer takes a success for the key."""
     return (
         f"INSERT INTO {qualified(database)} (key, pipeline, kind, slot, claim_id, row) "
         "SELECT {key:String}, {pipeline:String}, {kind:String}, {slot:UInt64}, {claim_id:String}, {row:String}"
