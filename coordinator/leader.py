@@ -35,6 +35,7 @@ from coordinator.stage.shards import Stages, on_shards
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
+from protocol import shards as shard_rules
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import (
     AbortTxn,
@@ -114,7 +115,7 @@ class Leader:
             target=cfg.tables[0],
             timing=timing,
             routes=cfg.routes,
-            shard_count=len(cfg.clickhouse.shards) if cfg.clickhouse.placement == "partition" else 0,
+            shard_count=shard_rules.placed_count(cfg.clickhouse.shards, cfg.clickhouse.placement),
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)

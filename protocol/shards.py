@@ -42,6 +42,13 @@ def shard_of(topic: str, partition: int, shards: int) -> int:
     return (zlib.crc32(topic.encode()) + partition) % shards
 
 
+def placed_count(shards: Sequence[str], placement: str) -> int:
+    """The shards partitions are placed on: ``len(shards)`` when ``placement`` is by partition over
+    several, else 0 (one server, or rows placed by a sharding key: every txn on every shard). The
+    leader makes a txn's stage tables on some of these only (``StartCommit.shards``)."""
+    return len(shards) if placement == "partition" and len(shards) > 1 else 0
+
+
 def label(index: int) -> str:
     """How logs, errors and tables name the 0-based shard ``index``: ``shard 1`` first."""
     return f"shard {index + 1}"

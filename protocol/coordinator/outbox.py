@@ -34,7 +34,7 @@ class Outbox:
         shard_count: int = 0,
     ) -> None:
         self.pipeline, self.epoch, self.coordinator = pipeline, epoch, coordinator
-        self.shard_count = shard_count if shard_count > 1 else 0
+        self.shard_count = shard_count
         self.routes = tuple(routes)
         self.tables = tuple(dict.fromkeys(r.table for r in self.routes))
         self.many = len(self.tables) > 1  # a txn spans several tables

@@ -47,8 +47,11 @@ class Partitions:
         chunk_rows: int,
         chunk_bytes: int,
         size_trigger_rows: int,
+        shard_count: int = 0,
     ) -> None:
         self.pipeline, self.sender = pipeline, sender
+        self.shard_count = shard_count  # ``protocol.shards.placed_count`` of this participant's config
+        self._mismatch_told = ""  # the txn whose START placed partitions over another count, once logged
         self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
         self.size_trigger_rows = size_trigger_rows
         self.parts: dict[tuple[str, int], Partition] = {
@@ -137,6 +140,18 @@ class Partitions:
         )
         share = size_trigger.share(self.size_trigger_rows, len(m.offsets))
         stage_table = m.stage_table_for(p.tp)
+        if m.shards and m.shard_count != self.shard_count:
+            stage_table = ""  # its shard may have no stage table in this txn: its insert would fail
+            if self._mismatch_told != m.txn:
+                self._mismatch_told = m.txn
+                log.error(
+                    "START of %s places partitions by partition over %d shards and this participant over %d: "
+                    "holding its partitions, nothing staged; run the coordinator and the participant job with the "
+                    "same clickhouse.shards and clickhouse.placement",
+                    m.txn,
+                    m.shard_count,
+                    self.shard_count,
+                )
         if m.stage_tables and all(s.topic != p.tp.topic for s in m.stage_tables):
             log.warning(
                 "START of %s names no stage table for topic %s (its route is gone?): holding %s/%d, nothing staged",

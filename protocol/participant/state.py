@@ -104,9 +104,12 @@ class ParticipantState:
         chunk_bytes: int,
         heartbeat_interval_s: float,
         size_trigger_rows: int = 0,
+        shard_count: int = 0,
         job: str = "",
         figures: Callable[[], ParticipantFigures | None] = lambda: None,
     ) -> None:
+        """``shard_count``: the shards this participant places partitions on
+        (``protocol.shards.placed_count``); a START that places them over another count is not staged."""
         self.pipeline, self.sender = pipeline, sender
         self.job = job  # the participant job this task belongs to ("": none, it never leaves)
         self.figures = figures  # what the copy did so far, for each heartbeat (the runner counts it)
@@ -118,6 +121,7 @@ class ParticipantState:
             chunk_rows=chunk_rows,
             chunk_bytes=chunk_bytes,
             size_trigger_rows=size_trigger_rows,
+            shard_count=shard_count,
         )
         self.epoch = 0  # highest epoch seen
         self.current = ""  # the txn of the latest START this task took part in

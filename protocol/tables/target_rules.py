@@ -169,9 +169,3 @@ def distributed_refusal(cfg: PipelineConfig, table: str, facts: TargetFacts) -> 
         f'set clickhouse.target_table = "{local}"{database_fix}, and {listed} to load them all{placed} '
         "(docs/clusters.md, A sharded cluster)"
     )
-    return (
-        f"target table {database}.{table} is a Distributed table over {local_db}.{local} on cluster {cluster}; "
-        "chtxn publishes by moving partitions between tables of one server, which a Distributed table has not: "
-        f'set clickhouse.target_table = "{local}"{database_fix}, and list one server of every shard of cluster '
-        f"{cluster} in clickhouse.shards to load them all{placed} (docs/clusters.md, A sharded cluster)"
-    )

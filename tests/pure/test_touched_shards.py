@@ -96,11 +96,20 @@ def test_placed_by_a_sharding_key_every_shard_gets_the_stage_tables_as_on_one_se
     assert {start.stage_table_for(tp) for tp in HEAD} == {stage(1)}
 
 
-def test_a_partition_placed_on_a_shard_without_a_stage_table_stages_nothing_and_ends_where_it_started() -> None:
-    m = ParticipantState(
-        pipeline=PIPE, sender="task-0", partitions=[P0, P1], chunk_rows=2, chunk_bytes=10_000, heartbeat_interval_s=1.0
+def participant(shard_count: int) -> ParticipantState:
+    return ParticipantState(
+        pipeline=PIPE,
+        sender="task-0",
+        partitions=[P0, P1],
+        chunk_rows=2,
+        chunk_bytes=10_000,
+        heartbeat_interval_s=1.0,
+        shard_count=shard_count,
     )
-    start = StartCommit(
+
+
+def start_on_p0s_shard() -> StartCommit:
+    return StartCommit(
         pipeline=PIPE,
         epoch=EPOCH,
         txn=txn(1),
@@ -113,9 +122,33 @@ def test_a_partition_placed_on_a_shard_without_a_stage_table_stages_nothing_and_
         shards=(ON[P0],),
         shard_count=SHARDS,
     )
-    m.handle(PReceived(start), 0)
+
+
+def staged_and_held(m: ParticipantState) -> tuple[list, list]:
+    """txn 1 of P0 from 40 and P1 from 10, three records of P1 and one of P0 read: the chunks staged
+    (stage table, partition) and the WRITE-STATUS reports (partition, start, end, rows) sent at END."""
+    m.handle(PReceived(start_on_p0s_shard()), 0)
     read = m.handle(Polled([Rec("orders", 1, o, b'{"o":1}') for o in (10, 11, 12)] + [Rec("orders", 0, 40, b"{}")]), 0)
     ended = read + m.handle(PReceived(EndCommit(pipeline=PIPE, epoch=EPOCH, txn=txn(1), sender="c")), 0)
-    assert [(a.stage_table, a.chunk.partition) for a in of(StageChunk, ended)] == [(stage(1), 0)]
     reports = [a.message for a in ended if hasattr(a, "message")]
-    assert [(w.partition, w.start_offset, w.end_offset, w.rows) for w in reports] == [(1, 10, 10, 0)]
+    return (
+        [(a.stage_table, a.chunk.partition) for a in of(StageChunk, ended)],
+        [(w.partition, w.start_offset, w.end_offset, w.rows) for w in reports],
+    )
+
+
+def test_a_partition_placed_on_a_shard_without_a_stage_table_stages_nothing_and_ends_where_it_started() -> None:
+    staged, reported = staged_and_held(participant(SHARDS))
+    assert staged == [(stage(1), 0)]
+    assert reported == [(1, 10, 10, 0)]
+
+
+def test_a_participant_placing_over_another_shard_count_holds_every_partition_and_says_why(caplog) -> None:
+    """Its ``clickhouse.shards`` (or placement) differs from the leader's: the shard it would insert into
+    may have no stage table in this txn, so it stages nothing, rather than failing inserts that abort
+    every txn, and logs both counts once per txn."""
+    staged, reported = staged_and_held(participant(2))
+    assert staged == []
+    assert sorted(reported) == [(0, 40, 40, 0), (1, 10, 10, 0)]
+    [told] = [r.getMessage() for r in caplog.records if "shards" in r.getMessage()]
+    assert "over 3 shards and this participant over 2" in told and "same clickhouse.shards" in told
