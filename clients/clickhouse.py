@@ -39,13 +39,14 @@ _NO_CONNECTION = re.compile(r"Failed to establish a new connection: ([^\"')]+)")
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (DriverError, *_TRANSPORT_ERRORS)
 
 
-def make_client(section: ClickHouseSection, **settings: Any) -> Client:
+def make_client(section: ClickHouseSection, *, url_key: str = "clickhouse.url", **settings: Any) -> Client:
     """A clickhouse-connect client for ``section``, shareable between threads.
 
     Every request carries ``async_insert=0`` (the commit protocol needs synchronous inserts),
     then ``section.insert_settings``, then ``settings``. No session id is generated, so many
     threads may use the client at once. Connecting queries the server once: an unreachable or
-    refusing server raises ``ClickHouseError`` saying what to check.
+    refusing server raises ``ClickHouseError`` saying what to check, ``url_key`` naming the setting
+    that gave ``section.url`` (``shard_client``: a shard's).
     """
     url = urlsplit(section.url)
     secure = url.scheme == "https"
@@ -73,11 +74,17 @@ def make_client(section: ClickHouseSection, **settings: Any) -> Client:
             ) from exc
         raise ClickHouseError(
             f"cannot connect to ClickHouse at {secrets.mask_url(section.url)} (database {section.database!r}, user "
-            f"{section.user!r}): {_describe(exc)}; check clickhouse.url, clickhouse.user and "
+            f"{section.user!r}): {_describe(exc)}; check {url_key}, clickhouse.user and "
             "clickhouse.password, and that the server is running (embedded: chtxn embedded up)",
             code=code,
             retryable=is_retryable(exc),
         ) from exc
+
+
+def shard_client(index: int, section: ClickHouseSection, **settings: Any) -> Client:
+    """``make_client`` for the 0-based shard ``index`` of ``clickhouse.shards`` (``section``, one of
+    ``PipelineConfig.shard_sections``): a failure to connect names that shard's entry."""
+    return make_client(section, url_key=f"clickhouse.shards[{index}] (shard {index + 1})", **settings)
 
 
 def error_code(exc: BaseException) -> int:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from clients.clickhouse import make_client
+from clients.clickhouse import make_client, shard_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from clients.target_table import check_target
 from coordinator.control import ControlChannel
@@ -215,7 +215,7 @@ def clickhouse_stores(cfg: PipelineConfig, *, metrics: CoordinatorMetrics | None
     participants' inserts, except for ``insert-select`` copies, which are bulk work. A server
     without ``CAP_SYS_NICE`` ignores the setting; at 0 it is not sent (a server may refuse it)."""
     ch, co = cfg.clickhouse, cfg.coordinator
-    renice = {"os_thread_priority": co.clickhouse_nice} if co.clickhouse_nice else {}
+    renice: dict[str, Any] = {"os_thread_priority": co.clickhouse_nice} if co.clickhouse_nice else {}
     client = make_client(ch, **renice)
     ledger = LedgerStore.of(
         cfg,
@@ -229,7 +229,7 @@ def clickhouse_stores(cfg: PipelineConfig, *, metrics: CoordinatorMetrics | None
     shards: dict[str, StageSet] = {}
     for i, section in enumerate(cfg.shard_sections):
         where = shard_rules.where(i, section.url)
-        one = stage_set(cfg, make_client(section, **renice), copy_settings=copy)
+        one = stage_set(cfg, shard_client(i, section, **renice), copy_settings=copy)
         if metrics is not None:
             one = MeteredShard(one.tables, coordinator=one.coordinator, shard=where, metrics=metrics)
         shards[where] = one

@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
+from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client, shard_client
 from clients.kafka import KafkaClientFactory, check_control_topic, partitions_of
 from participant.outage import Outage, ride_out
 from protocol import shards
@@ -75,7 +75,7 @@ def check_clickhouse(cfg: PipelineConfig) -> bool:
     from participant.stager import Stager
 
     for i, section in enumerate(cfg.shard_sections):  # on every shard of ``clickhouse.shards``
-        client = make_client(section)
+        client = shard_client(i, section) if cfg.clickhouse.shards else make_client(section)
         try:
             stager = Stager(client=client, section=cfg.clickhouse, dead_letters=None, attempts=1)
             for table in cfg.tables:

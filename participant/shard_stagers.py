@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from clients import target_table
-from clients.clickhouse import make_client
+from clients.clickhouse import shard_client
 from participant.dead_letters import DeadLetterSink
 from participant.stager import Stager
 from participant.tally import Tally
@@ -25,7 +25,8 @@ class ShardStagers:
 
     def __init__(self, cfg: PipelineConfig, client: Any, *, dead_letters: DeadLetterSink, tally: Tally) -> None:
         self.cfg = cfg
-        self.clients = [make_client(s) for s in cfg.shard_sections] if cfg.clickhouse.shards else [client]
+        sections = enumerate(cfg.shard_sections)
+        self.clients = [shard_client(i, s) for i, s in sections] if cfg.clickhouse.shards else [client]
         self._own = [c for c in self.clients if c is not client]
         ch = cfg.clickhouse
         router = (
@@ -37,7 +38,7 @@ class ShardStagers:
         )
         self.stagers = [
             Stager(
-                client=shard_client,
+                client=one,
                 section=cfg.clickhouse,
                 attempts=cfg.participant.insert_retries,
                 dead_letters=dead_letters,
@@ -46,7 +47,7 @@ class ShardStagers:
                 pipeline=cfg.name,
                 router=router,
             )
-            for shard_client in self.clients
+            for one in self.clients
         ]
 
     def of(self, chunk: Chunk) -> Stager:
@@ -64,8 +65,8 @@ class ShardStagers:
 
     def close(self) -> None:
         """Close the shards' clients (not the task's own)."""
-        for shard_client in self._own:
-            shard_client.close()
+        for own in self._own:
+            own.close()
 
 
 def check_target(stager: Stager, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:

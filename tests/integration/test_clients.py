@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from clients import kafka as kafka_clients
-from clients.clickhouse import make_client
+from clients.clickhouse import make_client, shard_client
 from protocol.config.parse import parse_config
 from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError, SetupError
@@ -105,3 +105,11 @@ def test_make_client_names_an_unreachable_server() -> None:
         make_client(section)
     assert f"cannot connect to ClickHouse at {section.url}" in str(info.value)
     assert info.value.retryable and "clickhouse.url" in str(info.value)
+
+
+def test_a_shard_that_cannot_be_reached_is_named_by_its_entry_in_clickhouse_shards() -> None:
+    section = ClickHouseSection(url=f"http://127.0.0.1:{closed_port()}", target_table="t", connect_timeout_s=2)
+    with pytest.raises(ClickHouseError) as info:
+        shard_client(2, section)
+    assert f"cannot connect to ClickHouse at {section.url}" in str(info.value)
+    assert "check clickhouse.shards[2] (shard 3)," in str(info.value) and "clickhouse.url" not in str(info.value)
