@@ -13,7 +13,9 @@ as many consecutive slots as its weight). ClickHouse evaluates it, not Python: a
 shard (the one its partition is placed on), whose server parses it once and sends every other
 shard its rows in one insert of its own (``ShardRouter``). Each shard's insert carries the chunk's
 deduplication token, so a chunk sent again is stored once on every shard. The key must be
-deterministic (``key_problem``): a retried chunk must place every row as the first try did.
+deterministic (``key_problem``): a retried chunk must place every row as the first try did. Since
+every chunk becomes an insert (and a part) on every shard, chunks placed by key hold ``chunk_scale``
+times the rows, so that each shard's part of one is about as large as a chunk placed by partition.
 
 Nothing here depends on the placement being the same in every process: commit step 5 sums each
 source partition's rows over every shard, and publish moves each shard's stage table into that
@@ -39,6 +41,16 @@ def shard_of(topic: str, partition: int, shards: int) -> int:
     if shards < 1:
         raise ValueError(f"a cluster has at least one shard, not {shards}")
     return (zlib.crc32(topic.encode()) + partition) % shards
+
+
+def chunk_scale(placement: str, shards: int) -> int:
+    """How many times the rows of a chunk placed by partition a chunk holds (``participant.chunk_rows``
+    and the START's cap alike): ``shards`` by a sharding key, whose every chunk is one insert, and one
+    part, on each of the ``shards``; 1 by partition. Every shard's insert and part costs ClickHouse a
+    fixed amount of work whatever its rows, so each shard's part of a chunk is kept about as large as
+    a chunk placed by partition. A function of the config only: a txn's chunks still depend only on
+    its records and its START."""
+    return max(1, shards) if placement == "sharding-key" else 1
 
 
 def label(index: int) -> str:
