@@ -107,6 +107,7 @@ class Leader:
             size_trigger_rows=tx.size_trigger_rows,
             write_status_timeout_s=tx.write_status_timeout_s,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            chunk_scale=cfg.chunk_scale,
         )
         self.state = CoordinatorState(
             pipeline=cfg.name,

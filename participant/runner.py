@@ -138,7 +138,7 @@ class _Loop:
             pipeline=cfg.name,
             sender=self.sender,
             partitions=runner.partitions,
-            chunk_rows=cfg.participant.chunk_rows,
+            chunk_rows=cfg.participant.chunk_rows * cfg.chunk_scale,  # by a sharding key, split over the shards
             chunk_bytes=cfg.participant.chunk_bytes,
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
             size_trigger_rows=cfg.transaction.size_trigger_rows,

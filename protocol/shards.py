@@ -13,13 +13,16 @@ as many consecutive slots as its weight). ClickHouse evaluates it, not Python: a
 shard (the one its partition is placed on), whose server parses it once and sends every other
 shard its rows in one insert of its own (``ShardRouter``). Each shard's insert carries the chunk's
 deduplication token, so a chunk sent again is stored once on every shard. The key must be
-deterministic (``key_problem``): a retried chunk must place every row as the first try did.
+deterministic (``key_problem``): a retried chunk must place every row as the first try did. Since
+every chunk becomes an insert (and a part) on every shard, chunks placed by key hold ``chunk_scale``
+times the rows, so that each shard's part of one is about as large as a chunk placed by partition.
 
 Commit step 5 sums each source partition's rows over the txn's shards, and publish moves each
 shard's stage table into that shard's own table, so a row is counted and published where it was
 staged, once. Placed by partition, a txn has stage tables only on the shards whose partitions had
-records waiting (``StartCommit.shards``): a participant that places a partition elsewhere (another
-``clickhouse.shards``) may find no stage table there, and its insert fails, aborting the txn.
+records waiting (``StartCommit.shards``): a participant that places partitions over another count of
+shards (another ``clickhouse.shards`` or placement) could find no stage table on the shard it picks,
+so it holds them instead (``protocol.participant.partitions``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ def placed_count(shards: Sequence[str], placement: str) -> int:
     several, else 0 (one server, or rows placed by a sharding key: every txn on every shard). The
     leader makes a txn's stage tables on some of these only (``StartCommit.shards``)."""
     return len(shards) if placement == "partition" and len(shards) > 1 else 0
+
+
+def chunk_scale(placement: str, shards: int) -> int:
+    """How many times the rows of a chunk placed by partition a chunk holds (``participant.chunk_rows``
+    and the START's cap alike): ``shards`` by a sharding key, whose every chunk is one insert, and one
+    part, on each of the ``shards``; 1 by partition. Every shard's insert and part costs ClickHouse a
+    fixed amount of work whatever its rows, so each shard's part of a chunk is kept about as large as
+    a chunk placed by partition. A function of the config only: a txn's chunks still depend only on
+    its records and its START."""
+    return max(1, shards) if placement == "sharding-key" else 1
 
 
 def label(index: int) -> str:

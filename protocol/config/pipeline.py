@@ -11,6 +11,7 @@ from typing import Literal
 
 import msgspec
 
+from protocol import shards
 from protocol.config.sections import (
     ClickHouseSection,
     CoordinatorSection,
@@ -78,6 +79,12 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         ``url``): the one section itself when the ClickHouse is not sharded."""
         ch = self.clickhouse
         return tuple(msgspec.structs.replace(ch, url=url, shards=[]) for url in ch.shards) or (ch,)
+
+    @property
+    def chunk_scale(self) -> int:
+        """How many times ``participant.chunk_rows`` a chunk may hold, and the START's cap is
+        (``protocol.shards.chunk_scale``): the shard count placed by a sharding key, else 1."""
+        return shards.chunk_scale(self.clickhouse.placement, len(self.clickhouse.shards))
 
     @property
     def control_topic(self) -> str:

@@ -170,7 +170,9 @@ class ParticipantSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     chunk_rows: Annotated[int, Meta(description=(
         "A chunk is cut after this many records at most... Each START lowers it for its txn to about a quarter of "
         "what the busiest partition reads in one (never below 1,000), so that END leaves little to insert at any "
-        "rate; this is the upper bound, for partitions catching up."))] = 20_000
+        "rate; this is the upper bound, for partitions catching up. With `clickhouse.placement = \"sharding-key\"` "
+        "this bound and the START's are multiplied by the number of shards: each chunk is split over every shard, "
+        "and each shard's part of it keeps about this size."))] = 20_000
     chunk_bytes: Annotated[int, Meta(
         description="...or before the record that would take it past this many bytes of values.")] = 8 * 1024 * 1024
     poll_batch: Annotated[int, Meta(description="Most records taken from Kafka in one poll.")] = 5_000

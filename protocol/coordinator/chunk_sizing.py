@@ -7,7 +7,9 @@ chunks of about a ``CHUNKS_PER_TXN``-th of what the busiest partition will read 
 the rows a partition read per second in the last complete txn, times the interval, plus how far
 it is behind its log end (a partition catching up reads at full speed, so it gets big chunks).
 The participant's own ``participant.chunk_rows`` stays the upper bound, ``MIN_CHUNK_ROWS`` the
-lower one. The size is fixed per txn, so chunks still depend only on the records from its START.
+lower one. Placed by a sharding key, both are ``scale`` times larger (``protocol.shards.chunk_scale``):
+each chunk is split over every shard, and each shard's part of it keeps the size it would have
+placed by partition. The size is fixed per txn, so chunks still depend only on the records from its START.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ MIN_CHUNK_ROWS = 1_000
 class ChunkSizer:
     """Learns per-partition read rates from complete txns; answers a START's ``chunk_rows``."""
 
-    def __init__(self, *, interval_s: float, size_trigger_rows: int) -> None:
+    def __init__(self, *, interval_s: float, size_trigger_rows: int, scale: int = 1) -> None:
         self.interval_s = interval_s
         self.size_trigger_rows = size_trigger_rows
+        self.scale = scale  # ``protocol.shards.chunk_scale``: the shards each chunk is split over, else 1
         self.rows_per_s: dict[TopicPartition, float] = {}
 
     def learn(self, rows: Mapping[TopicPartition, int], span_s: float) -> None:
@@ -45,4 +48,4 @@ class ChunkSizer:
         partitions = set(self.rows_per_s) | set(behind)
         expected = max(self.rows_per_s.get(tp, 0.0) * self.interval_s + max(0, behind.get(tp, 0)) for tp in partitions)
         expected = min(expected, self.size_trigger_rows / len(partitions))  # the trigger ends the txn there
-        return max(MIN_CHUNK_ROWS, math.ceil(expected / CHUNKS_PER_TXN))
+        return self.scale * max(MIN_CHUNK_ROWS, math.ceil(expected / CHUNKS_PER_TXN))

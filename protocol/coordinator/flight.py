@@ -53,6 +53,7 @@ class Timing:
     write_status_timeout_s: float = 30.0
     heartbeat_timeout_s: float = 3.0
     publish_retry_s: float = 1.0
+    chunk_scale: int = 1  # ``PipelineConfig.chunk_scale``: the START's cap is that many times larger
 
 
 class Leader(Protocol):
@@ -87,7 +88,9 @@ class Flight:
         self.liveness = liveness
         self.ahead = ahead
         self.outbox = outbox
-        self.sizer = ChunkSizer(interval_s=timing.interval_s, size_trigger_rows=timing.size_trigger_rows)
+        self.sizer = ChunkSizer(
+            interval_s=timing.interval_s, size_trigger_rows=timing.size_trigger_rows, scale=timing.chunk_scale
+        )
         self.txns: list[Txn] = []
 
     def txn(self, txn_id: str) -> Txn | None:

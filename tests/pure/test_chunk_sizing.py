@@ -50,6 +50,16 @@ def test_slow_partitions_still_get_chunks_of_the_minimum() -> None:
     assert s.chunk_rows({}) == MIN_CHUNK_ROWS
 
 
+def test_placed_by_a_sharding_key_the_cap_is_the_shard_count_times_larger() -> None:
+    """Each of the 4 shards gets a part of every chunk: each part keeps the size a chunk placed by partition has."""
+    by_key = ChunkSizer(interval_s=1.0, size_trigger_rows=1_000_000, scale=4)
+    by_partition = sizer()
+    for s in (by_key, by_partition):
+        s.learn({A: 0, B: 0}, span_s=1.0)
+    assert by_key.chunk_rows({}) == 4 * by_partition.chunk_rows({}) == 4 * MIN_CHUNK_ROWS
+    assert by_key.chunk_rows({A: 400_000}) == 4 * by_partition.chunk_rows({A: 400_000}) == 4 * 100_000
+
+
 def test_a_participant_cuts_at_the_starts_cap_when_it_is_below_its_own() -> None:
     m = machine(chunk_rows=3)
     capped = msgspec.structs.replace(start("e1_t1", {TP0: 10}).message, chunk_rows=2)

@@ -88,6 +88,21 @@ def test_verify_reads_the_other_shards_through_url() -> None:
     assert "headers('X-ClickHouse-User' = 'u', 'X-ClickHouse-Key' = 'p\\'w')" in sql
 
 
+@pytest.mark.parametrize(
+    ("extra", "scale"),
+    [
+        ("", 1),
+        ('shards = ["http://a:1", "http://b:1", "http://c:1"]\n', 1),
+        ('shards = ["http://a:1", "http://b:1", "http://c:1"]\nplacement = "sharding-key"\nsharding_key = "id"\n', 3),
+    ],
+)
+def test_chunks_placed_by_a_key_hold_the_shard_count_times_the_rows(extra: str, scale: int) -> None:
+    """Each shard's part of a chunk placed by key is about as large as a chunk placed by partition."""
+    cfg = parse_config(BASE + extra + "\n[participant]\nchunk_rows = 5000\n", {})
+    assert cfg.chunk_scale == scale == shards.chunk_scale(cfg.clickhouse.placement, len(cfg.clickhouse.shards))
+    assert cfg.participant.chunk_rows == 5000  # the config keeps what it was given; the participant scales it
+
+
 @pytest.mark.parametrize("key", ["rand()", "cityHash64(user) + rand64()", "toUInt64(now())", "rowNumberInAllBlocks()"])
 def test_a_key_that_changes_between_tries_is_refused(key: str) -> None:
     with pytest.raises(ConfigError) as info:
