@@ -35,7 +35,6 @@ from coordinator.stage.shards import Stages, on_shards
 from coordinator.takeover import SteppedDown, take_over
 from coordinator.txn_actions import TxnActions
 from coordinator.txn_publisher import TxnPublisher
-from protocol import shards as shard_rules
 from protocol.config.parse import PipelineConfig
 from protocol.coordinator.events import (
     AbortTxn,
@@ -116,7 +115,7 @@ class Leader:
             target=cfg.tables[0],
             timing=timing,
             routes=cfg.routes,
-            shard_count=shard_rules.placed_count(cfg.clickhouse.shards, cfg.clickhouse.placement),
+            shard_count=cfg.placed_count,
         )
         self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)

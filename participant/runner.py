@@ -46,7 +46,7 @@ from participant.dead_letters import DeadLetterSink
 from participant.outage import ride_out
 from participant.shard_stagers import ShardStagers
 from participant.tally import Tally
-from protocol import naming, shards
+from protocol import naming
 from protocol.chunking import RecordLike
 from protocol.codec import encode
 from protocol.config.parse import PipelineConfig
@@ -142,7 +142,7 @@ class _Loop:
             chunk_bytes=cfg.participant.chunk_bytes,
             heartbeat_interval_s=cfg.transaction.heartbeat_interval_s,
             size_trigger_rows=cfg.transaction.size_trigger_rows,
-            shard_count=shards.placed_count(cfg.clickhouse.shards, cfg.clickhouse.placement),
+            shard_count=cfg.placed_count,
             job=runner.job,
             figures=tally.figures,
         )

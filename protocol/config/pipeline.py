@@ -87,6 +87,12 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return shards.chunk_scale(self.clickhouse.placement, len(self.clickhouse.shards))
 
     @property
+    def placed_count(self) -> int:
+        """The shards partitions are placed on (``protocol.shards.placed_count``), the same for the leader
+        and the participants: 0 unless placed by partition over several shards."""
+        return shards.placed_count(self.clickhouse.shards, self.clickhouse.placement)
+
+    @property
     def control_topic(self) -> str:
         return self.pipeline.control_topic or f"{self.pipeline.name}.chtxn-control"
 

@@ -109,7 +109,7 @@ class ParticipantState:
         figures: Callable[[], ParticipantFigures | None] = lambda: None,
     ) -> None:
         """``shard_count``: the shards this participant places partitions on
-        (``protocol.shards.placed_count``); a START that places them over another count is not staged."""
+        (``PipelineConfig.placed_count``); a START that places them over another count is not staged."""
         self.pipeline, self.sender = pipeline, sender
         self.job = job  # the participant job this task belongs to ("": none, it never leaves)
         self.figures = figures  # what the copy did so far, for each heartbeat (the runner counts it)

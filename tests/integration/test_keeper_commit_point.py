@@ -9,7 +9,8 @@ costs is counted on the wire: the HTTP requests its client sends (``Requests``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -271,6 +272,22 @@ def test_a_key_insert_whose_answer_is_lost_reads_the_key_back_and_wins(new_store
     assert claim_keys(store) == [("commit", 1)]
 
 
+@contextmanager
+def held_after_key_insert(store, row, who: str) -> Iterator[list[bool]]:
+    """``store`` claims ``row`` (as ``who``) in a thread, held once its key insert has answered; the body
+    runs meanwhile, then the claim goes on. Yields the claim's outcome, filled once it has ended."""
+    held = failpoints.arm("keeper.after-key-insert", "pause*1", who=who)
+    won: list[bool] = []
+    claimer = threading.Thread(target=lambda: won.append(store.claim_commit(row)))
+    claimer.start()
+    try:
+        assert held.reached.wait(30), f"{who}'s key insert never answered"
+        yield won
+    finally:
+        failpoints.release("keeper.after-key-insert")
+        claimer.join(60)
+
+
 def test_two_claimers_of_one_slot_one_held_after_its_key_insert_exactly_one_wins(new_store) -> None:
     """c1's key insert is answered (taken) and c1 is held there, before it reads anything; c2 claims
     the same slot, is refused, reads c1's key and copies c1's row into the ledger. c1 goes on: its
@@ -279,18 +296,10 @@ def test_two_claimers_of_one_slot_one_held_after_its_key_insert_exactly_one_wins
     Broken claim run against: a refused insert taken as a win (c2 won too)."""
     c1, c2 = new_store(), new_store()
     row = msgspec.structs.replace(commit_row(c1, 1, "e1_t1", rng(0, 0, 10)), claim_id="c1-claim")
-    held = failpoints.arm("keeper.after-key-insert", "pause*1", who="c1")
-    won: list[bool] = []
-    claimer = threading.Thread(target=lambda: won.append(c1.claim_commit(row)))
-    claimer.start()
-    try:
-        assert held.reached.wait(30), "c1's key insert never answered"
+    with held_after_key_insert(c1, row, "c1") as won:
         assert not c2.claim_commit(commit_row(c2, 1, "e2_t1", rng(0, 0, 12), epoch=2, who="c2"))
         copied = c2.commit_at(1)
         assert copied is not None and copied.claim_id == "c1-claim", "c2 copied c1's row"
-    finally:
-        failpoints.release("keeper.after-key-insert")
-        claimer.join(30)
     assert won == [True]
     assert [r.claim_id for r in slot_rows(c1, 1)] == ["c1-claim"]
 
@@ -316,20 +325,12 @@ def test_a_stale_claimer_whose_refused_key_is_forgotten_meanwhile_takes_it_again
             assert store.claim_commit(row)
             store.append(msgspec.structs.replace(row, event=LedgerEvent.PUBLISHED, claim_id=""))
         late = commit_row(stale, 2, "e1_t9", rng(0, 10, 99), who="stale")
-        held = failpoints.arm("keeper.after-key-insert", "pause*1", who="stale")
-        won: list[bool] = []
-        claimer = threading.Thread(target=lambda: won.append(stale.claim_commit(late)))
-        claimer.start()
-        try:
-            assert held.reached.wait(30), "the stale claimer's key insert never answered"
+        with held_after_key_insert(stale, late, "stale") as won:
             row = commit_row(store, 3, "e1_t3", rng(0, 20, 30))
             assert store.claim_commit(row)
             store.append(msgspec.structs.replace(row, event=LedgerEvent.PUBLISHED, claim_id=""))
             assert store.checkpoint(epoch=1, coordinator="c1") == 3
             assert claim_keys(store) == [], "the covered keys are forgotten"
-        finally:
-            failpoints.release("keeper.after-key-insert")
-            claimer.join(60)
     finally:
         store._client.command(f"ALTER TABLE {store.table} MODIFY SETTING non_replicated_deduplication_window = 100000")
     assert won == [False]
