@@ -117,6 +117,8 @@ def test_a_txn_on_two_of_three_shards_is_rolled_forward_on_those_two_only(stack,
         wait_until(lambda: isinstance(e1.outcome, str), WAIT_S, "E1 stepped down")
     assert_exactly_once_over_shards(pipeline, produced)
     assert _target_rows(pipeline, shards.urls[2]) == 0
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     wait_until(lambda: stage_tables_on_shards(pipeline) == [], WAIT_S, "no stage table left on any shard")
 
 
