@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             wall_s=wall_s,
         )
-        suffix = "" if point == "token" else f"-{point}"
-        out = Path(args.results) / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}{suffix}.json"
+        out = Path(args.results) / result_name(points, point, started_at.strftime("%Y%m%dT%H%M%SZ"))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(document, indent=2) + "\n")
         console.rule(f"commit point {point}")
@@ -286,3 +285,12 @@ def cpu_probe(loops: int = 10_000_000) -> float:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def result_name(points: list[str], point: str, stamp: str) -> str:
+    """The results file of ``point``: ``<time>.json`` for the token headline, ``<time>-keeper.json`` for
+    keeper alone, ``commit-point-<point>-<time>.json`` when the run compares commit points (so that
+    ``tools.benchdoc`` puts the pair side by side and never takes a comparison for the headline)."""
+    if len(points) > 1:
+        return f"commit-point-{point}-{stamp}.json"
+    return f"{stamp}.json" if point == "token" else f"{stamp}-{point}.json"
