@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--per-partition",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="the fleet inserts each partition's records on their own, as a participant's chunks are "
-        "(default: one insert per task and table)",
+        "(the default); --no-per-partition: one insert per task and table, fewer inserts than chtxn makes",
     )
     parser.add_argument("--dir", default=".chtxn/bench-tables", help="working directory (wiped at start)")
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")

@@ -160,6 +160,8 @@ def tables_region(results: Path) -> str:
         return NONE_YET
     rows = []
     for path in paths:
+        per_partition = load(path)["settings"].get("per_partition", False)  # runs before it: per task and table
+        inserts = "one per partition" if per_partition else "one per task and table"
         for r in load(path)["runs"]:
             rows.append(
                 (
@@ -171,10 +173,11 @@ def tables_region(results: Path) -> str:
                     num(r.get("cpu_ms_per_txn")),
                     f"{r['statements_per_txn']:.1f}" if r.get("statements_per_txn") is not None else "-",
                     str(r["aborts"]),
+                    inserts,
                 )
             )
     header = cols(
-        "topics (partitions)|tables|txns/s|rows/s|END→commit p50/p95 ms|coordinator CPU ms/txn|statements/txn|aborts"
+        "topics (partitions)|tables|txns/s|rows/s|END→commit p50/p95 ms|coordinator CPU ms/txn|statements/txn|aborts|inserts at END"
     )
     return source(paths) + "\n\n" + table(header, rows)
 
