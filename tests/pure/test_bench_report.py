@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from benchmarks import cpu, summary
-from benchmarks.bench import repetition_figures
+from benchmarks.bench import repetition_figures, result_name
 from benchmarks.chtxn_run import PipelineFigures, figures_from_ledger
 from benchmarks.paced import PacedFigures, PacedRun
 from benchmarks.plain import Outcome
@@ -195,3 +195,10 @@ def test_steady_state_leaves_out_the_last_data_txn_which_waits_out_its_interval(
     assert got.drain_rows_per_s == pytest.approx(1_000_000 / 5.4)
     single = figures_from_ledger(None, txns=[txn(1, 240_000)])  # type: ignore[arg-type]  # as above
     assert single.rows_per_s == pytest.approx(240_000 / 1.4)
+
+
+def test_a_run_comparing_commit_points_never_takes_the_headlines_file_name() -> None:
+    assert result_name(["token"], "token", "20261129T001314Z") == "20261129T001314Z.json"
+    assert result_name(["keeper"], "keeper", "20261129T001314Z") == "20261129T001314Z-keeper.json"
+    compared = [result_name(["token", "keeper"], p, "20261129T001314Z") for p in ("token", "keeper")]
+    assert compared == ["commit-point-token-20261129T001314Z.json", "commit-point-keeper-20261129T001314Z.json"]
