@@ -283,10 +283,6 @@ def cpu_probe(loops: int = 10_000_000) -> float:
     return round(time.process_time() - t0, 3)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def result_name(points: list[str], point: str, stamp: str) -> str:
     """The results file of ``point``: ``<time>.json`` for the token headline, ``<time>-keeper.json`` for
     keeper alone, ``commit-point-<point>-<time>.json`` when the run compares commit points (so that
@@ -294,3 +290,7 @@ def result_name(points: list[str], point: str, stamp: str) -> str:
     if len(points) > 1:
         return f"commit-point-{point}-{stamp}.json"
     return f"{stamp}.json" if point == "token" else f"{stamp}-{point}.json"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
