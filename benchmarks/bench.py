@@ -12,8 +12,11 @@ Each repetition runs on its own fresh ``EmbeddedStack`` (``<--dir>/repN``):
    and the freshness of those events.
 
 It prints each repetition's tables, then every figure's median and spread (min-max), and writes
-``benchmarks/results/<UTC time>.json`` (``benchmarks.summary`` describes the document). It
-measures and reports; it asserts nothing about speed.
+``benchmarks/results/<UTC time>.json`` (``benchmarks.summary`` describes the document). With a
+ClickPipes-like ``--workload`` (``benchmarks.clickpipes``; ``--no-paced`` required) it adds the
+MB/s and rows/s per ingesting core, and writes ``<workload>-<UTC time>.json`` instead, which
+``tools.benchdoc`` never takes for the headline. It measures and reports; it asserts nothing
+about speed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import chtxn_run, paced, pipeline, report, summary, timeline, workload
+from benchmarks import chtxn_run, clickpipes, paced, pipeline, report, summary, timeline, workload
 from benchmarks.chtxn_run import REPO, PipelineFigures
 from benchmarks.paced import PacedFigures
 from benchmarks.plain import Outcome
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     chtxn_run.stop_on_sigterm()
     if args.reps < 1 or args.paced_seconds <= 0 or (args.paced_rate is not None and args.paced_rate <= 0):
         parser.error("--reps must be at least 1, and --paced-rate and --paced-seconds positive")
+    if args.workload != "demo" and not args.no_paced:
+        parser.error(f"--workload {args.workload} has no paced phase (its producer is the demo's): add --no-paced")
 
     console = Console() if sys.stdout.isatty() else Console(width=140)  # make's output is no terminal
     started_at = datetime.now(timezone.utc)
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             started_at=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             wall_s=wall_s,
         )
-        out = Path(args.results) / result_name(points, point, started_at.strftime("%Y%m%dT%H%M%SZ"))
+        name = result_name(points, point, started_at.strftime("%Y%m%dT%H%M%SZ"))
+        out = Path(args.results) / (name if args.workload == "demo" else f"{args.workload}-{name}")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(document, indent=2) + "\n")
         console.rule(f"commit point {point}")
@@ -113,8 +119,11 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
     logs = work / "logs"
-    with EmbeddedStack(work / "stack", keeper=keeper) as stack:
-        setup = pipeline.prepare(args, work, stack, console)
+    with (
+        clickpipes.serving(args.workload, work / "registry") as insert_settings,
+        EmbeddedStack(work / "stack", keeper=keeper) as stack,
+    ):
+        setup = pipeline.prepare(args, work, stack, console, insert_settings=insert_settings)
         outcomes = pipeline.reference_runs(args, setup, console)
         loop = next(o for o in outcomes if o.mode == "loop")
         rate = args.paced_rate or loop.rows_per_s / 2
@@ -155,7 +164,11 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
         console.print(table)
     if paced_figures is not None:
         console.print(report.paced_table(paced_figures))
-    return repetition_figures(outcomes, figures, paced_figures)
+    found = repetition_figures(outcomes, figures, paced_figures)
+    if args.workload != "demo":
+        found.update(pipeline.workload_figures(setup, outcomes, figures))
+        console.print(clickpipes.table(args.workload, found))
+    return found
 
 
 def repetition_figures(
@@ -240,6 +253,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "paced": not args.no_paced,
         "paced_rate": args.paced_rate,  # None: half the plain loop's rows/s of each repetition
         "paced_seconds": args.paced_seconds,
+        **({} if args.workload == "demo" else {"workload": args.workload}),
     }
 
 

@@ -1,10 +1,11 @@
 """The pipeline benchmark: chtxn side by side with a plain at-least-once loop, on the embedded stack.
 
-    .venv/bin/python -m benchmarks.pipeline [--events 1000000] [--partitions 4]
+    .venv/bin/python -m benchmarks.pipeline [--events 1000000] [--partitions 4] [--workload demo]
 
 Steps, all on one fresh ``EmbeddedStack`` (stopped at the end, with every process started here):
 
-1. produce ``--events`` of the demo's JSON events into a topic of ``--partitions`` partitions;
+1. produce ``--events`` of the demo's JSON events (or, with ``--workload``, a ClickPipes-like
+   workload's nested records: ``benchmarks.clickpipes``) into a topic of ``--partitions`` partitions;
 2. raw ceilings (skip with ``--no-ceilings``): consume only, and insert only (the plain loop's
    bodies and statements, built before the clock starts);
 3. (a) the plain loop: consume, ``raw_insert`` batches of ``--chunk-rows``, commit offsets;
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import chtxn_run, plain, report, workload
+from benchmarks import chtxn_run, clickpipes, plain, report, workload
 from benchmarks.plain import Outcome
 from embedded.stack import EmbeddedStack
 from participant.job import group_partitions
@@ -48,6 +49,7 @@ class Setup:
     config_path: Path
     ends: dict[int, int]
     groups: list[list[int]]  # the plain loop's processes
+    value_bytes: int = 0  # the bytes of every record value produced
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="librdkafka property for every client of both loops, as [kafka.properties] (repeatable)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=clickpipes.WORKLOADS,
+        default="demo",
+        help="the records: demo (the demo's ~200-byte JSON events, the default), clickpipes-json "
+        "(~1.6 KB nested JSON, JSONEachRow) or clickpipes-avro (the same records as AvroConfluent, "
+        "the schema served from files), with MB/s per core beside ClickPipes' published figures "
+        "(make bench: with --no-paced), e.g. --workload clickpipes-avro --events 300000 --no-ceilings",
+    )
     parser.add_argument("--no-ceilings", action="store_true", help="skip the consume-only and insert-only runs")
     parser.add_argument("--dir", default=".chtxn/bench", help="working directory (wiped at start)")
     parser.add_argument("--timeout", type=float, default=900, help="give up on a step after this many seconds")
@@ -103,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
     load_before = os.getloadavg()
-    with EmbeddedStack(work / "stack") as stack:
-        setup = prepare(args, work, stack, console)
+    with (
+        clickpipes.serving(args.workload, work / "registry") as insert_settings,
+        EmbeddedStack(work / "stack") as stack,
+    ):
+        setup = prepare(args, work, stack, console, insert_settings=insert_settings)
         outcomes = reference_runs(args, setup, console)
         workload.settle(setup.cfg)
         with console.status("running the chtxn pipeline (coordinator + Spark participant job)"):
@@ -120,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         report.cpu_table(outcomes, figures),
     ):
         console.print(table)
+    if args.workload != "demo":
+        console.print(clickpipes.table(args.workload, workload_figures(setup, outcomes, figures)))
     load_after = os.getloadavg()
     console.print(
         f"machine: {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
@@ -128,8 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console: Console) -> Setup:
-    """Step 1: config, topics and tables on a fresh ``stack``, and ``--events`` produced."""
+def prepare(
+    args: argparse.Namespace,
+    work: Path,
+    stack: EmbeddedStack,
+    console: Console,
+    *,
+    insert_settings: dict[str, str] | None = None,
+) -> Setup:
+    """Step 1: config, topics and tables of ``--workload`` on a fresh ``stack``, and ``--events``
+    produced; ``insert_settings`` (``clickpipes.serving``) go to ``[clickhouse.insert_settings]``."""
     config_path = work / "pipeline.toml"
     cfg = workload.write_config(
         config_path,
@@ -140,11 +164,13 @@ def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console:
         chunk_rows=args.chunk_rows,
         properties=dict(item.split("=", 1) for item in args.kafka_property),
         commit_point=getattr(args, "commit_point", "token"),
+        input_format=clickpipes.FORMATS.get(args.workload),
+        insert_settings=insert_settings,
     )
-    workload.prepare(cfg, args.partitions)
+    workload.prepare(cfg, args.partitions, args.workload)
     with console.status(f"producing {args.events:,} events"):
         t0 = time.monotonic()
-        produced = workload.produce(cfg, args.events)
+        produced, value_bytes = workload.produce_workload(cfg, args.events, args.workload)
         console.print(
             f"produced {args.events:,} events into {args.partitions} partitions in {time.monotonic() - t0:.1f} s"
         )
@@ -155,7 +181,22 @@ def prepare(args: argparse.Namespace, work: Path, stack: EmbeddedStack, console:
             [TopicPartition(topic=workload.TOPIC, partition=p) for p in range(args.partitions)], processes
         )
     ]
-    return Setup(cfg, config_path, {p: produced.get(p, 0) for p in range(args.partitions)}, groups)
+    ends = {p: produced.get(p, 0) for p in range(args.partitions)}
+    return Setup(cfg, config_path, ends, groups, value_bytes)
+
+
+def workload_figures(setup: Setup, outcomes: list[Outcome], figures: chtxn_run.PipelineFigures) -> dict[str, object]:
+    """The ClickPipes-comparable figures of one run (``clickpipes.per_core``), both sides, and the
+    values' mean size; the backlog's every row has one of the values produced."""
+    loop = next(o for o in outcomes if o.mode == "loop")
+    mean = setup.value_bytes / sum(setup.ends.values()) if setup.ends and any(setup.ends.values()) else 0.0
+    return {
+        "value_bytes_mean": mean,
+        "chtxn_mb_per_s": figures.rows_per_s * mean / 1e6,
+        "plain_mb_per_s": loop.rows_per_s * mean / 1e6,
+        **clickpipes.per_core("chtxn", figures.rows, mean, figures.cpu_s, figures.cpu_window_s),
+        **clickpipes.per_core("plain", loop.rows, mean, loop.cpu_s, loop.cpu_window_s),
+    }
 
 
 def reference_runs(args: argparse.Namespace, setup: Setup, console: Console) -> list[Outcome]:

@@ -4,8 +4,9 @@ Three modes, each reading the same pre-produced partitions from the start to a k
 
 - ``loop``: the plain at-least-once consumer: ``assign`` its partitions, read raw values, cut
   each partition's records into batches of ``batch_rows``, insert each as the participant does
-  (``protocol.framing``: the values joined, and ClickHouse filling ``_topic/_partition/_offset``
-  in an ``INSERT ... SELECT ... FROM input()``) into ``bench.events_plain``, then commit that
+  (``protocol.framing``: the values framed by ``clickhouse.input_format``, as the participant
+  frames them, and ClickHouse filling ``_topic/_partition/_offset`` in an
+  ``INSERT ... SELECT ... FROM input()``) into ``bench.events_plain``, then commit that
   partition's offset (synchronously);
 - ``consume``: reading only (the ceiling of confluent-kafka on the embedded broker);
 - ``insert``: inserting only (the ceiling of the embedded ClickHouse): the bodies ``loop`` would
@@ -162,7 +163,7 @@ class _Worker:
         self.consumer.assign([KafkaTP(TOPIC, p, OFFSET_BEGINNING) for p in partitions])
         self.client = make_client(cfg.clickhouse) if mode != "consume" else None
         self.inserts = {
-            table: MetadataInsert(DATABASE, table, _columns(self.client, table), "JSONEachRow")
+            table: MetadataInsert(DATABASE, table, _columns(self.client, table), cfg.clickhouse.input_format)
             for table in (PLAIN, CEILING)
             if self.client is not None
         }
@@ -210,7 +211,7 @@ class _Worker:
     def _insert_and_commit(self, partition: int, records: list) -> None:
         clock = time.perf_counter
         t0 = clock()
-        body = frame(records, "JSONEachRow")
+        body = frame(records, self.cfg.clickhouse.input_format)
         statement, params = self.inserts[PLAIN].statement(TOPIC, partition, records)
         t1 = clock()
         assert self.client is not None  # mode loop
@@ -239,7 +240,11 @@ class _Worker:
             for i in range(0, len(records), self.batch_rows)
         ]
         return [
-            (len(batch), frame(batch, "JSONEachRow"), *self.inserts[CEILING].statement(TOPIC, p, batch))
+            (
+                len(batch),
+                frame(batch, self.cfg.clickhouse.input_format),
+                *self.inserts[CEILING].statement(TOPIC, p, batch),
+            )
             for p, batch in batches
         ]
 

@@ -6,16 +6,22 @@ chtxn target ``bench.events``, the plain loop's ``bench.events_plain`` and the i
 ``bench.events_ceiling`` (all the demo's schema, metadata columns included, plus
 ``produced_at_ms``, which only the paced producer fills), and the ledger. ``produce`` writes the
 demo's events and returns only once the broker has acknowledged every one of them.
+
+With a ClickPipes-like ``workload`` (``benchmarks.clickpipes``) instead of ``demo``, the tables have
+that workload's nested columns (no ``produced_at_ms``: it has no paced phase), ``write_config``
+sets its ``input_format`` and insert settings, and ``produce_workload`` writes its records.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from confluent_kafka import Producer
 
+from benchmarks import clickpipes
 from cli.demo import TARGET_DDL, events
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client
@@ -45,6 +51,7 @@ bootstrap_servers = "{kafka}"
 url = "{clickhouse}"
 database = "{database}"
 target_table = "{target}"
+{clickhouse_extra}
 
 [transaction]
 interval_s = {interval_s}
@@ -58,6 +65,7 @@ commit_point = "{commit_point}"
 
 [kafka.properties]
 {properties}
+{insert_settings}
 """
 
 
@@ -71,10 +79,13 @@ def write_config(
     chunk_rows: int,
     properties: dict[str, str] | None = None,
     commit_point: str = "token",
+    input_format: str | None = None,
+    insert_settings: dict[str, str] | None = None,
 ) -> PipelineConfig:
     """Write the benchmark pipeline's TOML to ``path`` and load it (the coordinator and job read it too).
 
-    ``properties`` are librdkafka properties for ``[kafka.properties]``.
+    ``properties`` are librdkafka properties for ``[kafka.properties]``; ``input_format`` (chtxn's
+    default when None) and ``insert_settings`` go to ``[clickhouse]``.
     """
     path.write_text(
         PIPELINE_TOML.format(
@@ -88,20 +99,27 @@ def write_config(
             chunk_rows=chunk_rows,
             commit_point=commit_point,
             properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),
+            clickhouse_extra=f"input_format = {json.dumps(input_format)}" if input_format else "",
+            insert_settings="\n".join(
+                ["[clickhouse.insert_settings]"]
+                + [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in insert_settings.items()]
+            )
+            if insert_settings
+            else "",
         )
     )
     return load_config(str(path), {})
 
 
-def prepare(cfg: PipelineConfig, partitions: int) -> None:
-    """Topics, the two tables and the ledger, on a stack where they do not exist yet."""
+def prepare(cfg: PipelineConfig, partitions: int, workload: str = "demo") -> None:
+    """Topics, the tables of ``workload`` and the ledger, on a stack where they do not exist yet."""
     admin = kafka_clients.admin(cfg)
     kafka_clients.create_topics(admin, {TOPIC: partitions, cfg.control_topic: 1, cfg.dead_letter_topic: 1})
     client = make_client(cfg.clickhouse.__class__(url=cfg.clickhouse.url, database="default"))
     try:
         client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         for table in (TARGET, PLAIN, CEILING):
-            client.command(table_ddl(table))
+            client.command(table_ddl(table) if workload == "demo" else clickpipes.target_ddl(DATABASE, table))
         LedgerStore.of(cfg, client).ensure_tables()
     finally:
         client.close()
@@ -124,6 +142,18 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
     reports: the embedded broker's high watermark is not reliable (it can lag behind the last
     record batch), so it is not asked.
     """
+    return produce_workload(cfg, count, "demo")[0]
+
+
+def produce_workload(cfg: PipelineConfig, count: int, workload: str) -> tuple[dict[int, int], int]:
+    """``count`` records of ``workload`` as ``produce`` writes them: each partition's end offset, and
+    the bytes of every value produced."""
+    values: Iterator[tuple[int, bytes]]
+    if workload == "demo":
+        values = events(count)
+    else:
+        value: Callable[[int], bytes] = clickpipes.values(workload)
+        values = ((i, value(i)) for i in range(count))
     producer = Producer(
         {
             "bootstrap.servers": cfg.kafka.bootstrap_servers,
@@ -142,10 +172,12 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
             partition, offset = message.partition(), message.offset()  # type: ignore[attr-defined]  # a delivered Message
             ends[partition] = max(ends.get(partition, 0), offset + 1)
 
-    for i, value in events(count):
+    total = 0
+    for i, data in values:
+        total += len(data)
         while True:
             try:
-                producer.produce(TOPIC, value=value, key=str(i % 50_000).encode(), on_delivery=delivered)
+                producer.produce(TOPIC, value=data, key=str(i % 50_000).encode(), on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -157,7 +189,7 @@ def produce(cfg: PipelineConfig, count: int) -> dict[int, int]:
             f"{left + len(failed)} of the benchmark's {count} events were not acknowledged by the broker "
             f"within 120 s{': ' + failed[0] if failed else ''}"
         )
-    return ends
+    return ends, total
 
 
 def settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from embedded.schema_registry import schema_registry
 from protocol.framing import varint
 from tests.e2e.processes import committed, running
 from tests.helpers import unique_name, wait_until
 from tests.pipelines import Pipeline, assert_exactly_once, make_pipeline
-from tests.schema_registry import schema_registry
 
 pytestmark = pytest.mark.e2e
 

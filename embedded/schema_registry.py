@@ -1,8 +1,9 @@
 """A Confluent schema registry's read side, served from files: ``GET /schemas/ids/{id}``.
 
-No registry server installs from the registries this project can reach, so tests serve the one
-call ClickHouse's AvroConfluent format makes: ``{dir}/{id}.avsc`` holds the Avro schema of id
-``id``, returned as ``{"schema": "<the schema as a JSON string>"}``; any other path is a 404.
+No registry server installs from the registries this project can reach, so the end-to-end tests
+(AvroConfluent in ``tests/e2e/test_input_formats.py``) and the ClickPipes-like benchmark workload
+(``benchmarks.workload``) serve the one call ClickHouse's AvroConfluent format makes, in a thread of
+their own process: ``{dir}/{id}.avsc`` holds the Avro schema of id ``id``, returned as ``{"schema": "<the schema as a JSON string>"}``; any other path is a 404.
 """
 
 from __future__ import annotations
