@@ -119,6 +119,7 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
     logs = work / "logs"
+    probe = cpu_probe()  # this repetition's machine speed: a slower minute shows here, not as chtxn's
     with (
         clickpipes.serving(args.workload, work / "registry") as insert_settings,
         EmbeddedStack(work / "stack", keeper=keeper) as stack,
@@ -164,7 +165,7 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
         console.print(table)
     if paced_figures is not None:
         console.print(report.paced_table(paced_figures))
-    found = repetition_figures(outcomes, figures, paced_figures)
+    found = {**repetition_figures(outcomes, figures, paced_figures), "cpu_probe_s": probe}
     if args.workload != "demo":
         found.update(pipeline.workload_figures(setup, outcomes, figures))
         console.print(clickpipes.table(args.workload, found))
@@ -199,6 +200,9 @@ def repetition_figures(
         "cpu_s_per_100k_rows_plain": _cpu_per_100k(loop.cpu_s, loop.rows),
         "cpu_s_per_100k_rows_chtxn": _cpu_per_100k(figures.cpu_s, figures.rows),
     }
+    # both sides of one repetition ran on the same machine minutes: their ratio drifts less than either
+    plain_cpu, chtxn_cpu = _cpu_per_100k(loop.cpu_s, loop.rows), _cpu_per_100k(figures.cpu_s, figures.rows)
+    found["cpu_ratio_vs_plain"] = chtxn_cpu / plain_cpu if chtxn_cpu is not None and plain_cpu else None
     p = paced_figures
     found.update(
         {

@@ -1,6 +1,6 @@
 """The pipeline benchmark: chtxn side by side with a plain at-least-once loop, on the embedded stack.
 
-    .venv/bin/python -m benchmarks.pipeline [--events 1000000] [--partitions 4] [--workload demo]
+    .venv/bin/python -m benchmarks.pipeline [--events 3000000] [--partitions 4] [--workload demo]
 
 Steps, all on one fresh ``EmbeddedStack`` (stopped at the end, with every process started here):
 
@@ -54,7 +54,9 @@ class Setup:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the backlog steps (shared with ``benchmarks.bench``)."""
-    parser.add_argument("--events", type=int, default=1_000_000, help="events to produce (default 1000000)")
+    parser.add_argument(
+        "--events", type=int, default=3_000_000, help="events to produce (default 3000000: about 8 txns of backlog)"
+    )
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the source topic (default 4)")
     parser.add_argument(
         "--chunk-rows",

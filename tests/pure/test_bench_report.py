@@ -133,6 +133,7 @@ def test_a_repetition_without_paced_phase() -> None:
     assert got["read_share"] == 0.5
     assert got["cpu_s_per_100k_rows_plain"] == pytest.approx(0.9)  # "other" left out
     assert got["cpu_s_per_100k_rows_chtxn"] == pytest.approx(1.4)  # nor the benchmark's own process
+    assert got["cpu_ratio_vs_plain"] == pytest.approx(1.4 / 0.9)  # the two sides of the same repetition
     assert got["freshness_p50_ms"] is None and got["paced_commit_p95_ms"] is None
     assert (got["aborts"], got["abort_reasons"]) == (2, {"insert failed": 2})
     assert json.dumps(got, allow_nan=False)
@@ -161,6 +162,7 @@ def test_a_repetition_with_a_paced_phase() -> None:
         aborts=Counter({"participant lost": 1}),
     )
     got = repetition_figures([_outcome("loop", 1_000_000, 8.0)], _pipeline(), paced)
+    assert got["cpu_ratio_vs_plain"] is None  # the loop's CPU was not measured: no ratio, not infinity
     assert (got["paced_rate"], got["paced_rate_achieved"], got["paced_drain_s"]) == (60_000.0, 60_000.0, 2.5)
     assert got["paced_load"] == 1.2  # of chtxn's backlog rows/s: more than it can take
     assert (got["freshness_p50_ms"], got["freshness_p99_ms"], got["freshness_max_ms"]) == (1900.0, 3900.0, 4300.0)
