@@ -202,8 +202,9 @@ def commit_point_region(results: Path) -> str:
 
 def before_after_region(prefix: str, results: Path) -> str:
     """Single ``make bench`` repetitions on both sides of a change that should move no figure:
-    ``<prefix>-before-*.json`` and ``<prefix>-after-*.json``, one row per file, by time."""
-    paths = matching(results, re.escape(prefix) + r"-(before|after)-" + TIME + r"\.json")
+    ``<prefix>-before-*.json`` and ``<prefix>-after-*.json`` (and ``<prefix>-mid-*.json``, a commit
+    between them), one row per file, by time."""
+    paths = matching(results, re.escape(prefix) + r"-(before|mid|after)-" + TIME + r"\.json")
     if not paths:
         return NONE_YET
     ordered = sorted(paths, key=lambda p: p.name.split("-")[-1])  # by time: before and after alternate
@@ -245,6 +246,7 @@ REGIONS: dict[str, Callable[[Path], str]] = {
     "refactor": functools.partial(before_after_region, "refactor"),
     "packages": functools.partial(before_after_region, "packages"),
     "metadata": functools.partial(before_after_region, "metadata"),
+    "since": functools.partial(before_after_region, "since"),
 }
 
 
