@@ -20,18 +20,14 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from protocol.framing import varint
+
 _DOUBLE = struct.Struct("<d")
 
 
 def zigzag_varint(n: int) -> bytes:
     """``n`` (a signed 64-bit integer) as Avro encodes a ``long``."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+    return varint((n << 1) ^ (n >> 63))  # zigzag: small magnitudes of either sign stay short
 
 
 def encode(schema: Any, datum: Any) -> bytes:
