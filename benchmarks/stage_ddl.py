@@ -60,24 +60,24 @@ def main(argv: list[str] | None = None) -> int:
             coordinator="bench",
         )
 
-        def timed(step: str, call: Callable[[], object]) -> None:
+        def timed(step: str, call: Callable[..., object], *args: object) -> None:
             started = time.perf_counter()
-            call()
+            call(*args)
             ms[step].append((time.perf_counter() - started) * 1000)
 
         for round_no in range(1, args.rounds + 1):
             txn = naming.txn_id(1, round_no)
             names = naming.txn_stages(targets, PIPELINE, txn)
-            timed("create", lambda: stages.create(names))  # noqa: B023 -- called at once
+            timed("create", stages.create, names)
             for name in naming.split_stages(names):
                 body = f"(event_id, ts, _topic, _partition, _offset) SELECT number, now64(3), 't', 0, number FROM numbers({args.rows})"
-                timed("insert", lambda: client.command(f"INSERT INTO {DATABASE}.{name} {body}"))  # noqa: B023
-            timed("publish", lambda: stages.publish(names, txn))  # noqa: B023
+                timed("insert", client.command, f"INSERT INTO {DATABASE}.{name} {body}")
+            timed("publish", stages.publish, names, txn)
             renamed = ", ".join(f"{DATABASE}.{n} TO {DATABASE}.{n}_free" for n in naming.split_stages(names))
-            timed("rename all", lambda: client.command(f"RENAME TABLE {renamed}"))  # noqa: B023
+            timed("rename all", client.command, f"RENAME TABLE {renamed}")
             back = ", ".join(f"{DATABASE}.{n}_free TO {DATABASE}.{n}" for n in naming.split_stages(names))
             client.command(f"RENAME TABLE {back}")
-            timed("drop", lambda: stages.drop(names))  # noqa: B023
+            timed("drop", stages.drop, names)
     table = Table(title=f"a txn's stage tables over {args.tables} tables, {args.rounds} txns (ms, p50)")
     for column in ("step", "per txn", "per table"):
         table.add_column(column, justify="right")
