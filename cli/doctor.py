@@ -16,7 +16,7 @@ import msgspec
 from rich.markup import escape
 
 from cli.broker_timeout import add_broker_timeout_option
-from cli.config_option import add_config_option
+from cli.config_option import add_config_option, learnt
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
 from coordinator.doctor import clickhouse_facts, for_shards, kafka_facts
@@ -26,8 +26,9 @@ from protocol.config.parse import PipelineConfig, load_config
 from protocol.doctor.facts import Report
 from protocol.doctor.rules import clickhouse_checks, failed, kafka_checks
 from protocol.doctor.shards import sharded_checks
-from protocol.errors import ChtxnError
+from protocol.errors import ChtxnError, SetupError
 from protocol.offsets.partition_logs import stops_check
+from protocol.tables import distributed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -79,8 +80,10 @@ def _partition_logs(cfg: PipelineConfig) -> Check:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, os.environ)
-    checks: list[Check] = []
+    given = load_config(args.config, os.environ)
+    cfg, unlearnt = learnt(given, timeout_s=args.timeout)  # a server that does not answer fails its own rows
+    problem = str(unlearnt) if isinstance(unlearnt, SetupError) else ""
+    checks: list[Check] = [c for c in [distributed.learnt_check(given, cfg, problem)] if c is not None]
     # The servers are probed at once, each probe bounded: a server that is down costs its timeout, once.
     ones = [cfg.for_table(target) if cfg.route else cfg for target in cfg.tables]  # [[route]]: per table
     servers = 1 + len(cfg.clickhouse.shards)  # the ledger's, and every shard's

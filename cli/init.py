@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from rich.markup import escape
 
 from cli.broker_timeout import add_broker_timeout_option
-from cli.config_option import add_config_option
+from cli.config_option import add_config_option, learnt
 from cli.output import Column, Output, Sheet, Styled
 from clients import kafka as kafka_clients
 from clients.clickhouse import make_client, retrying
@@ -107,9 +107,9 @@ class InitFailed(ChtxnError):
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, os.environ)
+    cfg, unlearnt = learnt(load_config(args.config, os.environ))
     items: list[Item] = []
-    problems: list[str] = []
+    problems: list[str] = [str(unlearnt)] if isinstance(unlearnt, SetupError) else []
     admin = kafka_clients.admin(cfg)
     widest = _check_kafka(cfg, admin, args.timeout, items, problems)
     client = _check_clickhouse(cfg, items, problems)

@@ -147,7 +147,8 @@ def _run(args: argparse.Namespace) -> int:
         quiet_libraries(getattr(args, "log_level", "WARNING"))
         if args.master:
             check_master(args.master)  # a wrong --master is named first: the cheapest check
-        partitions = preflight(cfg)
+        checked = preflight(cfg)
+        partitions = checked[1] if checked else None
     master = args.master or default_master(cfg, partitions)
     archive, built = None, False
     if not dry_run and not args.master:  # a dry run may name any master

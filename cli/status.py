@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from cli import status_report
 from cli.broker_timeout import add_broker_timeout_option
-from cli.config_option import add_config_option
+from cli.config_option import add_config_option, learnt
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from protocol.config.parse import load_config
 from protocol.errors import SetupError
@@ -99,7 +99,7 @@ _ROLE_STYLES = {pipeline_health.LEADER: "green", STANDBY: "cyan"}
 def run(args: argparse.Namespace) -> int:
     if args.rate_commits < 2:
         raise SetupError(f"--rate-commits {args.rate_commits}: a rate needs at least 2 commits")
-    cfg = load_config(args.config, os.environ)
+    cfg, _ = learnt(load_config(args.config, os.environ), timeout_s=args.timeout)  # unlearnt: its checks say why
     status = status_report.collect(cfg, args.config, rate_commits=args.rate_commits, timeout_s=args.timeout)
     if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(status)).decode())

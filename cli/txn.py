@@ -19,6 +19,7 @@ from rich.markup import escape
 from cli.config_option import add_config_option
 from cli.output import Cell, Column, Output, Sheet, Styled, add_format_option
 from cli.shard_reads import stages_on_shards
+from clients import target_table
 from clients.clickhouse import make_client
 from coordinator.ledger.history import LedgerHistory
 from protocol import naming, routing
@@ -211,7 +212,7 @@ def _folded_line(txns: int, seals: int, *, listed: bool, pipeline: str, filters:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, os.environ)
+    cfg = target_table.learnt(load_config(args.config, os.environ))
     try:
         summary = open_ledger(cfg).txn(args.txn)
     except ClickHouseError as exc:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from cli.config_option import add_config_option
 from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import _missing_ledger, open_ledger
+from clients import target_table
 from clients.clickhouse import make_client, retrying
 from coordinator.verify import DeepReport, merged, verify_pipeline
 from protocol.config.parse import load_config
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, os.environ)
+    cfg = target_table.learnt(load_config(args.config, os.environ))
     ledger = open_ledger(cfg)
     report = None
     reports: dict[str, DeepReport] = {}

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client
 from protocol.config.parse import PipelineConfig
 from protocol.errors import SetupError
+from protocol.tables import distributed
 from protocol.tables.replicated_ddl import distributed_local_table
 from protocol.tables.shape import columns_sql
 from protocol.tables.target_rules import ClusterShard, Refusal, TargetFacts, ViewTable, refusals
@@ -26,6 +30,32 @@ _CLUSTER_SQL = (
     "WHERE cluster = {cluster:String} AND replica_num = 1 "
     "ORDER BY shard_num"
 )
+
+
+def learn_shards(client: Any, cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` with its Distributed target tables loaded shard by shard (``protocol.tables.distributed``),
+    as the server ``client`` reaches (``clickhouse.url``'s) defines them; ``cfg`` when none is one."""
+    database = cfg.clickhouse.database
+    return distributed.learn_shards(cfg, {t: read_target(client, database, t) for t in cfg.tables})
+
+
+def learnt(cfg: PipelineConfig, *, timeout_s: float | None = None) -> PipelineConfig:
+    """``learn_shards`` on a client of ``clickhouse.url`` of its own (each request within ``timeout_s``, else
+    ``clickhouse``'s timeouts): ``ClickHouseError`` when the server does not answer, ``SetupError`` when what
+    it says cannot be loaded."""
+    ch = cfg.clickhouse
+    if timeout_s is not None:
+        ch = msgspec.structs.replace(ch, connect_timeout_s=timeout_s, send_receive_timeout_s=timeout_s)
+    try:
+        client = make_client(ch)
+        try:
+            return learn_shards(client, cfg)
+        finally:
+            client.close()
+    except Exception as exc:
+        if not is_clickhouse_failure(exc):
+            raise
+        raise as_clickhouse_error(exc, f"reading the target tables {', '.join(cfg.tables)}") from exc
 
 
 def check_target(client: Any, cfg: PipelineConfig, table: str, *, shard: str = "") -> None:

@@ -123,6 +123,7 @@ class CoordinatorMetrics:
             registry=self.registry,
         )
         self.shards = list(shards)
+        self.tables = list(tables)
         self.shard_rows = Counter(
             "chtxn_shard_rows_committed",
             "Rows committed into each shard of clickhouse.shards, by the shard their source partition is placed on",
@@ -183,11 +184,7 @@ class CoordinatorMetrics:
             self.transactions.labels(pipeline, outcome)
         for step in LEADER_STEPS.values():
             self.step_seconds.labels(pipeline, step)
-        for table in tables:
-            self.table_rows.labels(pipeline, table)
-        for shard in self.shards:
-            self.shard_rows.labels(pipeline, shard)
-            self.shard_publish_failures.labels(pipeline, shard)
+        self._table_and_shard_series()
         for metric in (
             self.last_commit,
             self.commit_latency,
@@ -200,6 +197,25 @@ class CoordinatorMetrics:
         ):
             metric.labels(pipeline)
         self.not_leading()
+
+    def cover(self, cfg: PipelineConfig) -> None:
+        """The table and shard series of ``cfg`` as learnt from the server (a Distributed target is its local
+        table on its cluster's shards: ``protocol.tables.distributed``), in place of those of the config given."""
+        shards = [shard_rules.where(i, url) for i, url in enumerate(cfg.clickhouse.shards)]
+        for table in set(self.tables) - set(cfg.tables):
+            self.table_rows.remove(self.pipeline, table)
+        for shard in set(self.shards) - set(shards):
+            self.shard_rows.remove(self.pipeline, shard)
+            self.shard_publish_failures.remove(self.pipeline, shard)
+        self.tables, self.shards = list(cfg.tables), shards
+        self._table_and_shard_series()
+
+    def _table_and_shard_series(self) -> None:
+        for table in self.tables:
+            self.table_rows.labels(self.pipeline, table)
+        for shard in self.shards:
+            self.shard_rows.labels(self.pipeline, shard)
+            self.shard_publish_failures.labels(self.pipeline, shard)
 
     def leading(self, epoch: int) -> None:
         """This replica has won ``epoch``."""

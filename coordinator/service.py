@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from clients import target_table
 from clients.clickhouse import make_client, shard_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from clients.target_table import check_target
@@ -62,7 +63,7 @@ class CoordinatorService:
         metrics: CoordinatorMetrics | None = None,
         leader_class: type[Leader] = Leader,
     ) -> None:
-        self.cfg = cfg
+        self.given = self.cfg = cfg  # self.cfg: as learnt from the server at each start (_run_once)
         self.id = cfg.coordinator_id
         self.clock = clock
         self.metrics = metrics or CoordinatorMetrics.of(cfg)
@@ -105,6 +106,9 @@ class CoordinatorService:
             stop.wait(min(0.1, max(0.0, until - self.clock())))
 
     def _run_once(self, stop: threading.Event) -> None:
+        # a Distributed target: its local table on the shards of its cluster, as the server says now
+        self.cfg = target_table.learnt(self.given)
+        self.metrics.cover(self.cfg)
         ledger, stages = clickhouse_stores(self.cfg, metrics=self.metrics)
         ledger.ensure_tables()
         commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch

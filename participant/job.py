@@ -122,8 +122,10 @@ class ParticipantJob:
 
         self._install_signal_handlers()
         # Participant job step 1: what every task needs, before Spark starts one
-        if preflight(self.cfg, stop=self.stop) is None:
+        checked = preflight(self.cfg, stop=self.stop)
+        if checked is None:
             return 0
+        self.cfg = checked[0]  # the tasks run with the driver's config, a Distributed target's shards learnt here
         conf = SparkConf().setIfMissing("spark.app.name", f"chtxn-participant-{self.cfg.name}")
         conf.set("spark.speculation", "false")  # two copies of a participant would fight over a partition
         sc = spark_context.start(spark_context.quiet(conf), bound_s=self.startup_timeout_s)

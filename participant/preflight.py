@@ -1,6 +1,7 @@
 """Participant job step 1: what every task needs, checked before Spark starts a task.
 
-``preflight(cfg)`` returns the source partitions, or raises what no task could get past:
+``preflight(cfg)`` returns the config as learnt from ClickHouse (a ``Distributed`` target: its local
+table on its cluster's shards, ``protocol.tables.distributed``) and the source partitions, or raises what no task could get past:
 
 - ``ConfigError``: a ``[kafka.properties]`` value the Kafka client refuses;
 - ``SetupError``: a source topic missing, the control topic missing or not of exactly one
@@ -27,6 +28,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from clients import target_table
 from clients.clickhouse import as_clickhouse_error, is_clickhouse_failure, make_client, shard_client
 from clients.kafka import KafkaClientFactory, check_control_topic, partitions_of
 from participant.outage import Outage, ride_out
@@ -38,8 +40,10 @@ from protocol.messages import TopicPartition
 
 def preflight(
     cfg: PipelineConfig, *, stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic
-) -> list[TopicPartition] | None:
-    """The source partitions once every check passed; None when ``stop`` was set meanwhile."""
+) -> tuple[PipelineConfig, list[TopicPartition]] | None:
+    """``cfg`` as learnt from ClickHouse (a Distributed target: its local table on its cluster's shards,
+    ``clients.target_table.learn_shards``) and the source partitions, once every check passed; None when
+    ``stop`` was set meanwhile."""
     admin = kafka_admin(cfg)
     timeout_s = cfg.participant.outage_timeout_s
 
@@ -50,9 +54,10 @@ def preflight(
         return partitions
 
     partitions = ride_out(kafka, timeout_s=timeout_s, stop=stop, clock=clock)
-    if partitions is None or ride_out(lambda: check_clickhouse(cfg), timeout_s=timeout_s, stop=stop) is None:
+    if partitions is None:
         return None
-    return partitions
+    learnt = ride_out(lambda: check_clickhouse(cfg), timeout_s=timeout_s, stop=stop)
+    return None if learnt is None else (learnt, partitions)
 
 
 def kafka_admin(cfg: PipelineConfig) -> Any:  # an AdminClient
@@ -68,11 +73,13 @@ def kafka_admin(cfg: PipelineConfig) -> Any:  # an AdminClient
         raise
 
 
-def check_clickhouse(cfg: PipelineConfig) -> bool:
-    """Every target table exists and the participants can fill it (``participant.shard_stagers.check_target``), on
-    every shard."""
+def check_clickhouse(given: PipelineConfig) -> PipelineConfig:
+    """``given`` as learnt from ClickHouse, once every target table exists and the participants can fill it
+    (``participant.shard_stagers.check_target``), on every shard."""
     from participant.shard_stagers import check_target
     from participant.stager import Stager
+
+    cfg = target_table.learnt(given)
 
     for i, section in enumerate(cfg.shard_sections):  # on every shard of ``clickhouse.shards``
         client = shard_client(i, section) if cfg.clickhouse.shards else make_client(section)
@@ -82,7 +89,7 @@ def check_clickhouse(cfg: PipelineConfig) -> bool:
                 check_target(stager, cfg, table, shard=shards.where(i, section.url) if cfg.clickhouse.shards else "")
         finally:
             client.close()
-    return True
+    return cfg
 
 
 class Watch:

@@ -58,7 +58,9 @@ def _merge(base: dict, overrides: dict[str, dict[str, object]]) -> dict:
     return merged
 
 
-def _validate(config: PipelineConfig) -> None:
+def validate(config: PipelineConfig) -> None:
+    """``ConfigError`` naming the first key of ``config`` whose value is wrong (``parse_config`` without the
+    file: for a config derived from a parsed one)."""
     import re
 
     def bad(key: str, value: object, why: str) -> ConfigError:
@@ -129,15 +131,17 @@ def _validate(config: PipelineConfig) -> None:
             )
     if len({shards.address(u) for u in ch.shards}) < len(ch.shards):
         raise bad("clickhouse.shards", ", ".join(ch.shards), "names one server twice: list one server per shard")
+    # placed by a key, the shards, the key and the weights may come from a Distributed target
+    # (protocol.tables.distributed, which checks that the three are complete once learnt)
     if ch.placement == "sharding-key":
-        if not ch.shards:
-            raise bad("clickhouse.placement", ch.placement, "places rows on shards: list them in clickhouse.shards")
-        if problem := shards.key_problem(ch.sharding_key):
+        if ch.sharding_key and (problem := shards.key_problem(ch.sharding_key)):
             raise bad("clickhouse.sharding_key", ch.sharding_key, problem)
         if len({urlsplit(u).scheme for u in ch.shards}) > 1:
             raise bad("clickhouse.shards", ", ".join(ch.shards), "mixes http:// and https://: use one for every shard")
     if ch.shard_weights and (
-        len(ch.shard_weights) != len(ch.shards) or min(ch.shard_weights) < 0 or not sum(ch.shard_weights)
+        (ch.shards and len(ch.shard_weights) != len(ch.shards))
+        or min(ch.shard_weights) < 0
+        or not sum(ch.shard_weights)
     ):
         raise bad(
             "clickhouse.shard_weights",
@@ -248,7 +252,7 @@ def parse_config(text: str, environ: Mapping[str, str] | None = None, *, source:
         value = secrets.masked(key, _lookup(merged, key))
         raise _located(source, origins, environ or {}, _FieldError(key, value, message.split(" - at ", 1)[0])) from None
     try:
-        _validate(config)
+        validate(config)
         config = _credentials_from_url(config)
     except _FieldError as exc:
         raise _located(source, origins, environ or {}, exc) from None

@@ -20,6 +20,7 @@ one on its own row with the very message the other three print.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -136,6 +137,16 @@ def refusals(cfg: PipelineConfig, table: str, facts: TargetFacts | None) -> list
     return found
 
 
+def cluster_urls(cfg: PipelineConfig, shards: Sequence[ClusterShard]) -> list[str]:
+    """The URL of each shard, at ``clickhouse.url``'s scheme. ``system.clusters`` gives the native
+    protocol's ports, and chtxn speaks HTTP: each shard at ``clickhouse.url``'s port, unless the
+    server's own row has that port (the cluster then names HTTP ports, as the embedded stack's does)."""
+    url = urlsplit(cfg.clickhouse.url)
+    port = url.port or (8443 if url.scheme == "https" else 8123)
+    http = any(s.local and s.port == port for s in shards)
+    return [f"{url.scheme}://{s.host}:{s.port if http else port}" for s in shards]
+
+
 def distributed_refusal(cfg: PipelineConfig, table: str, facts: TargetFacts) -> str:
     """Why a ``Distributed`` target is refused, and the local table and the shards to name instead: the
     shards of its cluster when this server defines it, each at the scheme and port of ``clickhouse.url``
@@ -153,13 +164,8 @@ def distributed_refusal(cfg: PipelineConfig, table: str, facts: TargetFacts) -> 
     )
     listed = f"list one server of every shard of cluster {cluster} in clickhouse.shards"
     if facts.cluster_shards:
-        url = urlsplit(cfg.clickhouse.url)
-        port = url.port or (8443 if url.scheme == "https" else 8123)
-        # the cluster's ports are HTTP ports when this server's own row has the port clickhouse.url reaches
-        http = any(s.local and s.port == port for s in facts.cluster_shards)
-        urls = ", ".join(f'"{url.scheme}://{s.host}:{s.port if http else port}"' for s in facts.cluster_shards)
-        at = "at their ports there" if http else "at clickhouse.url's port"
-        listed = f"set clickhouse.shards = [{urls}] (cluster {cluster}, {at})"
+        urls = ", ".join(f'"{u}"' for u in cluster_urls(cfg, facts.cluster_shards))
+        listed = f"set clickhouse.shards = [{urls}] (cluster {cluster})"
         weights = [s.weight for s in facts.cluster_shards]
         if placed and len(set(weights)) > 1:
             placed += f" and clickhouse.shard_weights = {weights}"

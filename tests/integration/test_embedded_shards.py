@@ -28,7 +28,7 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from clients.target_table import check_target
+from clients.target_table import check_target, learnt
 from embedded.ch_engine import CONFIG_FILE
 from embedded.stack import EmbeddedStack
 from protocol.config.parse import parse_config
@@ -279,7 +279,7 @@ def test_a_distributed_target_is_refused_with_its_clusters_shards_to_paste_into_
         check_target(clients[0], parse_config(base + 'target_table = "events"\n'), "events")
     urls = ", ".join(f'"{u}"' for u in sharded.shard_urls)
     assert (
-        f'set clickhouse.target_table = "events_local", and set clickhouse.shards = [{urls}] (cluster chtxn_shards, at their ports there)'
+        f'set clickhouse.target_table = "events_local", and set clickhouse.shards = [{urls}] (cluster chtxn_shards)'
         in str(refused.value)
     )
     assert 'clickhouse.placement = "sharding-key" and clickhouse.sharding_key = "id"' in str(refused.value)
@@ -288,3 +288,27 @@ def test_a_distributed_target_is_refused_with_its_clusters_shards_to_paste_into_
     )
     for client in clients:
         check_target(client, fixed, "events_local")
+
+
+def test_a_distributed_target_is_learnt_from_the_servers_cluster_and_passes_every_shards_check(
+    sharded: EmbeddedStack, clients, db: str
+) -> None:
+    """What the refusal above tells an operator to paste, chtxn learns itself (``clients.target_table.learnt``):
+    the local table, every shard of ``system.clusters`` at its HTTP port, and, placed by key, the key."""
+    local_tables_with_rows(clients, db)
+    create_distributed(clients[0], db, "SETTINGS flush_on_detach = 0")
+    given = parse_config(
+        f'[pipeline]\nname = "p"\ntopics = ["t"]\n[kafka]\nbootstrap_servers = "x:1"\n'
+        f'[clickhouse]\nurl = "{sharded.shard_urls[0]}"\ndatabase = "{db}"\ntarget_table = "events"\n'
+        'placement = "sharding-key"\n'
+    )
+    cfg = learnt(given)
+    ch = cfg.clickhouse
+    assert (ch.target_table, ch.shards, ch.sharding_key, ch.shard_weights) == (
+        "events_local",
+        sharded.shard_urls,
+        "id",
+        [],
+    )
+    for client in clients:
+        check_target(client, cfg, "events_local")

@@ -117,12 +117,6 @@ def test_a_key_that_changes_between_tries_is_refused(key: str) -> None:
 @pytest.mark.parametrize(
     ("extra", "key", "says"),
     [
-        ('placement = "sharding-key"\nsharding_key = "id"\n', "clickhouse.placement", "list them in clickhouse.shards"),
-        (
-            'shards = ["http://a:1", "http://b:1"]\nplacement = "sharding-key"\n',
-            "clickhouse.sharding_key",
-            "needs clickhouse.sharding_key",
-        ),
         ('shards = ["http://a:1", "http://b:1"]\nshard_weights = [1]\n', "clickhouse.shard_weights", "one weight"),
         ('shards = ["http://a:1", "http://b:1"]\nshard_weights = [0, 0]\n', "clickhouse.shard_weights", "above 0"),
         (
@@ -133,6 +127,8 @@ def test_a_key_that_changes_between_tries_is_refused(key: str) -> None:
     ],
 )
 def test_a_sharding_key_placement_needs_its_parts(extra: str, key: str, says: str) -> None:
+    """Those the config alone can tell; the shards and the key may come from a Distributed target
+    (tests/pure/test_distributed_target.py)."""
     with pytest.raises(ConfigError) as info:
         parse_config(BASE + extra, {})
     assert key in str(info.value) and says in str(info.value)
