@@ -86,7 +86,9 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     password: Annotated[str, Meta(
         description="Never logged and never shown in `repr`. Prefer `CHTXN_CLICKHOUSE_PASSWORD`.")] = ""
     target_table: Annotated[str, Meta(description=(
-        "Required. A MergeTree-family table in `database`. Optional columns `_topic`, `_partition`, `_offset` are "
+        "Required. A MergeTree-family table in `database`, or a `Distributed` table over one: chtxn then loads its "
+        "local table on every shard of its cluster, learnt from `system.clusters` at start unless `shards` lists them "
+        "(see [clusters](clusters.md#a-distributed-target)). Optional columns `_topic`, `_partition`, `_offset` are "
         "filled by ClickHouse from each record's coordinates and enable the row-level checks."))] = ""
     input_format: Annotated[str, Meta(description=(
         "ClickHouse input format of the record values, which go to ClickHouse untouched, one record per row. With "
@@ -107,7 +109,7 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         "holding the local `target_table`. Each source partition's rows go to one shard (by topic and partition), a "
         "txn stages on every shard and commits once, in the ledger at `url`. Users and passwords are `user` and "
         "`password`, never in these URLs. See [clusters](clusters.md#a-sharded-cluster)."),
-        extra={"brief": "[]: every row to the server at `url`"})] = []
+        extra={"brief": "[]: every row to the server at `url`, or a Distributed target's cluster's shards"})] = []
     placement: Annotated[Literal["partition", "sharding-key"], Meta(description=(
         "With `shards`, which shard a row is staged on. `partition`: all of a source partition's rows on one shard "
         "(by topic and partition; no record parsed). `sharding-key`: each row where a Distributed table with "
@@ -115,11 +117,11 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         "See [clusters](clusters.md#a-sharded-cluster)."))] = "partition"
     sharding_key: Annotated[str, Meta(description=(
         "With `placement = \"sharding-key\"`: the Distributed table's sharding key, a ClickHouse expression of "
-        "an integer over the target's columns, e.g. `cityHash64(customer_id)`. Functions whose value changes between "
-        "tries (`rand()`, `now()`) are refused."))] = ""
+        "an integer over the target's columns, e.g. `cityHash64(customer_id)`; when empty, a Distributed target's own. "
+        "Functions whose value changes between tries (`rand()`, `now()`) are refused."))] = ""
     shard_weights: Annotated[list[int], Meta(description=(
         "With `placement = \"sharding-key\"`: each shard's weight, in shard order, as the cluster's "
-        "`<weight>`s; all 1 when empty."))] = []
+        "`<weight>`s; when empty, those of a Distributed target's cluster (when `shards` is empty too), else all 1."))] = []
     connect_timeout_s: Annotated[float, Meta(description="Seconds to connect to ClickHouse.")] = 10.0
     send_receive_timeout_s: Annotated[float, Meta(description="Seconds a ClickHouse request may take.")] = 300.0
 

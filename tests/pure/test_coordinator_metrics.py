@@ -95,3 +95,19 @@ def test_one_server_exports_no_shard_series() -> None:
     metrics = CoordinatorMetrics("orders")
     names = {s.name for family in metrics.registry.collect() for s in family.samples}
     assert not {n for n in names if n.startswith("chtxn_shard_")}
+
+
+def test_a_distributed_targets_series_become_its_local_tables_and_its_clusters_shards_once_learnt() -> None:
+    """The service's metrics are made of the config given (the Distributed table, no shard); ``cover``
+    gives the series of the config learnt from the server (``protocol.tables.distributed``) instead."""
+    text = '[pipeline]\nname = "orders"\ntopics = ["events"]\n[clickhouse]\ntarget_table = "{table}"\n{more}'
+    given = parse_config(text.format(table="events_all", more=""), {})
+    shards = 'shards = ["http://ch-1:8123", "http://ch-2:8123", "http://ch-3:8123"]\n'
+    learnt = parse_config(text.format(table="events", more=shards), {})
+    metrics = CoordinatorMetrics.of(given)
+    assert value(metrics, "chtxn_table_rows_committed_total", table="events_all") == 0
+    metrics.cover(learnt)
+    assert value(metrics, "chtxn_table_rows_committed_total", table="events_all") is None
+    assert value(metrics, "chtxn_table_rows_committed_total", table="events") == 0
+    assert [value(metrics, "chtxn_shard_rows_committed_total", shard=s) for s in SHARDS] == [0, 0, 0]
+    assert metrics.shards == SHARDS
