@@ -33,10 +33,12 @@ _CLUSTER_SQL = (
 
 
 def learn_shards(client: Any, cfg: PipelineConfig) -> PipelineConfig:
-    """``cfg`` with its Distributed target tables loaded shard by shard (``protocol.tables.distributed``),
-    as the server ``client`` reaches (``clickhouse.url``'s) defines them; ``cfg`` when none is one."""
-    database = cfg.clickhouse.database
-    return distributed.learn_shards(cfg, {t: read_target(client, database, t) for t in cfg.tables})
+    """``cfg`` with its Distributed target tables (or the local ones on ``clickhouse.cluster``) loaded shard by
+    shard (``protocol.tables.distributed``), as the server ``client`` reaches (``clickhouse.url``'s) defines
+    them; ``cfg`` when there is nothing to learn."""
+    ch = cfg.clickhouse
+    cluster = _cluster_of(client, ch.cluster) if ch.cluster and not ch.shards else ()
+    return distributed.learn_shards(cfg, {t: read_target(client, ch.database, t) for t in cfg.tables}, cluster)
 
 
 def learnt(cfg: PipelineConfig, *, timeout_s: float | None = None) -> PipelineConfig:
@@ -94,7 +96,11 @@ def read_target(client: Any, database: str, table: str) -> TargetFacts | None:
 def _cluster_shards(client: Any, engine_full: str) -> tuple[ClusterShard, ...]:
     """The first replica of each shard of a Distributed table's cluster, as this server's
     ``system.clusters`` defines it; () when it does not."""
-    cluster = distributed_local_table(engine_full, "")[0]
+    return _cluster_of(client, distributed_local_table(engine_full, "")[0])
+
+
+def _cluster_of(client: Any, cluster: str) -> tuple[ClusterShard, ...]:
+    """The first replica of each shard of ``cluster`` in ``system.clusters``; () when it is not defined."""
     rows = client.query(_CLUSTER_SQL, parameters={"cluster": cluster}).result_rows
     return tuple(
         ClusterShard(host=str(host), port=int(port), local=bool(local), weight=int(weight))

@@ -1,6 +1,7 @@
-"""One shard's stage tables (``coordinator.stage.sets.StageSet`` on that shard's server) that count each
-failed attempt to publish on it in the metrics (``chtxn_shard_publish_failures_total{shard}``), so that
-a shard that keeps a sharded txn's publish waiting is seen by name. The publishing itself is
+"""One shard's stage tables (``coordinator.stage.sets.StageSet`` on that shard's server) that count the rows
+published on it (``chtxn_shard_rows_published_total{shard}``, whatever the placement) and each failed
+attempt to publish on it (``chtxn_shard_publish_failures_total{shard}``), so that a shard that keeps a
+sharded txn's publish waiting is seen by name. The publishing itself is
 ``StageSet``'s, unchanged; ``coordinator.stage.shards.ShardedStages`` runs it shard by shard.
 """
 
@@ -27,9 +28,11 @@ class MeteredShard(StageSet):
 
     def publish(self, stages: str, txn: str, on_move: Any = None) -> int:
         try:
-            return super().publish(stages, txn, on_move)
+            rows = super().publish(stages, txn, on_move)
         except StageTableMissing:
             raise  # published before (or lost): the publisher decides which, not a failure of this shard
         except Exception:
             self.metrics.shard_publish_failed(self.shard)
             raise
+        self.metrics.shard_published(self.shard, rows)
+        return rows

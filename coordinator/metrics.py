@@ -130,6 +130,12 @@ class CoordinatorMetrics:
             ["pipeline", "shard"],
             registry=self.registry,
         )
+        self.shard_rows_published = Counter(
+            "chtxn_shard_rows_published",
+            "Rows this replica published (moved or copied into the target tables) on each shard of clickhouse.shards",
+            ["pipeline", "shard"],
+            registry=self.registry,
+        )
         self.shard_publish_failures = Counter(
             "chtxn_shard_publish_failures",
             "Attempts to publish a committed txn's stage tables on each shard that failed (each is retried)",
@@ -206,6 +212,7 @@ class CoordinatorMetrics:
             self.table_rows.remove(self.pipeline, table)
         for shard in set(self.shards) - set(shards):
             self.shard_rows.remove(self.pipeline, shard)
+            self.shard_rows_published.remove(self.pipeline, shard)
             self.shard_publish_failures.remove(self.pipeline, shard)
         self.tables, self.shards = list(cfg.tables), shards
         self._table_and_shard_series()
@@ -215,6 +222,7 @@ class CoordinatorMetrics:
             self.table_rows.labels(self.pipeline, table)
         for shard in self.shards:
             self.shard_rows.labels(self.pipeline, shard)
+            self.shard_rows_published.labels(self.pipeline, shard)
             self.shard_publish_failures.labels(self.pipeline, shard)
 
     def leading(self, epoch: int) -> None:
@@ -267,6 +275,10 @@ class CoordinatorMetrics:
                 self.shard_rows.labels(self.pipeline, shard).inc(ws.rows)
         self.bytes.labels(self.pipeline).inc(sum(ws.bytes for ws in txn.statuses.values()))
         self.dead_letters.labels(self.pipeline).inc(sum(ws.dead_letters for ws in txn.statuses.values()))
+
+    def shard_published(self, shard: str, rows: int) -> None:
+        """A txn's stage tables on ``shard`` (``protocol.shards.where``) were published, ``rows`` moved or copied."""
+        self.shard_rows_published.labels(self.pipeline, shard).inc(rows)
 
     def shard_publish_failed(self, shard: str) -> None:
         """An attempt to publish a txn's stage tables on ``shard`` (``protocol.shards.where``) failed."""

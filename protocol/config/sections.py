@@ -102,7 +102,8 @@ class ClickHouseSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     cluster: Annotated[str, Meta(description=(
         "A replicated ClickHouse: the cluster (`system.clusters`) whose replicas hold the target. chtxn's own tables "
         "(the ledger, the dead letters) are then `ReplicatedMergeTree`, created `ON CLUSTER`, their inserts wait for "
-        "a quorum and their reads see every quorum insert. See [clusters](clusters.md)."),
+        "a quorum and their reads see every quorum insert. A cluster of several shards, with `shards` empty, is "
+        "loaded on every shard (learnt from `system.clusters` at start). See [clusters](clusters.md)."),
         extra={"brief": '"": a single server, or ClickHouse Cloud'})] = ""
     shards: Annotated[list[str], Meta(description=(
         "A sharded ClickHouse: the `http://` or `https://` URL of one server of every shard, in shard order, each "

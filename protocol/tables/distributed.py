@@ -12,6 +12,10 @@ runs as if its config named the Distributed table's local table and listed its c
   ``clickhouse.sharding_key`` becomes the Distributed table's, and empty ``clickhouse.shard_weights``
   the cluster's ``<weight>``s (when the shards came from the cluster too).
 
+A local target with ``clickhouse.cluster`` naming a cluster of more than one shard (and
+``clickhouse.shards`` empty) is loaded on every shard of that cluster the same way; a cluster of one
+shard (replicas only) stays one server.
+
 What the config says wins over what is learnt (an explicit ``clickhouse.shards`` is the list for a
 server without ``system.clusters``). Pure: ``clients.target_table.learn_shards`` reads the facts.
 The coordinator learns at each start of its loop, the participant job's driver once before its
@@ -21,7 +25,7 @@ config change as any other (docs/clusters.md, "A configuration change is safe fo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -30,19 +34,25 @@ from protocol.config.parse import PipelineConfig, validate
 from protocol.errors import SetupError
 from protocol.shards import key_problem
 from protocol.tables.replicated_ddl import distributed_local_table, parse_engine
-from protocol.tables.target_rules import TargetFacts, cluster_urls
+from protocol.tables.target_rules import ClusterShard, TargetFacts, cluster_urls
 
 #: Where to read on: every refusal ends with it.
 _SEE = "(docs/clusters.md, A Distributed target)"
 
 
-def learn_shards(cfg: PipelineConfig, targets: Mapping[str, TargetFacts | None]) -> PipelineConfig:
+def learn_shards(
+    cfg: PipelineConfig, targets: Mapping[str, TargetFacts | None], cluster: Sequence[ClusterShard] = ()
+) -> PipelineConfig:
     """``cfg`` with its Distributed targets (``targets``: each target table's facts, None when missing)
-    replaced by their local tables, on the shards of their cluster; ``cfg`` itself when none is
-    Distributed. ``SetupError`` names what cannot be learnt and what to set instead."""
+    replaced by their local tables, on the shards of their cluster. With none, the shards of
+    ``clickhouse.cluster`` (``cluster``: as the server defines it) when it has more than one and
+    ``clickhouse.shards`` is empty; else ``cfg`` itself. ``SetupError`` names what cannot be learnt and
+    what to set instead."""
     ch = cfg.clickhouse
     found = {t: f for t, f in targets.items() if f is not None and f.engine == "Distributed"}
     if not found:
+        if ch.cluster and not ch.shards and len(cluster) > 1:  # a local target on every shard of its cluster
+            return _sharded(cfg, {}, cluster_urls(cfg, cluster), ch.sharding_key, _weights(cfg, cluster))
         return _placeable(cfg)
     behind = {t: distributed_local_table(f.engine_full, ch.database) for t, f in found.items()}
     clusters = sorted({cluster for cluster, _, _ in behind.values()})
@@ -64,40 +74,52 @@ def learn_shards(cfg: PipelineConfig, targets: Mapping[str, TargetFacts | None])
             f"the Distributed target tables {', '.join(sorted(found))} share a local table; route their topics "
             f"to one of them {_SEE}"
         )
-    cluster = clusters[0]
     first = found[next(iter(found))]
     shards = list(ch.shards) or cluster_urls(cfg, first.cluster_shards)
     if not shards:
         raise SetupError(
-            f"target table {ch.database}.{next(iter(found))} is a Distributed table on cluster {cluster}, which "
+            f"target table {ch.database}.{next(iter(found))} is a Distributed table on cluster {clusters[0]}, which "
             f"the server at clickhouse.url does not define in system.clusters: list one server of every shard "
             f"in clickhouse.shards {_SEE}"
         )
-    key, weights = ch.sharding_key, list(ch.shard_weights)
-    if ch.placement == "sharding-key":
+    key = ch.sharding_key
+    if ch.placement == "sharding-key" and not key:
         keys = {t: _key_of(found[t].engine_full) for t in found}
-        if not key:
-            if len(set(keys.values())) > 1 or not all(keys.values()):
-                named = ", ".join(f"{t}: {k or 'none'}" for t, k in sorted(keys.items()))
-                raise SetupError(
-                    f'clickhouse.placement = "sharding-key" and the Distributed target tables do not name one '
-                    f"sharding key ({named}): set clickhouse.sharding_key {_SEE}"
-                )
-            key = next(iter(keys.values()))
-        if not weights and not ch.shards:
-            learnt = [s.weight for s in first.cluster_shards]
-            weights = learnt if len(set(learnt)) > 1 else []
+        if len(set(keys.values())) > 1 or not all(keys.values()):
+            named = ", ".join(f"{t}: {k or 'none'}" for t, k in sorted(keys.items()))
+            raise SetupError(
+                f'clickhouse.placement = "sharding-key" and the Distributed target tables do not name one '
+                f"sharding key ({named}): set clickhouse.sharding_key {_SEE}"
+            )
+        key = next(iter(keys.values()))
+    return _sharded(cfg, local_of, shards, key, _weights(cfg, first.cluster_shards))
+
+
+def _weights(cfg: PipelineConfig, cluster: Sequence[ClusterShard]) -> list[int]:
+    """``clickhouse.shard_weights``, else the ``cluster``'s when rows are placed by key over its shards
+    (none: all 1)."""
+    ch = cfg.clickhouse
+    if ch.shard_weights or ch.shards or ch.placement != "sharding-key":
+        return list(ch.shard_weights)
+    learnt = [s.weight for s in cluster]
+    return learnt if len(set(learnt)) > 1 else []
+
+
+def _sharded(
+    cfg: PipelineConfig, local_of: Mapping[str, str], shards: list[str], key: str, weights: list[int]
+) -> PipelineConfig:
+    """``cfg`` loading ``local_of``'s local tables in place of their Distributed tables, on ``shards``."""
     clickhouse = msgspec.structs.replace(
-        ch,
-        target_table=local_of.get(ch.target_table, ch.target_table),
+        cfg.clickhouse,
+        target_table=local_of.get(cfg.clickhouse.target_table, cfg.clickhouse.target_table),
         shards=shards,
         sharding_key=key,
         shard_weights=weights,
     )
     routes = tuple(msgspec.structs.replace(r, table=local_of.get(r.table, r.table)) for r in cfg.route)
-    learnt_cfg = msgspec.structs.replace(cfg, clickhouse=clickhouse, route=routes)
-    validate(learnt_cfg)
-    return _placeable(learnt_cfg)
+    learnt = msgspec.structs.replace(cfg, clickhouse=clickhouse, route=routes)
+    validate(learnt)
+    return _placeable(learnt)
 
 
 def _placeable(cfg: PipelineConfig) -> PipelineConfig:
@@ -123,23 +145,25 @@ def _placeable(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def learnt_check(given: PipelineConfig, learnt: PipelineConfig | None, problem: str = "") -> Check | None:
-    """The doctor's ``distributed target`` row: what was learnt of ``given``'s Distributed targets
-    (``learnt``), or why nothing could be (``problem``, with ``learnt`` None); None when no target is one."""
+    """The doctor's ``learnt shards`` row: what was learnt of ``given``'s Distributed targets or cluster
+    (``learnt``), or why nothing could be (``problem``, with ``learnt`` None); None when nothing was."""
     if problem:
         found = f"the target tables {', '.join(given.tables)} cannot be loaded shard by shard"
-        return Check(name="distributed target", status="fail", found=found, fix=problem)
+        return Check(name="learnt shards", status="fail", found=found, fix=problem)
     if learnt is None or learnt is given:
         return None
     ch, was = learnt.clickhouse, given.clickhouse
-    tables = ", ".join(f"{a} -> {b}" for a, b in zip(given.tables, learnt.tables) if a != b)
-    source = "clickhouse.shards" if was.shards else "its cluster in system.clusters"
+    renamed = [f"{a} -> {b}" for a, b in zip(given.tables, learnt.tables) if a != b]
+    tables = ", ".join(renamed or learnt.tables)
+    source = "clickhouse.shards" if was.shards else "its cluster" if renamed else f"cluster {was.cluster}"
+    source += "" if was.shards else " in system.clusters"
     placed = (
         f"by the sharding key {ch.sharding_key}" + (f" with weights {ch.shard_weights}" if ch.shard_weights else "")
         if ch.placement == "sharding-key"
         else "by source partition"
     )
     return Check(
-        name="distributed target",
+        name="learnt shards",
         status="ok",
         found=f"loading {tables} on {len(ch.shards)} shards from {source} ({', '.join(ch.shards)}), placed {placed}",
     )

@@ -73,5 +73,5 @@ def test_a_distributed_target_over_three_shards_is_loaded_shard_by_shard_by_its_
     ((table, deep),) = report["tables"].items()
     assert (report["ok"], table, deep["rows_in_target"]) == (True, "events", produced), report
     doctor = run_chtxn("doctor", "--config", str(given.config_path), "--json")
-    (row,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "distributed target"]
+    (row,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "learnt shards"]
     assert row["status"] == "ok" and "events_all -> events on 3 shards" in row["found"], row

@@ -252,8 +252,8 @@ def test_a_shard_removed_from_the_config_while_a_committed_txn_waits_there_stops
 def test_the_leaders_metrics_count_each_shards_rows_and_a_down_shards_failed_publishes(stack, shards, tmp_path):
     """Shard 3's server is SIGKILLed while a committed txn with rows for it waits before its publish: the
     leader counts the failed publishes under shard 3 alone (``chtxn_shard_publish_failures_total``), and
-    once it is back and everything is published, each shard's ``chtxn_shard_rows_committed_total`` is
-    the rows that shard holds."""
+    once it is back and everything is published, each shard's ``chtxn_shard_rows_committed_total`` and
+    ``chtxn_shard_rows_published_total`` are the rows that shard holds."""
     pipeline = make_sharded_pipeline(stack, shards.urls, tmp_path, unique_name("shmet"), partitions=6)
     produced = pipeline.produce(900)
     wheres = [shard_rules.where(i, url) for i, url in enumerate(shards.urls)]
@@ -293,5 +293,6 @@ def test_the_leaders_metrics_count_each_shards_rows_and_a_down_shards_failed_pub
         assert [value("chtxn_shard_publish_failures_total", w) for w in wheres[:2]] == [0, 0]
         placed = [len(rows) for rows in rows_per_shard(pipeline)]
         assert [value("chtxn_shard_rows_committed_total", w) for w in wheres] == placed
+        assert [value("chtxn_shard_rows_published_total", w) for w in wheres] == placed
         assert sum(placed) == produced and all(placed), placed
     assert_exactly_once_over_shards(pipeline, produced)

@@ -141,8 +141,8 @@ def test_a_distributed_target(stack, tmp_path: Path) -> None:
     pipeline = make_pipeline(stack, tmp_path, unique_name("doc_dist"), settings={"clickhouse.database": db})
     code, checks, _ = doctor(pipeline)
     # its cluster is not defined here, so its shards cannot be learnt (docs/clusters.md, A Distributed target)
-    assert (code, failing(checks)) == (1, ["distributed target", "target table"])
-    assert checks["distributed target"]["fix"].startswith(
+    assert (code, failing(checks)) == (1, ["learnt shards", "target table"])
+    assert checks["learnt shards"]["fix"].startswith(
         f"target table {db}.events is a Distributed table on cluster shards, which the server at clickhouse.url does "
         "not define in system.clusters: list one server of every shard in clickhouse.shards"
     )

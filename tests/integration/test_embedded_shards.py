@@ -312,3 +312,17 @@ def test_a_distributed_target_is_learnt_from_the_servers_cluster_and_passes_ever
     )
     for client in clients:
         check_target(client, cfg, "events_local")
+
+
+def test_a_local_target_on_clickhouse_cluster_is_learnt_on_every_shard_of_that_cluster(
+    sharded: EmbeddedStack, clients, db: str
+) -> None:
+    """``clickhouse.cluster`` plus the local table: every shard of the cluster, in ``system.clusters``'s order."""
+    local_tables_with_rows(clients, db)
+    given = parse_config(
+        f'[pipeline]\nname = "p"\ntopics = ["t"]\n[kafka]\nbootstrap_servers = "x:1"\n'
+        f'[clickhouse]\nurl = "{sharded.shard_urls[0]}"\ndatabase = "{db}"\ntarget_table = "events_local"\n'
+        f'cluster = "{CLUSTER}"\n'
+    )
+    cfg = learnt(given)
+    assert (cfg.clickhouse.target_table, cfg.clickhouse.shards) == ("events_local", sharded.shard_urls)

@@ -141,3 +141,21 @@ def test_distributed_targets_on_two_clusters_or_over_one_local_table_are_refused
 def test_the_doctor_row_of_a_target_that_cannot_be_learnt_fails_with_the_refusal_as_its_fix() -> None:
     check = learnt_check(config(), None, "it cannot: set this")
     assert check is not None and (check.status, check.fix) == ("fail", "it cannot: set this")
+
+
+def test_a_local_target_on_a_cluster_of_several_shards_is_loaded_on_every_shard() -> None:
+    """``clickhouse.cluster`` plus the local table: the cluster's shards, the target itself on each."""
+    given = config('cluster = "main"\nplacement = "sharding-key"\nsharding_key = "id"\n')
+    cfg = learn_shards(given, {"events": LOCAL}, NATIVE)
+    ch = cfg.clickhouse
+    assert (ch.target_table, ch.shards, ch.shard_weights) == (
+        "events",
+        ["http://ch-1:8123", "http://ch-2:8123", "http://ch-3:8123"],
+        [1, 1, 2],
+    )
+    check = learnt_check(given, cfg)
+    assert check is not None and "loading events on 3 shards from cluster main in system.clusters" in check.found
+    one_shard = config('cluster = "main"\n')
+    assert learn_shards(one_shard, {"events": LOCAL}, NATIVE[:1]) is one_shard  # replicas of one shard
+    listed = config('cluster = "main"\nshards = ["http://a:8123"]\n')
+    assert learn_shards(listed, {"events": LOCAL}, NATIVE) is listed
