@@ -114,7 +114,7 @@ def _read(cfg: PipelineConfig, client: Any, *, keeper: bool) -> ClickHouseFacts:
         )
     probe = cfg.ledger.commit_point == "keeper" or bool(cfg.clickhouse.cluster)
     probe = keeper and (probe or (target is not None and replicated(target.engine)))
-    return ClickHouseFacts(
+    found_facts = ClickHouseFacts(
         version=str(rows("SELECT version()")[0][0]),
         settings=settings,
         merge_tree=dict(
@@ -132,6 +132,23 @@ def _read(cfg: PipelineConfig, client: Any, *, keeper: bool) -> ClickHouseFacts:
         stage_window=STAGE_DEDUP_WINDOW,
         keeper=_keeper_probe(cfg) if probe else None,
     )
+    key_type, key_error = _key_type(cfg, client, target is not None)
+    return msgspec.structs.replace(found_facts, key_type=key_type, key_error=key_error)
+
+
+def _key_type(cfg: PipelineConfig, client: Any, target: bool) -> tuple[str, str]:
+    """The type of ``clickhouse.sharding_key`` over the target and "", or "" and why the server could not
+    evaluate it; ("", "") unless rows are placed by it."""
+    ch = cfg.clickhouse
+    if ch.placement != "sharding-key" or not ch.sharding_key or not target:
+        return "", ""
+    sql = f"DESCRIBE TABLE (SELECT {ch.sharding_key} AS key FROM `{ch.database}`.`{ch.target_table}`)"
+    try:
+        return str(client.query(sql).result_rows[0][1]), ""
+    except Exception as exc:
+        if not is_clickhouse_failure(exc):
+            raise
+        return "", str(as_clickhouse_error(exc, f"evaluate {ch.sharding_key}"))
 
 
 def _target(rows: Any, found: TargetFacts, db: str, name: str) -> Table:

@@ -80,6 +80,10 @@ class ClickHouseFacts(msgspec.Struct, frozen=True, kw_only=True):
     ledger: Table | None = None  # None: not created yet
     stage_window: int = 0  # the non_replicated_deduplication_window chtxn sets on each stage table
     keeper: KeeperProbe | None = None  # None: not probed
+    #: placed by a sharding key: the type of ``clickhouse.sharding_key`` over the target ("" when not
+    #: asked), or why the server could not evaluate it there
+    key_type: str = ""
+    key_error: str = ""
 
 
 class KafkaFacts(msgspec.Struct, frozen=True, kw_only=True):

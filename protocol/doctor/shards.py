@@ -15,6 +15,7 @@ the facts of the ledger's server and of every shard as it reads one server's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from protocol import chcodes, shards as shard_rules
@@ -47,7 +48,28 @@ def on_shard(cfg: PipelineConfig, facts: ClickHouseFacts) -> list[Check]:
     if facts.error:
         fix = chcodes.CREDENTIALS_FIX if facts.error_code in chcodes.CREDENTIALS else "start the server, or fix its URL"
         return [Check(name="clickhouse", status="fail", found=facts.error, fix=f"{fix} in clickhouse.shards")]
-    return [c for c in clickhouse_checks(cfg, facts) if c.name not in LEDGER_CHECKS]
+    key = [] if (found := key_check(cfg, facts)) is None else [found]
+    return [c for c in clickhouse_checks(cfg, facts) if c.name not in LEDGER_CHECKS] + key
+
+
+def key_check(cfg: PipelineConfig, facts: ClickHouseFacts) -> Check | None:
+    """``sharding key``, placed by one: the key is an integer over the shard's target, as a Distributed
+    table needs (``protocol.shards``: its value modulo the total weight picks the shard)."""
+    ch = cfg.clickhouse
+    if ch.placement != "sharding-key" or facts.target is None:
+        return None
+    key, table = ch.sharding_key, target_name(cfg)
+    fix = (
+        "set clickhouse.sharding_key (or the Distributed table's key) to an integer expression of the target's "
+        "columns, e.g. cityHash64(customer_id)"
+    )
+    if facts.key_error:
+        return Check(name="sharding key", status="fail", found=f"{key} over {table}: {facts.key_error}", fix=fix)
+    if not re.fullmatch(r"U?Int(8|16|32|64)", facts.key_type):
+        return Check(name="sharding key", status="fail", found=f"{key} over {table} is {facts.key_type}", fix=fix)
+    weights = ch.shard_weights or [1] * len(ch.shards)
+    found = f"{key} over {table} is {facts.key_type}: each row on the shard of its value modulo {sum(weights)}"
+    return Check(name="sharding key", status="ok", found=found + f" (weights {', '.join(map(str, weights))})")
 
 
 def fold(urls: Sequence[str], shards: Sequence[list[Check]]) -> list[Check]:

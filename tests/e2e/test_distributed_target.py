@@ -73,5 +73,9 @@ def test_a_distributed_target_over_three_shards_is_loaded_shard_by_shard_by_its_
     ((table, deep),) = report["tables"].items()
     assert (report["ok"], table, deep["rows_in_target"]) == (True, "events", produced), report
     doctor = run_chtxn("doctor", "--config", str(given.config_path), "--json")
-    (row,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "learnt shards"]
-    assert row["status"] == "ok" and "events_all -> events on 3 shards" in row["found"], row
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["learnt shards"]["status"] == "ok", checks["learnt shards"]
+    assert "events_all -> events on 3 shards" in checks["learnt shards"]["found"]
+    assert checks["sharding key"]["found"] == (
+        f"all 3 shards: id over {name}.events is UInt64: each row on the shard of its value modulo 3 (weights 1, 1, 1)"
+    )

@@ -330,3 +330,14 @@ def test_sharded_an_unreachable_shard_is_named_with_what_to_do(stack, shard_urls
     assert checks["clickhouse"]["fix"] == "start the server, or fix its URL in clickhouse.shards"
     assert checks["target table"]["found"] == f"shard 1, shard 2, shard 3: {name}.events: MergeTree"
     assert checks["shard tables"]["found"].endswith("on 3 shards (1 not read)")
+
+
+def test_sharded_by_a_key_that_is_no_integer_fails_and_an_integer_key_passes(stack, shard_urls, tmp_path: Path) -> None:
+    """A Distributed table places a row by an integer key; every shard's server evaluates the key over its target."""
+    for key, status, kind in (("user", "fail", "String"), ("cityHash64(user)", "ok", "UInt64")):
+        settings = {"clickhouse.placement": "sharding-key", "clickhouse.sharding_key": key}
+        pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("doc_shkey"), settings=settings)
+        code, checks, _ = doctor(pipeline)
+        assert (code, checks["sharding key"]["status"]) == (int(status == "fail"), status), checks
+        name = pipeline.cfg.clickhouse.database
+        assert checks["sharding key"]["found"].startswith(f"all 3 shards: {key} over {name}.events is {kind}")

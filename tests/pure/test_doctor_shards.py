@@ -112,3 +112,37 @@ def test_fold_keeps_each_checks_order_with_unreachable_rows_first() -> None:
     one = sharded_checks(sharded(), on(), [on(), on(), on()])
     names = [c.name for c in fold(URLS[:2], [one[:3], one[1:3]])]
     assert names == [one[0].name, one[1].name, one[2].name]
+
+
+def keyed(key: str = "cityHash64(user)"):  # a PipelineConfig placing rows by ``key``
+    return config(
+        clickhouse={
+            "url": URLS[0],
+            "shards": URLS,
+            "placement": "sharding-key",
+            "sharding_key": key,
+            "shard_weights": [1, 2, 1],
+        }
+    )
+
+
+def test_placed_by_key_the_key_is_checked_on_every_shard_and_an_integer_passes() -> None:
+    rows = by_name(sharded_checks(keyed(), on(), [on(key_type="UInt64")] * 3))["sharding key"]
+    assert [(c.status, c.found) for c in rows] == [
+        ("ok", "all 3 shards: cityHash64(user) over db.events is UInt64: each row on the shard of its value "
+         "modulo 4 (weights 1, 2, 1)"),
+    ]  # fmt: skip
+    assert "sharding key" not in by_name(sharded_checks(sharded(), on(), [on()] * 3))  # placed by partition
+
+
+def test_a_key_that_is_no_integer_or_that_the_server_cannot_evaluate_fails_naming_the_shard() -> None:
+    shards = [on(key_type="UInt64"), on(key_type="String"), on(key_error="Unknown expression identifier `usr`")]
+    rows = by_name(sharded_checks(keyed("user"), on(), shards))["sharding key"]
+    assert [(c.status, c.found.split("): ", 1)[0] + ")") for c in rows] == [
+        ("ok", "shard 1 (ch-1:8123)"),
+        ("fail", "shard 2 (ch-2:8123)"),
+        ("fail", "shard 3 (ch-3:8123)"),
+    ]
+    assert rows[1].found.endswith("user over db.events is String")
+    assert "Unknown expression identifier" in rows[2].found
+    assert rows[1].fix.startswith("set clickhouse.sharding_key (or the Distributed table's key) to an integer")
