@@ -54,9 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "endpoints, each its own chDB process with its own data (DATA_DIR/clickhouse, DATA_DIR/clickhouse-shard2, "
         "...), on --clickhouse-port and the ports after it, all configured with one cluster naming them "
         "(system.clusters, --cluster); CHTXN_CLICKHOUSE_SHARDS lists their URLs. The shards speak HTTP only: a "
-        "Distributed table over them can be created, but reads and inserts through it need ClickHouse's native "
-        "protocol to the other shards and fail (a read with skip_unavailable_shards = 1 returns its own shard's "
-        "rows).",
+        "Distributed table over them can be created, and chtxn loads it shard by shard (its target_table learns "
+        "the shards from the cluster), but reads and inserts through it need ClickHouse's native protocol to the "
+        "other shards and fail (a read with skip_unavailable_shards = 1 returns its own shard's rows).",
         epilog="Examples:\n  chtxn embedded up --kafka-port 9092 --clickhouse-port 8123\n"
         '  eval "$(chtxn embedded up --env)"   # start it (or use the running one), point this shell at it\n'
         "  chtxn embedded up --keeper           # with a ZooKeeper, for KeeperMap tables\n"
