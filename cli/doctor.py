@@ -21,6 +21,7 @@ from cli.output import Column, Output, Sheet, Styled, add_format_option
 from cli.txn import open_ledger
 from coordinator.doctor import clickhouse_facts, for_shards, kafka_facts
 from coordinator.offsets import partition_logs
+from protocol import chcodes
 from protocol.checks import Check
 from protocol.config.parse import PipelineConfig, load_config
 from protocol.doctor.facts import Report
@@ -76,6 +77,8 @@ def _partition_logs(cfg: PipelineConfig) -> Check:
     try:
         return stops_check(partition_logs.stops(open_ledger(cfg, retries=1)))
     except ChtxnError as exc:  # no ledger yet, or ClickHouse unreachable (the checks above say which)
+        if getattr(exc, "code", 0) == chcodes.UNKNOWN_TABLE:
+            return Check(name="partition logs", status="warn", found="no ledger yet", fix="run chtxn init")
         return Check(name="partition logs", status="warn", found=f"could not read the ledger: {exc}")
 
 

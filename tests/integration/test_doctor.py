@@ -341,3 +341,16 @@ def test_sharded_by_a_key_that_is_no_integer_fails_and_an_integer_key_passes(sta
         assert (code, checks["sharding key"]["status"]) == (int(status == "fail"), status), checks
         name = pipeline.cfg.clickhouse.database
         assert checks["sharding key"]["found"].startswith(f"all 3 shards: {key} over {name}.events is {kind}")
+
+
+def test_before_chtxn_init_the_missing_ledger_is_said_in_a_line_with_what_to_do(stack, tmp_path: Path) -> None:
+    pipeline = make_pipeline(stack, tmp_path, unique_name("doc_noledger"))
+    sql(stack, f"DROP TABLE `{pipeline.cfg.clickhouse.database}`.chtxn_ledger SYNC")
+    _, checks, _ = doctor(pipeline)
+    assert checks["dedup: ledger"]["status"] == "warn"
+    assert checks["partition logs"] == {
+        "name": "partition logs",
+        "status": "warn",
+        "found": "no ledger yet",
+        "fix": "run chtxn init",
+    }
