@@ -31,7 +31,7 @@ import msgspec
 
 from protocol.checks import Check
 from protocol.config.parse import PipelineConfig, validate
-from protocol.errors import SetupError
+from protocol.errors import ConfigError, SetupError
 from protocol.shards import key_problem
 from protocol.tables.replicated_ddl import distributed_local_table, parse_engine
 from protocol.tables.target_rules import ClusterShard, TargetFacts, cluster_urls
@@ -92,6 +92,11 @@ def learn_shards(
                 f"sharding key ({named}): set clickhouse.sharding_key {_SEE}"
             )
         key = next(iter(keys.values()))
+        if problem := key_problem(key):
+            raise SetupError(
+                f"the Distributed target's sharding key {key} cannot place rows exactly once: {problem}; set "
+                f'clickhouse.sharding_key, or clickhouse.placement = "partition" {_SEE}'
+            )
     return _sharded(cfg, local_of, shards, key, _weights(cfg, first.cluster_shards))
 
 
@@ -118,7 +123,10 @@ def _sharded(
     )
     routes = tuple(msgspec.structs.replace(r, table=local_of.get(r.table, r.table)) for r in cfg.route)
     learnt = msgspec.structs.replace(cfg, clickhouse=clickhouse, route=routes)
-    validate(learnt)
+    try:
+        validate(learnt)
+    except ConfigError as exc:  # what the server said: the operator fixes the cluster or the config, no retry mends it
+        raise SetupError(f"the shards learnt from the server do not make a config: {exc} {_SEE}") from None
     return _placeable(learnt)
 
 

@@ -159,3 +159,20 @@ def test_a_local_target_on_a_cluster_of_several_shards_is_loaded_on_every_shard(
     assert learn_shards(one_shard, {"events": LOCAL}, NATIVE[:1]) is one_shard  # replicas of one shard
     listed = config('cluster = "main"\nshards = ["http://a:8123"]\n')
     assert learn_shards(listed, {"events": LOCAL}, NATIVE) is listed
+
+
+def test_a_distributed_key_that_changes_between_tries_is_refused_when_rows_are_placed_by_it() -> None:
+    """``rand()`` is a common Distributed key: placed by partition it is never evaluated; placed by key, a
+    chunk sent again would put its rows elsewhere, so it is refused, naming both ways out."""
+    assert learn_shards(config(), {"events": distributed(key=", rand()")}).clickhouse.placement == "partition"
+    with pytest.raises(SetupError) as refused:
+        learn_shards(config('placement = "sharding-key"\n'), {"events": distributed(key=", rand()")})
+    assert "sharding key rand() cannot place rows exactly once" in str(refused.value)
+    assert 'set clickhouse.sharding_key, or clickhouse.placement = "partition"' in str(refused.value)
+
+
+def test_a_cluster_whose_shards_do_not_make_a_config_stops_the_process_instead_of_being_retried() -> None:
+    """A ``SetupError`` stops the coordinator and the job (a ``ConfigError`` would be retried as an outage)."""
+    twice = (ClusterShard(host="ch-1", port=9000, local=True), ClusterShard(host="ch-1", port=9000))
+    with pytest.raises(SetupError, match="the shards learnt from the server do not make a config"):
+        learn_shards(config(), {"events": distributed(shards=twice)})
