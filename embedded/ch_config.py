@@ -2,7 +2,13 @@
 
 chDB takes a ClickHouse server configuration file (``config-file`` in its connection string) and
 reads from it what an engine without servers uses: ``<zookeeper>``, ``<keeper_map_path_prefix>``,
-``<macros>``, ``<remote_servers>`` and ``<tcp_port>``. This module writes that file's text.
+``<macros>``, ``<remote_servers>``, ``<tcp_port>`` and the system logs. This module writes that
+file's text.
+
+Every endpoint keeps ``system.query_log`` and ``system.part_log``, as a ClickHouse server does with
+its default configuration: what each statement and each merge cost (``ProfileEvents``) is then a
+query away, for an operator and for the benchmarks (``benchmarks/ch_profile.py``). Each is flushed
+every ``LOG_FLUSH_MS``, as a server does, and by ``SYSTEM FLUSH LOGS``.
 
 A cluster (:class:`Cluster`) names every shard's endpoint as ``<remote_servers>`` does, one replica
 per shard, so ``system.clusters`` lists them and ``Distributed`` tables and ``cluster()`` accept the
@@ -27,6 +33,10 @@ KEEPER_MAP_PATH_PREFIX = "/chtxn_keeper_map"
 MACROS = {"shard": "01", "replica": "chdb"}
 #: The name of the embedded stack's cluster unless it is given another.
 DEFAULT_CLUSTER = "chtxn_shards"
+#: How often the system logs are written to their tables (ClickHouse's default).
+LOG_FLUSH_MS = 7500
+#: The system logs every endpoint keeps (ClickHouse's default configuration keeps them too).
+SYSTEM_LOGS = ("query_log", "part_log")
 
 _CLUSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -79,8 +89,14 @@ def macros(shard: int = 1) -> dict[str, str]:
 def server_config(keeper: str | None = None, cluster: Cluster | None = None, shard: int = 1) -> str:
     """The configuration of shard ``shard`` of ``cluster`` (or of a lone endpoint, without one):
     with ``keeper`` ("host:port" of a ZooKeeper) the keeper and the KeeperMap path prefix; with
-    ``cluster`` its ``<remote_servers>`` and this endpoint's ``<tcp_port>``; with either, the macros."""
+    ``cluster`` its ``<remote_servers>`` and this endpoint's ``<tcp_port>``; with either, the macros;
+    always the system logs."""
     lines = ["<clickhouse>"]
+    lines += [
+        f"    <{log}><database>system</database><table>{log}</table>"
+        f"<flush_interval_milliseconds>{LOG_FLUSH_MS}</flush_interval_milliseconds></{log}>"
+        for log in SYSTEM_LOGS
+    ]
     if keeper is not None:
         host, port = _split(keeper)
         lines += [
@@ -101,7 +117,8 @@ def server_config(keeper: str | None = None, cluster: Cluster | None = None, sha
                 f"            <shard><replica><host>{escape(host)}</host><port>{port}</port></replica></shard>"
             )
         lines += [f"        </{cluster.name}>", "    </remote_servers>"]
-    lines.append(f"    <macros>{''.join(f'<{k}>{escape(v)}</{k}>' for k, v in macros(shard).items())}</macros>")
+    if keeper is not None or cluster is not None:
+        lines.append(f"    <macros>{''.join(f'<{k}>{escape(v)}</{k}>' for k, v in macros(shard).items())}</macros>")
     return "\n".join([*lines, "</clickhouse>", ""])
 
 

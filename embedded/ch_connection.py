@@ -73,7 +73,8 @@ class EngineConnection:
 
     def __init__(self, path: str, baseline: Mapping[str, str]):
         self._conn = sqlitelike.connect(path)
-        self._inputs = os.path.join(path, "input")  # input()'s data, one file per running statement
+        # input()'s data, one file per running statement, inside the data directory (``path`` less its parameters)
+        self._inputs = os.path.join(path.partition("?")[0], "input")
         self._baseline = baseline
         self._applied: dict[str, str] = {}
         self._database = "default"

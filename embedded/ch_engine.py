@@ -23,6 +23,8 @@ Guarantees:
   the engine shares its machine with the pipeline, and a merge can wait where an insert or a
   commit-path query should not. ClickHouse applies it only with ``CAP_SYS_NICE``; without it
   merges run at the process's own priority, as before.
+- ``system.query_log`` and ``system.part_log`` are kept, as a server keeps them by default
+  (:mod:`embedded.ch_config`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from embedded.ch_sql import quote
 __all__ = ["CANNOT_OPEN_DATA_DIR", "KEEPER_MAP_PATH_PREFIX", "MACROS", "Engine", "Outcome"]
 
 CANNOT_OPEN_DATA_DIR = 76  # ClickHouse's CANNOT_OPEN_FILE
-#: The engine's configuration file when it has a keeper or a cluster, in its data directory
-#: (rewritten at each open, removed when it has neither; named when it held only the keeper).
-CONFIG_FILE = "chtxn-keeper.xml"
+#: The engine's configuration file, in its data directory (rewritten at each open).
+CONFIG_FILE = "chtxn-server.xml"
+#: Where versions before 2026-11-29 kept it, with a keeper or a cluster only: removed at open.
+OLD_CONFIG_FILE = "chtxn-keeper.xml"
 #: Nice value of the engine's merge and mutation threads (0 = the process's priority, 19 lowest).
 MERGE_NICE = 10
 
@@ -55,11 +58,9 @@ class Engine:
         # chDB passes the parameters of its connection string to the engine as server settings.
         self._path = f"{path}?os_threads_nice_value_merge_mutate={MERGE_NICE}"
         config = path / CONFIG_FILE
-        if keeper is not None or cluster is not None:
-            config.write_text(server_config(keeper, cluster, shard))
-            self._path += f"&config-file={config}"
-        else:
-            config.unlink(missing_ok=True)
+        config.write_text(server_config(keeper, cluster, shard))
+        (path / OLD_CONFIG_FILE).unlink(missing_ok=True)
+        self._path += f"&config-file={config}"
         try:
             # The engine lives while any connection is open: this one is kept until close().
             self._anchor = EngineConnection(self._path, {})

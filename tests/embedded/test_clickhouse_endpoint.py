@@ -275,15 +275,20 @@ def test_concurrent_inserts_from_processes_and_threads_lose_nothing(client, port
     assert count == distinct == 8 * 50 * ROWS_PER_INSERT
 
 
-def test_rows_survive_an_endpoint_restart(tmp_path: Path) -> None:
+def test_rows_survive_an_endpoint_restart_and_input_data_stays_inside_the_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with running_endpoint(data) as first:
         c = clickhouse_connect.get_client(host="127.0.0.1", port=first)
         make_table(c, "durable")
         c.insert("durable", [[i, "x"] for i in range(1234)])
+        c.command(
+            "INSERT INTO durable (id, s) SELECT id, s FROM input('id UInt64, s String') FORMAT CSV", data=b"9999,y\n"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "data.stderr"]  # nothing beside it
+    assert (data / "input").is_dir()
     with running_endpoint(data) as second:
         c = clickhouse_connect.get_client(host="127.0.0.1", port=second)
-        assert c.query("SELECT count(), sum(id) FROM durable").result_rows == [(1234, 1234 * 1233 // 2)]
+        assert c.query("SELECT count(), sum(id) FROM durable").result_rows == [(1235, 1234 * 1233 // 2 + 9999)]
 
 
 def test_authentication_accepted_and_refused(tmp_path: Path) -> None:

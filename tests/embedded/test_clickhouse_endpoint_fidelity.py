@@ -194,3 +194,28 @@ def test_summary_counts_result_rows_and_written_rows(client, port: int) -> None:
     assert (summary["written_rows"], summary["result_rows"]) == ("3", "3")
     insert_select = client.command("INSERT INTO summary_rows SELECT number FROM numbers(5)")
     assert insert_select.written_rows == 5
+
+
+# -- 6. system logs ----------------------------------------------------------------------------------
+
+
+def test_query_log_and_part_log_record_each_statement_and_merge_with_its_cpu(client) -> None:
+    client.command("DROP TABLE IF EXISTS logged")
+    client.command("CREATE TABLE logged (id UInt64) ENGINE = MergeTree ORDER BY id")
+    marker = uuid.uuid4().hex
+    for _ in range(2):
+        client.command(f"INSERT INTO logged SELECT number FROM numbers(200000) SETTINGS log_comment = '{marker}'")
+    client.command("OPTIMIZE TABLE logged FINAL")
+    client.command("SYSTEM FLUSH LOGS")
+    inserts = client.query(
+        "SELECT written_rows, ProfileEvents['UserTimeMicroseconds'] FROM system.query_log "
+        "WHERE log_comment = %(m)s AND type = 'QueryFinish'",
+        parameters={"m": marker},
+    ).result_rows
+    assert [rows for rows, _ in inserts] == [200000, 200000]
+    assert all(cpu_us > 0 for _, cpu_us in inserts)
+    parts = client.query(
+        "SELECT event_type, rows FROM system.part_log WHERE database = currentDatabase() AND table = 'logged' "
+        "ORDER BY event_time_microseconds"
+    ).result_rows
+    assert parts == [("NewPart", 200000), ("NewPart", 200000), ("MergePartsStart", 0), ("MergeParts", 400000)]

@@ -13,6 +13,7 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
+from embedded.ch_engine import CONFIG_FILE
 from embedded.keeper import ask
 from tests.helpers import gone, run_chtxn, wait_until
 
@@ -79,7 +80,7 @@ def test_up_without_keeper_starts_none(data_dir: Path) -> None:
     assert started["started"] == ["kafka", "clickhouse"] and started["keeper"] is None
     assert "CHTXN_EMBEDDED_KEEPER" not in started["env"]
     assert not (data_dir / "keeper").exists()
-    assert not (data_dir / "clickhouse" / "chtxn-keeper.xml").exists()
+    assert "<zookeeper>" not in (data_dir / "clickhouse" / CONFIG_FILE).read_text()
 
 
 def test_up_keeper_on_a_running_stack_restarts_clickhouse_with_it_keeping_its_data(data_dir: Path) -> None:

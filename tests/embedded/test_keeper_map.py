@@ -15,6 +15,7 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from embedded.ch_engine import CONFIG_FILE
 from embedded.stack import EmbeddedStack
 from tests.helpers import unique_name, wait_until
 
@@ -52,7 +53,7 @@ def rows(kv, sql: str) -> list[tuple]:
 
 
 def test_the_endpoint_is_configured_for_the_keeper(keeper_stack: EmbeddedStack, kv) -> None:
-    config = (Path(keeper_stack.clickhouse.data_dir) / "chtxn-keeper.xml").read_text()
+    config = (Path(keeper_stack.clickhouse.data_dir) / CONFIG_FILE).read_text()
     assert f"<port>{keeper_stack.keeper_address.rpartition(':')[2]}</port>" in config
     assert "<keeper_map_path_prefix>/chtxn_keeper_map</keeper_map_path_prefix>" in config
 

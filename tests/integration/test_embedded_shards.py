@@ -178,7 +178,7 @@ def test_a_stack_of_one_shard_has_no_cluster(tmp_path_factory: pytest.TempPathFa
         stack.start_clickhouse()
         assert stack.shards == [stack.clickhouse] and stack.cluster is None
         assert stack.shard_urls == [stack.clickhouse_url]
-        assert not (stack.clickhouse.data_dir / CONFIG_FILE).exists()
+        assert "<remote_servers>" not in (stack.clickhouse.data_dir / CONFIG_FILE).read_text()
         client = clickhouse_connect.get_client(dsn=stack.clickhouse_url)
         assert client.command(f"SELECT count() FROM system.clusters WHERE cluster = '{CLUSTER}'") == 0
         client.close()
