@@ -64,6 +64,7 @@ class PipelineFigures:
     phases: Phases | None = None  # from the control topic
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by component, first data START -> end
     cpu_window_s: float = 0.0  # the span of those CPU figures
+    cpu_since: float = 0.0  # unix time at which that span starts
     txn_ids: list[str] = field(default_factory=list)  # the data txns these figures come from
 
     steady_rows: int = 0  # rows of the data txns but the last (see the module's docstring)
@@ -182,6 +183,7 @@ def figures(
     before = max((s for s in snapshots if s[0] <= result.first_start), default=snapshots[0], key=lambda s: s[0])
     result.cpu_s = cpu.used(before[1], snapshots[-1][1])
     result.cpu_window_s = snapshots[-1][0] - before[0]
+    result.cpu_since = before[0]
     return result
 
 

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import chtxn_run, clickpipes, plain, report, workload
+from benchmarks import ch_profile, chtxn_run, clickpipes, plain, report, workload
 from benchmarks.plain import Outcome
+from clients.clickhouse import make_client
 from embedded.stack import EmbeddedStack
 from participant.job import group_partitions
 from protocol.config.parse import PipelineConfig
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         workload.settle(setup.cfg)
         with console.status("running the chtxn pipeline (coordinator + Spark participant job)"):
             figures = chtxn_run.run(setup.cfg, setup.config_path, args.events, work / "logs", timeout_s=args.timeout)
+        profiles = clickhouse_profiles(setup.cfg, outcomes, figures)
     title = (
         f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
         f"batch/chunk {args.chunk_rows:,} rows"
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         report.pipeline_table(figures),
         report.loop_phases_table(outcomes),
         report.cpu_table(outcomes, figures),
+        report.clickhouse_table(profiles),
     ):
         console.print(table)
     if args.workload != "demo":
@@ -199,6 +202,25 @@ def workload_figures(setup: Setup, outcomes: list[Outcome], figures: chtxn_run.P
         **clickpipes.per_core("chtxn", figures.rows, mean, figures.cpu_s, figures.cpu_window_s),
         **clickpipes.per_core("plain", loop.rows, mean, loop.cpu_s, loop.cpu_window_s),
     }
+
+
+def clickhouse_profiles(
+    cfg: PipelineConfig, outcomes: list[Outcome], figures: chtxn_run.PipelineFigures
+) -> dict[str, tuple[list[ch_profile.Line], int]]:
+    """ClickHouse's CPU by statement and merge in the CPU window of each run, with the run's rows."""
+    client = make_client(cfg.clickhouse)
+    try:
+        runs = [(o.mode, o.cpu_since, o.cpu_window_s, o.rows) for o in outcomes if o.mode != "consume"]
+        runs.append(("chtxn", figures.cpu_since, figures.cpu_window_s, figures.rows))
+        profiles = {name: (ch_profile.profile(client, since, since + span), rows) for name, since, span, rows in runs}
+        workload.settle(cfg)
+        merges = [line for line in ch_profile.profile(client, 0.0, time.time()) if line.kind == "merge"]
+        loop_rows = next((o.rows for o in outcomes if o.mode == "loop"), 0)
+        profiles["merges, whole run (loop)"] = ([m for m in merges if m.shape == workload.PLAIN], loop_rows)
+        profiles["merges, whole run (chtxn)"] = ([m for m in merges if m.shape != workload.PLAIN], figures.rows)
+        return profiles
+    finally:
+        client.close()
 
 
 def reference_runs(args: argparse.Namespace, setup: Setup, console: Console) -> list[Outcome]:

@@ -54,6 +54,7 @@ class Outcome:
     phases_s: dict[str, float] = field(default_factory=dict)  # summed over workers
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by component in the window
     cpu_window_s: float = 0.0  # the span of those CPU figures (a little longer than the window)
+    cpu_since: float = 0.0  # unix time at which that span starts
 
     @property
     def rows_per_s(self) -> float:
@@ -105,7 +106,7 @@ def run(
             phases[name] = phases.get(name, 0.0) + seconds
     window = max(r["end"] for r in done) - min(r["start"] for r in done)
     usage["plain loop"] = sum(r["cpu_s"] for r in done)  # the workers' own count: they may be gone already
-    return Outcome(mode, len(groups), sum(r["rows"] for r in done), window, phases, usage, cpu_window)
+    return Outcome(mode, len(groups), sum(r["rows"] for r in done), window, phases, usage, cpu_window, since)
 
 
 def _collect(reports: mp.Queue, procs: list, kind: str, deadline: float) -> list[dict]:

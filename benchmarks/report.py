@@ -7,6 +7,7 @@ import os
 from rich.table import Table
 
 from benchmarks import cpu
+from benchmarks.ch_profile import Line
 from benchmarks.chtxn_run import PipelineFigures
 from benchmarks.paced import PacedFigures
 from benchmarks.plain import Outcome
@@ -134,6 +135,37 @@ def cpu_table(outcomes: list[Outcome], figures: PipelineFigures) -> Table:
             for _, usage, _, window in runs
         ),
     )
+    return table
+
+
+def clickhouse_table(profiles: dict[str, tuple[list[Line], int]], top: int = 14) -> Table:
+    """ClickHouse's CPU per 100k rows by statement and merge (``benchmarks.ch_profile``), one column
+    per run (its lines, its rows): the ``top`` lines of most CPU in any run, then the rest summed."""
+    table = Table(title="ClickHouse CPU seconds per 100k rows, by statement and merge (system.query_log, part_log)")
+    table.add_column("kind")
+    table.add_column("statement or merged table")
+    for name in profiles:
+        table.add_column(f"{name} (times)", justify="right")
+    cells: dict[tuple[str, str], dict[str, Line]] = {}
+    for name, (lines, _) in profiles.items():
+        for line in lines:
+            cells.setdefault((line.kind, line.shape), {})[name] = line
+    ranked = sorted(cells, key=lambda key: -max(line.cpu_s for line in cells[key].values()))
+
+    def cell(lines: list[Line], rows: int) -> str:
+        return f"{sum(x.cpu_s for x in lines) / rows * 1e5:.3f} ({sum(x.count for x in lines):,})" if rows else "-"
+
+    for key in ranked[:top]:
+        table.add_row(
+            *key, *(cell([cells[key][n]] if n in cells[key] else [], rows) for n, (_, rows) in profiles.items())
+        )
+    rest = ranked[top:]
+    table.add_row(
+        "",
+        "every other line",
+        *(cell([cells[k][n] for k in rest if n in cells[k]], rows) for n, (_, rows) in profiles.items()),
+    )
+    table.add_row("", "all", *(cell(lines, rows) for _, (lines, rows) in profiles.items()))
     return table
 
 
