@@ -31,6 +31,8 @@ UNKNOWN_IDENTIFIER = 47
 UNKNOWN_TABLE = 60
 #: A statement the server cannot parse: an older server than the syntax chtxn tries first.
 SYNTAX_ERROR = 62
+#: A setting the server does not know: an older server than a setting chtxn tries first.
+UNKNOWN_SETTING = 115
 #: MOVE PARTITION between tables of different columns ("Tables have different structure").
 INCOMPATIBLE_COLUMNS = 122
 #: The server refused the user or the password (``PERMANENT``): the operator fixes the credentials.

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from clients.clickhouse import error_code
 from coordinator.stage.publish import StagePublishing, StageTableMissing
 from protocol import naming
-from protocol.chcodes import SYNTAX_ERROR, UNKNOWN_IDENTIFIER, UNKNOWN_TABLE
+from protocol.chcodes import SYNTAX_ERROR, UNKNOWN_IDENTIFIER, UNKNOWN_SETTING, UNKNOWN_TABLE
 from protocol.coordinator.events import PartitionStats
 from protocol.errors import SetupError
 from protocol.messages import TopicPartition
@@ -69,6 +69,12 @@ log = logging.getLogger(__name__)
 STAGE_DEDUP_WINDOW = 100_000
 #: Seconds a replicated stage table remembers a block (the server's default is an hour since 25.10).
 STAGE_DEDUP_WINDOW_S = 7 * 86400
+#: A stage table merges only when this many of a partition's parts can merge at once
+#: (``min_parts_to_merge_at_once``): a txn's few dozen chunks move into the target unmerged and are
+#: merged there once, as rows inserted directly would be, instead of twice (measured: the stage
+#: tables' merges doubled chtxn's merge CPU, benchmarks/README.md). A txn of many more chunks per
+#: partition still merges in its stage table, far from ``parts_to_delay_insert`` (1000).
+STAGE_MIN_PARTS_TO_MERGE = 50
 
 
 #: (engine, engine_full, UUID or "", database engine) of a target table (``TABLE_DEFINITION_SQL``).
@@ -113,6 +119,7 @@ class StageTables(StagePublishing):
         self._metadata: bool | None = None  # whether the last stage table checked had the metadata columns
         self._replicated: bool | None = None  # whether the target keeps its parts in Keeper, once read
         self._settings_in_create: bool | None = None  # whether the server takes CREATE ... AS t SETTINGS
+        self._few_merges: bool | None = None  # whether the server knows min_parts_to_merge_at_once
 
     def _q(self, table: str) -> str:
         return f"{ident(self.database)}.{ident(table)}"
@@ -121,13 +128,26 @@ class StageTables(StagePublishing):
 
     def create(self, stage: str, definition: Definition | None = None) -> None:
         """A clone of the target (columns, keys, storage policy, indices, projections), with dedup
-        on; the plain MergeTree of the target's family when the target's engine merges rows away;
-        a Keeper path of its own when the target is replicated (module docstring). ``definition``:
-        the target's, when the caller read it (``StageSet`` reads every table's in one query)."""
+        on and few merges (``STAGE_MIN_PARTS_TO_MERGE``, on a server that knows the setting); the
+        plain MergeTree of the target's family when the target's engine merges rows away; a Keeper
+        path of its own when the target is replicated (module docstring). ``definition``: the
+        target's, when the caller read it (``StageSet`` reads every table's in one query)."""
         found = self._definition() if definition is None else self._learn(definition)
         if found is None:
             raise SetupError(f"table {self.database}.{self.target} does not exist")
-        clause = self._engine_clause(stage, found)
+        try:
+            self._create(stage, found, few_merges=self._few_merges is not False)
+        except Exception as exc:
+            if error_code(exc) != UNKNOWN_SETTING or self._few_merges is not None:
+                raise
+            self._few_merges = False  # a server before min_parts_to_merge_at_once: merges as the target's
+            self._create(stage, found, few_merges=False)
+        else:
+            self._few_merges = self._few_merges is not False
+
+    def _create(self, stage: str, found: Definition, *, few_merges: bool) -> None:
+        merges = {"min_parts_to_merge_at_once": STAGE_MIN_PARTS_TO_MERGE} if few_merges else {}
+        clause = self._engine_clause(stage, found, merges)
         create = (
             f"CREATE TABLE IF NOT EXISTS {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} "
             f"AS {self._q(self.target)}{clause}"
@@ -135,10 +155,11 @@ class StageTables(StagePublishing):
         if self._replicated:
             self.client.command(create)
             return
-        dedup = f"non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}"
+        ours = {"non_replicated_deduplication_window": STAGE_DEDUP_WINDOW, **merges}
+        settings = ", ".join(f"{name} = {value}" for name, value in ours.items())
         if not clause and self._settings_in_create is not False:
-            try:  # one statement: the clone's settings with the window added (ClickHouse 26.9 merges them)
-                self.client.command(f"{create} SETTINGS {dedup}")
+            try:  # one statement: the clone's settings with ours added (ClickHouse 26.9 merges them)
+                self.client.command(f"{create} SETTINGS {settings}")
                 self._settings_in_create = True
                 return
             except Exception as exc:
@@ -147,10 +168,10 @@ class StageTables(StagePublishing):
                 self._settings_in_create = False  # an older server: a statement of its own, as below
         self.client.command(create)
         self.client.command(
-            f"ALTER TABLE {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} MODIFY SETTING {dedup}"
+            f"ALTER TABLE {self._q(stage)}{replicated_ddl.on_cluster(self.cluster)} MODIFY SETTING {settings}"
         )
 
-    def _engine_clause(self, stage: str, found: Definition) -> str:
+    def _engine_clause(self, stage: str, found: Definition, merges: dict[str, int]) -> str:
         """`` ENGINE = ...`` of stage table ``stage`` when it cannot be the target's (replicated, or
         merging rows away), else ""."""
         engine, engine_full, uuid, database_engine = found
@@ -165,6 +186,7 @@ class StageTables(StagePublishing):
                 settings={
                     "replicated_deduplication_window": STAGE_DEDUP_WINDOW,
                     "replicated_deduplication_window_seconds": STAGE_DEDUP_WINDOW_S,
+                    **merges,
                 },
             )
             return f" ENGINE = {text}"

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.service import clickhouse_stores
 from coordinator.stage.publish import StageTableMissing
-from coordinator.stage.tables import StageTables
+from coordinator.stage.tables import STAGE_DEDUP_WINDOW, STAGE_MIN_PARTS_TO_MERGE, StageTables
 from protocol import naming
 from protocol.coordinator.events import PartitionStats
 from protocol.messages import TopicPartition
@@ -132,6 +132,44 @@ def test_publish_reads_once_moves_every_partition_and_names_a_missing_stage_tabl
     assert stages.count(table) == 0
     with pytest.raises(StageTableMissing, match="of committed txn e1_t2 does not exist"):
         stages.publish(stage_table(pipeline, "e1_t2"), "e1_t2")
+
+
+class OlderServer(Counting):
+    """A client of a server that does not know ``min_parts_to_merge_at_once``: the setting is sent
+    under a name no server knows, so the refusal (UNKNOWN_SETTING) is the server's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        attr = super().__getattr__(name)
+        if name != "command":
+            return attr
+        return lambda sql, *a, **kw: attr(sql.replace("min_parts_to_merge_at_once", "no_such_merge_setting"), *a, **kw)
+
+
+def settings_of(pipeline, table: str) -> str:
+    return pipeline.client().command(
+        "SELECT engine_full FROM system.tables WHERE database = %(db)s AND name = %(t)s",
+        parameters={"db": pipeline.cfg.clickhouse.database, "t": table},
+    )
+
+
+def test_a_stage_table_merges_only_many_parts_at_once_and_an_older_server_gets_one_as_before(stack, tmp_path):
+    pipeline = make_pipeline(stack, tmp_path, unique_name("stagemerge"))
+    stages, client = stages_of(pipeline)
+    stages.create(stage_table(pipeline, "e1_t1"))
+    engine = settings_of(pipeline, stage_table(pipeline, "e1_t1"))
+    assert f"min_parts_to_merge_at_once = {STAGE_MIN_PARTS_TO_MERGE}" in engine
+    assert f"non_replicated_deduplication_window = {STAGE_DEDUP_WINDOW}" in engine
+    assert client.calls == 2, "the target's definition, then one CREATE"
+
+    cfg = pipeline.cfg
+    older = OlderServer(pipeline.client())
+    stages = StageTables(older, database=cfg.clickhouse.database, target=cfg.clickhouse.target_table, pipeline=cfg.name)
+    for txn in ("e1_t2", "e1_t3"):
+        older.calls = 0
+        stages.create(stage_table(pipeline, txn))
+        engine = settings_of(pipeline, stage_table(pipeline, txn))
+        assert "merge_at_once" not in engine and f"deduplication_window = {STAGE_DEDUP_WINDOW}" in engine
+        assert older.calls == (3 if txn == "e1_t2" else 2), "refused once, then created without the setting"
 
 
 #: A target that records, per row, the nice value of the insert that wrote it.
