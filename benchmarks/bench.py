@@ -35,7 +35,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import chtxn_run, clickpipes, paced, pipeline, report, summary, timeline, workload
+from benchmarks import ch_profile, chtxn_run, clickpipes, paced, pipeline, report, summary, timeline, workload
 from benchmarks.chtxn_run import REPO, PipelineFigures
 from benchmarks.paced import PacedFigures
 from benchmarks.plain import Outcome
@@ -153,6 +153,7 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
         control = timeline.read(setup.cfg, dump=logs / "control.jsonl")
         figures = chtxn_run.figures(setup.cfg, pipe, snapshots, logs, txns=txns, control=control)
         paced_figures = paced.figures(setup.cfg, run, txns, control) if run else None
+        profiles = pipeline.clickhouse_profiles(setup.cfg, outcomes, figures, whole_run=False)
     title = (
         f"{args.events:,} events, {args.partitions} partitions, plain loop {len(setup.groups)} processes, "
         f"batch/chunk {args.chunk_rows:,} rows"
@@ -161,11 +162,16 @@ def repetition(args: argparse.Namespace, work: Path, console: Console, *, keeper
         report.results(outcomes, figures, title),
         report.pipeline_table(figures),
         report.cpu_table(outcomes, figures),
+        report.clickhouse_table(profiles),
     ):
         console.print(table)
     if paced_figures is not None:
         console.print(report.paced_table(paced_figures))
     found = {**repetition_figures(outcomes, figures, paced_figures), "cpu_probe_s": probe}
+    found["clickhouse_cpu_by_statement"] = {
+        "plain" if name == "loop" else name: ch_profile.per_100k(lines, rows)
+        for name, (lines, rows) in profiles.items()
+    }
     if args.workload != "demo":
         found.update(pipeline.workload_figures(setup, outcomes, figures))
         console.print(clickpipes.table(args.workload, found))

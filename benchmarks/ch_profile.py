@@ -62,6 +62,23 @@ def profile(client: Client, since: float, until: float) -> list[Line]:
     return group([(kind, shape, float(cpu_s)) for kind, shape, cpu_s in [*statements, *merges]])
 
 
+def per_100k(lines: Sequence[Line], rows: int, top: int = 8) -> list[list[object]]:
+    """The ``top`` lines of most CPU as ``[kind, shape, times, CPU s per 100k rows]`` (a results
+    file's form), then every other line summed as ``["", "every other line", times, s]``."""
+    if not rows:
+        return []
+
+    def scaled(cpu_s: float) -> float:
+        return round(cpu_s / rows * 1e5, 4)
+
+    rest = lines[top:]
+    head: list[list[object]] = [[x.kind, x.shape, x.count, scaled(x.cpu_s)] for x in lines[:top]]
+    tail: list[list[object]] = [
+        ["", "every other line", sum(x.count for x in rest), scaled(sum(x.cpu_s for x in rest))]
+    ]
+    return head + (tail if rest else [])
+
+
 def group(rows: Sequence[tuple[str, str, float]]) -> list[Line]:
     """``(kind, text, cpu_s)`` rows summed into lines by kind and shape, most CPU first."""
     sums: dict[tuple[str, str], tuple[int, float]] = {}

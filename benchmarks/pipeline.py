@@ -205,19 +205,22 @@ def workload_figures(setup: Setup, outcomes: list[Outcome], figures: chtxn_run.P
 
 
 def clickhouse_profiles(
-    cfg: PipelineConfig, outcomes: list[Outcome], figures: chtxn_run.PipelineFigures
+    cfg: PipelineConfig, outcomes: list[Outcome], figures: chtxn_run.PipelineFigures, *, whole_run: bool = True
 ) -> dict[str, tuple[list[ch_profile.Line], int]]:
-    """ClickHouse's CPU by statement and merge in the CPU window of each run, with the run's rows."""
+    """ClickHouse's CPU by statement and merge in the CPU window of each run, with the run's rows;
+    with ``whole_run``, also every merge of each run's tables once ClickHouse runs none (the rows'
+    whole merge cost: a window ends before the merges of its last parts)."""
     client = make_client(cfg.clickhouse)
     try:
         runs = [(o.mode, o.cpu_since, o.cpu_window_s, o.rows) for o in outcomes if o.mode != "consume"]
         runs.append(("chtxn", figures.cpu_since, figures.cpu_window_s, figures.rows))
         profiles = {name: (ch_profile.profile(client, since, since + span), rows) for name, since, span, rows in runs}
-        workload.settle(cfg)
-        merges = [line for line in ch_profile.profile(client, 0.0, time.time()) if line.kind == "merge"]
-        loop_rows = next((o.rows for o in outcomes if o.mode == "loop"), 0)
-        profiles["merges, whole run (loop)"] = ([m for m in merges if m.shape == workload.PLAIN], loop_rows)
-        profiles["merges, whole run (chtxn)"] = ([m for m in merges if m.shape != workload.PLAIN], figures.rows)
+        if whole_run:
+            workload.settle(cfg)
+            merges = [line for line in ch_profile.profile(client, 0.0, time.time()) if line.kind == "merge"]
+            loop_rows = next((o.rows for o in outcomes if o.mode == "loop"), 0)
+            profiles["merges, whole run (loop)"] = ([m for m in merges if m.shape == workload.PLAIN], loop_rows)
+            profiles["merges, whole run (chtxn)"] = ([m for m in merges if m.shape != workload.PLAIN], figures.rows)
         return profiles
     finally:
         client.close()
