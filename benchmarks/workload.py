@@ -192,6 +192,16 @@ def produce_workload(cfg: PipelineConfig, count: int, workload: str) -> tuple[di
     return ends, total
 
 
+def clear(cfg: PipelineConfig, table: str) -> None:
+    """Empty ``bench.<table>``: none of its parts is left to merge in a later run's window
+    (``settle`` sees the merges that run, not those the server starts later)."""
+    client = make_client(cfg.clickhouse)
+    try:
+        client.command(f"TRUNCATE TABLE {DATABASE}.{table}")
+    finally:
+        client.close()
+
+
 def settle(cfg: PipelineConfig, timeout_s: float = 120.0) -> None:
     """Wait until ClickHouse runs no background merge, so one step's merges do not slow the next."""
     client = make_client(cfg.clickhouse)
