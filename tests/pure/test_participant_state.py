@@ -371,6 +371,19 @@ def test_mixed_batches_are_split_by_partition():
     ]
 
 
+def test_runs_of_one_partition_number_in_two_topics_are_split_by_topic():
+    other = TopicPartition(topic="other", partition=0)
+    m = ParticipantState(
+        pipeline=P, sender="task-0", partitions=[TP0, other], chunk_rows=2, chunk_bytes=10_000, heartbeat_interval_s=1.0
+    )
+    m.handle(start("e1_t1", {TP0: 0, other: 0}), 0)
+    batch = Polled(polled(TP0, 0).records + polled(other, 0, 1).records + polled(TP0, 1).records)
+    assert stages(m.handle(batch, 0)) == [
+        ("t__chtxn_e1_t1", "pl/e1_t1/other/0/0/0-2", [0, 1]),
+        ("t__chtxn_e1_t1", "pl/e1_t1/src/0/0/0-2", [0, 1]),
+    ]
+
+
 def test_unknown_events_are_a_bug():
     with pytest.raises(TypeError):
         machine().handle(object(), 0)  # type: ignore[arg-type]  # not an Event, on purpose
