@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from clients import failpoints
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread
@@ -50,3 +51,40 @@ def test_zookeeper_stopped_under_a_running_pipeline_is_named_by_status(keeper_st
     assert report.ok and report.rows_in_target == first + more, report.anomalies
     verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+
+
+def test_a_standby_names_keeper_from_the_first_retry_of_its_epoch_claim(keeper_stack, tmp_path):
+    """A standby whose epoch claim is retried against a stopped Keeper says why in its beats from its
+    first retry, not only once the claim has failed for good. Each try is stalled 2 s by a failpoint,
+    so one claim's tries and waits (over 28 s) outlast what ``chtxn status`` counts a report for
+    (two leases and the retry waits, 16 s): under load, a claim's tries get as slow as that."""
+    pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("zkretry"), settings={"ledger.commit_point": "keeper"})
+    first = pipeline.produce(20)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions):
+        with ServiceThread(pipeline.cfg, "c1"):  # the tables, the commit point and one epoch exist
+            wait_until(lambda: pipeline.target_count() == first, 60, "the first records committed")
+        keeper_stack.keeper.stop()
+        failpoints.arm("keeper.after-key-insert", "stall(2)", who="c2")
+        try:
+            with ServiceThread(pipeline.cfg, "c2"):
+                leader = wait_until(lambda: keeper_named(pipeline), 15, "status to name Keeper")
+                said = [leader] + [status_checks(pipeline)["leader"] for _ in range(STATUS_POLLS)]
+                assert all(s["status"] == "fail" and "the cause is Keeper" in s["found"] for s in said), said
+                assert any("retrying" in s["found"] for s in said), said
+                failpoints.disarm()
+                keeper_stack.restart_keeper()
+                more = pipeline.produce(20, start_id=first)
+                wait_until(lambda: pipeline.target_count() == first + more, 120, "the records committed by c2")
+        finally:
+            failpoints.disarm()
+            keeper_stack.restart_keeper()
+    report = pipeline.oracle()
+    assert report.ok and report.rows_in_target == first + more, report.anomalies
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+
+
+def keeper_named(pipeline) -> dict | None:
+    """The leader check when it names Keeper as the cause, else None."""
+    leader = status_checks(pipeline)["leader"]
+    return leader if "the cause is Keeper" in leader["found"] else None

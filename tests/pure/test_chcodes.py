@@ -7,7 +7,7 @@ import logging
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError, ProgrammingError
 
-from clients.clickhouse import error_code, is_retryable, retry_budget_s, retrying
+from clients.clickhouse import error_code, is_retryable, retries_told, retry_budget_s, retrying
 from protocol import chcodes
 from protocol.chcodes import ErrorClass, classify
 from protocol.errors import ClickHouseError, ConfigError
@@ -145,6 +145,24 @@ def test_the_retry_budget_bounds_every_wait_retrying_makes() -> None:
         retrying(8, "claim epoch 6", sleep=waits.append)(Flaky([DatabaseError("Keeper down", code=999)] * 8))
     assert len(waits) == 7 and sum(waits) <= retry_budget_s(8)
     assert retry_budget_s(1) == 0.0 and retry_budget_s(8) == pytest.approx(12.0)  # 0.1 .. 5 s doubling, + jitter
+
+
+def test_a_retry_is_told_on_the_thread_that_asked_before_each_wait_and_a_failing_listener_stops_nothing() -> None:
+    told: list[ClickHouseError] = []
+    with retries_told(told.append):
+        assert (
+            retrying(3, "claim epoch 2", sleep=lambda s: None)(Flaky([DatabaseError("Keeper down", code=999)] * 2))
+            == "done"
+        )
+    assert [(e.code, "claim epoch 2 failed" in str(e)) for e in told] == [(999, True), (999, True)]
+    retrying(3, "claim epoch 3", sleep=lambda s: None)(Flaky([DatabaseError("Keeper down", code=999)]))
+    assert len(told) == 2, "outside the block nothing is told"
+
+    def broken(error: ClickHouseError) -> None:
+        raise RuntimeError("the broker is away")
+
+    with retries_told(broken):
+        assert retrying(2, "claim epoch 4", sleep=lambda s: None)(Flaky([DatabaseError("busy", code=202)])) == "done"
 
 
 def test_retrying_raises_a_permanent_error_at_once() -> None:
