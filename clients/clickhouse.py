@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -26,6 +28,7 @@ from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError
 
 log = logging.getLogger(__name__)
+_told = threading.local()  # ``retries_told``'s callback of this thread
 
 #: Failures of the path to the server (no ClickHouse error code): always worth another try.
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
@@ -135,9 +138,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+@contextmanager
+def retries_told(tell: Callable[[ClickHouseError], None]) -> Iterator[None]:
+    """Within the block, on this thread, ``tell(error)`` before each wait of a ``retrying`` policy:
+    ``error`` is the retryable failure, as a ``ClickHouseError`` naming the operation. A caller that
+    says nothing while it retries (a coordinator standby's STANDBY-HEARTBEATs) can say why; a
+    failure of ``tell`` is logged, never raised into the retries."""
+    outer = getattr(_told, "tell", None)
+    _told.tell = tell
+    try:
+        yield
+    finally:
+        _told.tell = outer
+
+
 def _log_retry(state: tenacity.RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
     retrying = state.retry_object
+    tell = getattr(_told, "tell", None)
+    if tell is not None and exc is not None:
+        try:
+            tell(as_clickhouse_error(exc, getattr(retrying, "what", "clickhouse call"), 1))
+        except Exception as failure:
+            log.warning("could not tell a retry: %s", failure)
     log.warning(
         "retrying %s after a retryable ClickHouse error",
         getattr(retrying, "what", "clickhouse call"),

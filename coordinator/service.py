@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clients import target_table
-from clients.clickhouse import make_client, shard_client
+from clients.clickhouse import make_client, retries_told, shard_client
 from clients.kafka import BrokerUnreachable, KafkaClientFactory
 from clients.target_table import check_target
 from coordinator.control import ControlChannel
@@ -105,17 +105,28 @@ class CoordinatorService:
             self._troubled.beat(self.seen_epoch, problem=str(exc), cause=cause)
             stop.wait(min(0.1, max(0.0, until - self.clock())))
 
+    def _telling(self, beat: StandbyBeat) -> Callable[[ClickHouseError], None]:
+        """What a standby does before each wait of a retried ClickHouse operation: it says why in its
+        beats from the first retry (``chtxn status`` names the cause), not only once it gives up."""
+
+        def tell(error: ClickHouseError) -> None:
+            self._problem = (f"{error} (retrying)", problem_cause(error))
+            beat.beat(self.seen_epoch, problem=self._problem[0], cause=self._problem[1])
+
+        return tell
+
     def _run_once(self, stop: threading.Event) -> None:
-        # a Distributed target: its local table on the shards of its cluster, as the server says now
-        self.cfg = target_table.learnt(self.given)
-        self.metrics.cover(self.cfg)
-        ledger, stages = clickhouse_stores(self.cfg, metrics=self.metrics)
-        ledger.ensure_tables()
-        commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
-        # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
-        for target in self.cfg.tables:
-            for shard, client in clients_of(stages):
-                check_target(client, self.cfg, target, shard=shard)
+        with retries_told(self._telling(self._troubled)):
+            # a Distributed target: its local table on the shards of its cluster, as the server says now
+            self.cfg = target_table.learnt(self.given)
+            self.metrics.cover(self.cfg)
+            ledger, stages = clickhouse_stores(self.cfg, metrics=self.metrics)
+            ledger.ensure_tables()
+            commit_points.ensure(ledger, self.id)  # another commit point on this ledger: stop, naming the switch
+            # before any lease: a wrong target must not take (and fence) the running leader's epoch on its way out
+            for target in self.cfg.tables:
+                for shard, client in clients_of(stages):
+                    check_target(client, self.cfg, target, shard=shard)
         control = ControlChannel(
             self.cfg,
             client_id=f"chtxn-coordinator-{self.id}",
@@ -149,8 +160,9 @@ class CoordinatorService:
                     self._ping_clickhouse(stages)
                 if not watch.expired(self.clock()):
                     continue
-                epoch = max(watch.epoch, ledger.max_epoch()) + 1
-                claimed = ledger.claim_epoch(epoch, self.id)
+                with retries_told(self._telling(beat)):  # not while leading: a leader's beats say so
+                    epoch = max(watch.epoch, ledger.max_epoch()) + 1
+                    claimed = ledger.claim_epoch(epoch, self.id)
                 self._problem = ("", "")  # the commit point answered
                 if not claimed:
                     watch.claim_lost(self.clock(), ledger.max_epoch())
