@@ -44,6 +44,8 @@ POINTS: dict[str, str] = {
     "keeper.after-key-insert": "keeper commit point: a claim's key insert has answered (taken or refused); before the "
     "claimer acts on the answer. `raise` loses the answer, as a connection dropped after Keeper took the key does",
     "leader.after-keeper-claim": "keeper commit point: a txn's commit key is ours; before its COMMITTED row goes into the ledger",
+    "leader.stepping-down": "the leader decided to step down (its lease still beats); before it drops what it staged "
+    "and stops heartbeating",
     "leader.after-commit": "the COMMITTED row is ours; before ACK-COMMIT goes out",
     "leader.before-publish": "ACK-COMMIT sent; before the stage table is moved into the target",
     "leader.mid-publish": "some partitions of the stage table are moved, not all",

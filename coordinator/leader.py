@@ -254,6 +254,7 @@ class Leader:
             for action in actions:
                 if isinstance(action, StepDown):
                     log.warning("stepping down", extra={"epoch": self.epoch, "reason": action.reason})
+                    failpoints.hit("leader.stepping-down", self.coordinator)
                     self._hand_over = action.hand_over
                     self._actions.drop_uncommitted(self.state)
                     return f"stepped down: {action.reason}"

@@ -73,6 +73,7 @@ class CoordinatorService:
         self.leader_class = leader_class  # tests inject faults with a subclass
         self.kafka = KafkaClientFactory(cfg)
         self.seen_epoch = 0  # the highest epoch this replica has seen, for its heartbeats
+        self.led = 0  # the epoch this replica led last: what it sent then is no leader heard (``LeaseWatch``)
         self._troubled = StandbyBeat(cfg, self.kafka, coordinator=self.id, clock=clock)  # beats while backing off
         self._problem = ("", "")  # the last failure and its cause, said in every beat until a claim is answered
 
@@ -137,8 +138,7 @@ class CoordinatorService:
         control.open()
         self.readiness.standby()
         beat = StandbyBeat(self.cfg, self.kafka, coordinator=self.id, clock=self.clock)
-        watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
-        led = 0  # the epoch this replica led last, if it did
+        watch = self._watch()
         try:
             ping_at = self.clock() + STANDBY_PING_S
             standing_by = ""  # the leader this standby said it stands by for, once
@@ -153,7 +153,7 @@ class CoordinatorService:
                             "standing by",
                             extra={"leader": watch.leader, "epoch": watch.epoch, "coordinator": self.id},
                         )
-                self.seen_epoch = max(self.seen_epoch, watch.epoch, led)
+                self.seen_epoch = max(self.seen_epoch, watch.epoch, self.led)
                 beat.beat(self.seen_epoch, problem=self._problem[0], cause=self._problem[1])
                 if self.clock() >= ping_at:
                     ping_at = self.clock() + STANDBY_PING_S
@@ -168,13 +168,17 @@ class CoordinatorService:
                     watch.claim_lost(self.clock(), ledger.max_epoch())
                     continue
                 self._lead(epoch, control, ledger, stages, stop)
-                led = epoch
-                watch = LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock())
+                watch = self._watch()
                 standing_by = ""
                 self.readiness.standby()
         finally:
-            beat.close(max(watch.epoch, led), leaving=stop.is_set())
+            beat.close(max(watch.epoch, self.led), leaving=stop.is_set())
             control.close()
+
+    def _watch(self) -> LeaseWatch:
+        """A fresh watch: an existing leader has one lease to show itself; this replica's own messages
+        of the epoch it led (read after it stepped down, or after a restart) are not one."""
+        return LeaseWatch(lease_s=self.cfg.coordinator.leader_lease_s, now=self.clock(), own=(self.id, self.led))
 
     def _ping_clickhouse(self, stages: Stages) -> None:
         """A standby's check that it could still take over (``/ready``); a failed ping changes nothing else."""
@@ -188,7 +192,7 @@ class CoordinatorService:
         self, epoch: int, control: ControlChannel, ledger: LedgerStore, stages: Stages, stop: threading.Event
     ) -> None:
         log.warning("leading", extra={"epoch": epoch, "coordinator": self.id})
-        self.epoch = epoch
+        self.epoch = self.led = epoch
         self.leaderships += 1
         self.metrics.leading(epoch)
         try:

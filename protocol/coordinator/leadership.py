@@ -17,10 +17,13 @@ COORDINATOR_KINDS = frozenset({"start-commit", "end-commit", "ack-commit", "abor
 
 
 class LeaseWatch:
-    """What a standby knows of the current leader."""
+    """What a standby knows of the current leader. ``own`` is (this replica's id, the epoch it led
+    last): its own messages of that epoch or an older one, read after it stepped down, are its past,
+    not a leader heard."""
 
-    def __init__(self, *, lease_s: float, now: float) -> None:
+    def __init__(self, *, lease_s: float, now: float, own: tuple[str, int] = ("", 0)) -> None:
         self.lease_s = lease_s
+        self.own = own
         self.epoch = 0  # highest epoch seen from any coordinator
         self.leader = ""
         self.last_seen = now  # a fresh replica gives an existing leader one lease to show itself
@@ -28,6 +31,8 @@ class LeaseWatch:
 
     def observe(self, message: ControlMessage, now: float) -> None:
         if type(message).__struct_config__.tag not in COORDINATOR_KINDS:
+            return
+        if message.sender == self.own[0] and message.epoch <= self.own[1]:
             return
         if message.epoch >= self.epoch:
             if message.epoch > self.epoch:

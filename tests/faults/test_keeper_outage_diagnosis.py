@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 
 from clients import failpoints
+from protocol.messages import LeaderHeartbeat
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.scripted_participants import ScriptedParticipants
 from tests.integration.test_coordinator_publish import ServiceThread
-from tests.pipelines import make_pipeline
+from tests.pipelines import control_messages, make_pipeline
 
 #: ``chtxn status`` runs in a second or two: this many span a replica's retry cycle (about 16 s).
 STATUS_POLLS = 12
@@ -32,14 +33,10 @@ def test_zookeeper_stopped_under_a_running_pipeline_is_named_by_status(keeper_st
         try:
             more = pipeline.produce(50, start_id=first)
 
-            def no_leader() -> dict | None:
-                checks = status_checks(pipeline)
-                return checks if checks["leader"]["status"] != "ok" else None
-
             # The leader steps down once a commit claim has failed for good; from the first status
             # that no longer hears it, and over a whole retry cycle of the replicas after (a claim
             # retried for up to clickhouse_retries, then a back-off), every status names Keeper.
-            checks = wait_until(no_leader, 90, "the leader to step down")
+            checks = wait_until(lambda: no_leader(pipeline), 90, "the leader to step down")
             said = [checks["leader"]] + [status_checks(pipeline)["leader"] for _ in range(STATUS_POLLS)]
             assert not unnamed(said), unnamed(said)
             assert all(s["fix"].startswith("start Keeper (or ZooKeeper)") for s in said), said
@@ -82,6 +79,48 @@ def test_a_standby_names_keeper_from_the_first_retry_of_its_epoch_claim(keeper_s
     assert report.ok and report.rows_in_target == first + more, report.anomalies
     verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+
+
+def test_a_leader_that_stepped_down_names_keeper_over_its_own_unread_heartbeats(keeper_stack, tmp_path):
+    """The leader steps down once a commit claim has failed for good. Held at that step (a failpoint), it
+    reads nothing while its lease still beats; its standby loop reads those heartbeats afterwards. They
+    are its own past, not a leader heard: its beats go on naming Keeper from the first status that
+    hears no leader, and through its own epoch claim (each try held 3 s), which says more."""
+    pipeline = make_pipeline(keeper_stack, tmp_path, unique_name("zkown"), settings={"ledger.commit_point": "keeper"})
+    first = pipeline.produce(20)
+    with ScriptedParticipants(pipeline.cfg, pipeline.partitions), ServiceThread(pipeline.cfg, "c1"):
+        wait_until(lambda: pipeline.target_count() == first, 60, "the first records committed")
+        held = failpoints.arm("leader.stepping-down", "pause", who="c1")
+        keeper_stack.keeper.stop()
+        try:
+            more = pipeline.produce(20, start_id=first)
+            assert held.reached.wait(120), "the leader never stepped down"
+            beats = leader_heartbeats(pipeline, "c1")
+            wait_until(lambda: leader_heartbeats(pipeline, "c1") > beats, 15, "a heartbeat the held leader never read")
+            failpoints.arm("keeper.after-key-insert", "stall(3)", who="c1")
+            failpoints.release("leader.stepping-down")
+            checks = wait_until(lambda: no_leader(pipeline), 30, "status to hear no leader")
+            said = [checks["leader"]] + [status_checks(pipeline)["leader"] for _ in range(STATUS_POLLS // 2)]
+            assert not unnamed(said), unnamed(said)
+        finally:
+            failpoints.disarm()
+            keeper_stack.restart_keeper()
+        wait_until(lambda: pipeline.target_count() == first + more, 120, "the records committed once Keeper is back")
+    report = pipeline.oracle()
+    assert report.ok and report.rows_in_target == first + more, report.anomalies
+    verified = run_chtxn("verify", "--config", str(pipeline.config_path), "--deep", "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], verified.stdout
+
+
+def leader_heartbeats(pipeline, sender: str) -> int:
+    """How many LEADER-HEARTBEATs ``sender`` has sent so far."""
+    return sum(1 for m in control_messages(pipeline) if isinstance(m, LeaderHeartbeat) and m.sender == sender)
+
+
+def no_leader(pipeline) -> dict | None:
+    """The checks of ``chtxn status`` when its leader check is not ok, else None."""
+    checks = status_checks(pipeline)
+    return checks if checks["leader"]["status"] != "ok" else None
 
 
 def unnamed(said: list[dict]) -> list[tuple[int, str, str]]:

@@ -111,3 +111,24 @@ def test_a_lost_claim_never_lowers_the_epoch_seen() -> None:
     watch.observe(LeaderHeartbeat(**env(7)), T0)
     watch.claim_lost(T0 + 6, winner_epoch=6)
     assert watch.epoch == 7
+
+
+@pytest.mark.parametrize("message", coordinator_messages(3, "c1"), ids=lambda m: type(m).__struct_config__.tag)
+def test_a_replica_that_led_an_epoch_does_not_hear_its_own_messages_of_it_as_a_leader(message) -> None:
+    """A leader that steps down stops reading the control topic for a while; what it sent meanwhile
+    (its lease's heartbeats, an ABORT) reaches its standby loop afterwards. That is no leader heard:
+    the replica stays free to claim after one lease, and keeps saying why it stepped down."""
+    watch = LeaseWatch(lease_s=LEASE, now=T0, own=("c1", 3))
+    watch.observe(message, T0 + 1)
+    assert (watch.epoch, watch.leader) == (0, "")
+    assert watch.expired(T0 + LEASE + 0.001)
+
+
+def test_a_second_copy_of_a_replica_that_leads_a_newer_epoch_is_heard() -> None:
+    """Only the epoch this replica led, and older ones, are its own past: a process with the same id
+    that leads a newer epoch (a second copy alive) is a leader like any other."""
+    watch = LeaseWatch(lease_s=LEASE, now=T0, own=("c1", 3))
+    watch.observe(LeaderHeartbeat(**env(4, "c1")), T0 + 1)
+    watch.observe(LeaderHeartbeat(**env(2, "c2")), T0 + 1)
+    assert (watch.epoch, watch.leader) == (4, "c1")
+    assert not watch.expired(T0 + LEASE + 0.5)
