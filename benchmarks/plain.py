@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition as KafkaT
 
 from benchmarks import cpu
 from benchmarks.workload import CEILING, DATABASE, PLAIN, PLAIN_GROUP, TOPIC
-from clients.clickhouse import make_client
+from clients.clickhouse import InsertBody, make_client
 from protocol.config.parse import PipelineConfig
 from protocol.errors import ChtxnError
 from protocol.framing import ROW_ORDER_SETTINGS, Column, MetadataInsert, frame
@@ -216,7 +216,7 @@ class _Worker:
         statement, params = self.inserts[PLAIN].statement(TOPIC, partition, records)
         t1 = clock()
         assert self.client is not None  # mode loop
-        self.client.command(statement, parameters=params, data=body, settings=ROW_ORDER_SETTINGS)
+        self.client.command(statement, parameters=params, data=InsertBody(body), settings=ROW_ORDER_SETTINGS)
         t2 = clock()
         self.consumer.commit(offsets=[KafkaTP(TOPIC, partition, records[-1].offset() + 1)], asynchronous=False)
         t3 = clock()
@@ -254,7 +254,7 @@ class _Worker:
         assert self.client is not None  # mode insert
         for _, body, statement, params in prepared:
             t0 = clock()
-            self.client.command(statement, parameters=params, data=body, settings=ROW_ORDER_SETTINGS)
+            self.client.command(statement, parameters=params, data=InsertBody(body), settings=ROW_ORDER_SETTINGS)
             self.phases["insert"] += clock() - t0
         return sum(n for n, *_ in prepared)
 

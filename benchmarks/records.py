@@ -3,8 +3,10 @@
 Times, on demo events as real ``confluent_kafka.Message`` objects of one partition (no broker, no
 ClickHouse), each step a participant takes per record, in µs per record (best of 3):
 ``ChunkBuilder.add`` over poll batches, the bad-record ``precheck``, ``has_joins`` on the body,
-and ``protocol.framing.frame`` with the metadata insert's statement (which the plain loop shares), next to the plain loop's own per-record
-bookkeeping. It measures; it asserts nothing.
+``protocol.framing.frame`` with the metadata insert's statement (which the plain loop shares), and
+what clickhouse-connect's ``command()`` does with the body before it sends it (as bytes, and as
+``clients.clickhouse.InsertBody``), next to the plain loop's own per-record bookkeeping. It
+measures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections.abc import Callable
 from typing import cast
 
 import confluent_kafka
+from clickhouse_connect.driver._backend.httpcommon import _request_is_read_only
 
 from cli.demo import events
+from clients.clickhouse import InsertBody
 from participant.bad_records import has_joins, precheck
 from protocol.chunking import Chunk, ChunkBuilder, RecordLike
 from protocol.framing import METADATA_COLUMNS, Column, MetadataInsert, frame
@@ -77,6 +81,13 @@ def main(argv: list[str] | None = None) -> None:
         for c, b in zip(chunks, bodies):
             has_joins(b, c.rows)
 
+    def handed_over(wrap: Callable[[bytes], bytes]) -> Callable[[], None]:
+        def step() -> None:  # what clickhouse-connect's command() does with the body before it sends it
+            for b in bodies:
+                _request_is_read_only(wrap(b), {"query": insert.head})
+
+        return step
+
     def plain_loop() -> None:  # benchmarks/plain.py: error check, then per partition lists
         pending: dict[int, list] = {0: []}
         for batch in batches:
@@ -90,11 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         ("precheck (participant)", check),
         ("body (both)", body),
         ("has_joins (participant)", joins),
+        ("body handed to command(), as bytes", handed_over(bytes)),
+        ("body handed to command(), InsertBody (both)", handed_over(InsertBody)),
         ("per-record bookkeeping (plain loop)", plain_loop),
     ]
     print(f"{n:,} records, poll batches of {args.poll_batch:,}, chunks of {args.chunk_rows:,} rows")
     for name, step in steps:
-        print(f"{name:40s} {best_us_per_record(step, n):6.3f} µs/record")
+        print(f"{name:46s} {best_us_per_record(step, n):6.3f} µs/record")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ from typing import Any, TypedDict
 
 import tenacity
 
-from clients.clickhouse import error_code, is_retryable, retrying
+from clients.clickhouse import InsertBody, error_code, is_retryable, retrying
 from participant.bad_records import Letter, Remembered, has_joins, json_problem, precheck, split_joined
 from participant.bisection import isolate_refused
 from participant.dead_letters import DeadLetterSink
@@ -285,7 +285,7 @@ class Stager:
                     self.client.command,
                     statement,
                     parameters=params,
-                    data=body,
+                    data=InsertBody(body),
                     settings={**settings, **ROW_ORDER_SETTINGS},
                 )
         finally:

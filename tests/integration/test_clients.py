@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from urllib.parse import urlsplit
 
@@ -9,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from clients import kafka as kafka_clients
-from clients.clickhouse import make_client, shard_client
+from clients.clickhouse import InsertBody, make_client, shard_client
 from protocol.config.parse import parse_config
 from protocol.config.sections import ClickHouseSection
 from protocol.errors import ClickHouseError, SetupError
@@ -97,6 +98,21 @@ def test_make_client_talks_to_clickhouse(stack, ch_database: str) -> None:
     assert str(client.command("SELECT getSetting('async_insert')")).lower() in ("0", "false")
     assert str(client.command("SELECT getSetting('max_insert_block_size')")) == "12345"  # insert_settings apply
     assert client.command("SELECT currentDatabase()") == ch_database
+
+
+def test_an_insert_body_is_sent_whole_by_command(stack, ch_database: str) -> None:
+    """``InsertBody`` answers "" when clickhouse-connect decodes it to classify the request; what goes
+    to the server must still be every byte: each row lands as written, non-ASCII text included."""
+    client = make_client(ClickHouseSection(url=stack.clickhouse_url, database=ch_database, target_table="t"))
+    client.command("CREATE TABLE bodies (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
+    rows = [(n, f"Zürich {n} café") for n in range(5_000)]
+    body = b"\n".join(json.dumps({"n": n, "s": s}, ensure_ascii=False).encode() for n, s in rows)
+    summary = client.command(
+        "INSERT INTO bodies SELECT n, s FROM input('n UInt32, s String') FORMAT JSONEachRow", data=InsertBody(body)
+    )
+    assert summary.written_rows == len(rows)
+    stored = client.query("SELECT n, s FROM bodies ORDER BY n").result_rows
+    assert [tuple(r) for r in stored] == rows
 
 
 def test_make_client_names_an_unreachable_server() -> None:
