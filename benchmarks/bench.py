@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -37,6 +36,7 @@ from rich.console import Console
 
 from benchmarks import ch_profile, chtxn_run, clickpipes, paced, pipeline, report, summary, timeline, workload
 from benchmarks.chtxn_run import REPO, PipelineFigures
+from benchmarks.console import console as bench_console
 from benchmarks.paced import PacedFigures
 from benchmarks.plain import Outcome
 from embedded.stack import EmbeddedStack
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload != "demo" and not args.no_paced:
         parser.error(f"--workload {args.workload} has no paced phase (its producer is the demo's): add --no-paced")
 
-    console = Console() if sys.stdout.isatty() else Console(width=140)  # make's output is no terminal
+    console = bench_console()
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     load_before, probe_before = os.getloadavg(), cpu_probe()

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from benchmarks.console import console as bench_console
 from clients.clickhouse import make_client
 from coordinator.ledger.store import LedgerStore
 from embedded.stack import EmbeddedStack
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         ordered = sorted(ms)
         p95 = ordered[int(0.95 * (len(ordered) - 1))]
         table.add_row(point, f"{statistics.median(ordered):.1f}", f"{p95:.1f}", f"{ordered[-1]:.1f}")
-    Console().print(table)
+    bench_console().print(table)
     return 0
 
 

@@ -40,11 +40,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console
-
 from benchmarks import workload
 from benchmarks.bench import git_state
 from benchmarks.chtxn_run import REPO, stop, stop_on_sigterm
+from benchmarks.console import console as bench_console
 from benchmarks.fleet import Fleet, tasks_of
 from benchmarks.partitions_report import RunFigures, figures, summary_line, table, threads_cpu, top_functions
 from clients import kafka as kafka_clients
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(profiled) <= set(counts):
         parser.error("--profile takes partition counts that --partitions runs")
 
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = bench_console()
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     load_before = os.getloadavg()

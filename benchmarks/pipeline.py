@@ -33,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benchmarks import ch_profile, chtxn_run, clickpipes, plain, report, workload
+from benchmarks.console import console as bench_console
 from benchmarks.plain import Outcome
 from clients.clickhouse import make_client
 from embedded.stack import EmbeddedStack
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     check_arguments(parser, args)
     chtxn_run.stop_on_sigterm()
 
-    console = Console()
+    console = bench_console()
     work = Path(args.dir).resolve()
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)

@@ -32,18 +32,17 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import msgspec
-from rich.console import Console
 from rich.table import Table
 
 from benchmarks import chtxn_run, cpu, workload
 from benchmarks.bench import NOT_MEASURED, cpu_probe, git_state, machine
+from benchmarks.console import console as bench_console
 from benchmarks.summary import percentile
 from clients.clickhouse import make_client
 from embedded.stack import EmbeddedStack
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if not counts or min(counts) < 1 or args.events < 1 or args.partitions < 1:
         parser.error("--shards takes counts of at least 1, e.g. 1,2,4; --events and --partitions at least 1")
     chtxn_run.stop_on_sigterm()
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = bench_console()
     started_at = datetime.now(timezone.utc)
     t0, load_before, probe_before = time.monotonic(), os.getloadavg(), cpu_probe()
     work = Path(args.dir).resolve()

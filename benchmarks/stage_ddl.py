@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from benchmarks.console import console as bench_console
 from cli.demo import TARGET_DDL
 from clients.clickhouse import make_client
 from coordinator.stage.sets import StageSet
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     for step, values in ms.items():
         per_txn = statistics.median(values) * (args.tables if step == "insert" else 1)
         table.add_row(step, f"{per_txn:.1f}", f"{per_txn / args.tables:.1f}")
-    Console().print(table)
+    bench_console().print(table)
     return 0
 
 

@@ -29,12 +29,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from benchmarks import workload
 from benchmarks.bench import git_state
 from benchmarks.chtxn_run import REPO, stop, stop_on_sigterm
+from benchmarks.console import console as bench_console
 from benchmarks.fleet import Fleet, tasks_of
 from benchmarks.partitions import wait_for_commits
 from benchmarks.partitions_report import RunFigures, figures, threads_cpu
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop_on_sigterm()
     counts = [int(n) for n in args.tables.split(",") if n]
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = bench_console()
     started_at = datetime.now(timezone.utc)
     t0, load_before = time.monotonic(), os.getloadavg()
     work = Path(args.dir).resolve()
