@@ -47,7 +47,7 @@ class InsertBody(bytes):
 
     clickhouse-connect (1.12) decodes a command's whole body and joins it to the statement, only to
     tell whether the request may be retried as a read; an INSERT never is, whatever its body. That
-    costs 0.25-0.4 µs per JSON record, as much as building the body (``benchmarks.records``). Asked
+    costs 0.18-0.40 µs per JSON record, about as much as building the body (``benchmarks.records``). Asked
     to decode, this body answers "": the statement alone decides, at the cost of one copy."""
 
     __slots__ = ()
