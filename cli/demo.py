@@ -124,7 +124,7 @@ def events(count: int, seed: int = 7):
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(soft_wrap=not sys.stdout.isatty())  # in a pipe or a log, each line whole
     work = Path(args.dir).resolve()
     # The broker keeps its data in memory, so a ledger left from an earlier run would point at
     # offsets of topics that are gone: every demo starts from empty.
