@@ -15,6 +15,13 @@ Known differences from Apache Kafka (Tansu 0.6.0-510f3e2), pinned by tests/embed
   (22.5 s with librdkafka's default 45 s); ``assign()`` has no such wait.
 - CreatePartitions is not supported. A metadata request that allows auto-creation (the default of
   librdkafka's producer and AdminClient) creates a missing topic, with 4 partitions.
+
+Measured, not pinned (``benchmarks.broker_fetch``, benchmarks/README.md):
+- A fetch with nothing to return is not parked until a record arrives: the broker looks once,
+  sleeps out ``fetch.wait.max.ms`` (from 250 ms up it looks again at half of what is left) and
+  answers. The wait bounds how late a record is seen and sets how often an idle reader fetches.
+- A fetch that finds records lists every record batch the partition holds, so a reader keeping up
+  with a topic costs the broker more the longer that topic grows.
 """
 
 from __future__ import annotations
