@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -265,6 +266,14 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "paced_seconds": args.paced_seconds,
         **({} if args.workload == "demo" else {"workload": args.workload}),
     }
+
+
+def write_results(document: Mapping[str, object], results: str | Path, name: str, started_at: datetime) -> Path:
+    """``document`` as ``<results>/<name>-<UTC start, YYYYMMDDTHHMMSSZ>.json``; returns the path."""
+    out = Path(results) / f"{name}-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    return out
 
 
 def git_state() -> dict[str, object]:

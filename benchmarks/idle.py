@@ -21,7 +21,6 @@ rows, so at R rows/s it adds ``share of a core / R * 100,000`` CPU seconds per 1
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from rich.table import Table
 
 from benchmarks import ch_profile, cpu, workload
-from benchmarks.bench import cpu_probe, git_state, machine
+from benchmarks.bench import RESULTS, cpu_probe, git_state, machine, write_results
 from benchmarks.chtxn_run import Pipeline, ledger_history, stop_on_sigterm
 from benchmarks.console import console as bench_console
 from clients.clickhouse import make_client
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         help="transaction.interval_s (default: chtxn's default)",
     )
     parser.add_argument("--dir", default=".chtxn/bench-idle", help="working directory, emptied first")
-    parser.add_argument("--results", default="benchmarks/results", help="where the JSON document goes")
+    parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up publishing --events after this")
     args = parser.parse_args(argv)
     stop_on_sigterm()
@@ -112,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
         "figures": figures,
     }
-    out = Path(args.results) / f"idle-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_results(document, args.results, "idle", started_at)
     console.print(f"results in {out}")
     return 0
 

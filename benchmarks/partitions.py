@@ -30,7 +30,6 @@ reports; it asserts nothing about speed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -41,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import workload
-from benchmarks.bench import git_state
+from benchmarks.bench import RESULTS, git_state, write_results
 from benchmarks.chtxn_run import REPO, stop, stop_on_sigterm
 from benchmarks.console import console as bench_console
 from benchmarks.fleet import Fleet, tasks_of
@@ -53,7 +52,6 @@ from embedded.stack import EmbeddedStack
 from protocol.config.parse import PipelineConfig, load_config
 from protocol.messages import TopicPartition
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: Longest window of a profiled run (cProfile's figures need fewer txns than the table's).
 PROFILED_WINDOW_S = 20.0
 
@@ -162,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "profiled_runs": [r.flat() for r in profiles],
         "profiles": tops,
     }
-    out = Path(args.results) / f"partitions-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_results(document, args.results, "partitions", started_at)
     console.print(
         f"wall time {document['wall_s']:.0f} s, load average {load_before[0]:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after; results in {out}"

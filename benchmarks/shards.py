@@ -41,7 +41,7 @@ import msgspec
 from rich.table import Table
 
 from benchmarks import chtxn_run, cpu, workload
-from benchmarks.bench import NOT_MEASURED, cpu_probe, git_state, machine
+from benchmarks.bench import NOT_MEASURED, RESULTS, cpu_probe, git_state, machine, write_results
 from benchmarks.console import console as bench_console
 from benchmarks.summary import percentile
 from clients.clickhouse import make_client
@@ -52,7 +52,6 @@ from protocol.config.sections import TransactionSection
 from protocol.errors import ChtxnError
 from tests.sharded import more_shards
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: What the participants' CPU is (``benchmarks.cpu``'s components): the job's launcher is left out.
 PARTICIPANTS = ("spark jvm", "participant python")
 #: One statement per shard and poll: its event counters and the target's rows.
@@ -116,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
         "runs": runs,
     }
-    out = Path(args.results) / f"shards-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_results(document, args.results, "shards", started_at)
     console.print(f"wall time {document['wall_s']:.0f} s; results in {out}")
     return 0
 

@@ -18,7 +18,6 @@ It prints a table and writes ``benchmarks/results/tables-<UTC time>.json``. It a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 from rich.table import Table
 
 from benchmarks import workload
-from benchmarks.bench import git_state
+from benchmarks.bench import RESULTS, git_state, write_results
 from benchmarks.chtxn_run import REPO, stop, stop_on_sigterm
 from benchmarks.console import console as bench_console
 from benchmarks.fleet import Fleet, tasks_of
@@ -45,7 +44,6 @@ from embedded.stack import EmbeddedStack
 from protocol.config.parse import PipelineConfig, load_config
 from protocol.messages import TopicPartition
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS_PER_TABLE = 4
 
 PIPELINE_TOML = """
@@ -130,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             for run, s in runs
         ],
     }
-    out = Path(args.results) / f"tables-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_results(document, args.results, "tables", started_at)
     console.print(f"wall time {document['wall_s']:.0f} s; results in {out}")
     return 0
 
