@@ -5,7 +5,9 @@ On a fresh ``EmbeddedStack``: the demo's topic (``--partitions``), ``chtxn coord
 so that every process is past its start-up, then ``--seconds`` of nothing to read. Over that
 window it reports:
 
-- CPU by component (``benchmarks.cpu``), as a share of one core;
+- CPU by component (``benchmarks.cpu``), as a share of one core, and for the coordinator's and
+  the participants' processes by thread: the main thread (the leader's or a task's loop),
+  librdkafka's, the others (``benchmarks.partitions_report.threads_cpu``);
 - the txns the coordinator committed (empty ones: it still STARTs, ENDs and records one every
   ``transaction.interval_s``);
 - ClickHouse's CPU by statement (``benchmarks.ch_profile``), per txn.
@@ -33,9 +35,13 @@ from benchmarks import ch_profile, cpu, workload
 from benchmarks.bench import RESULTS, cpu_probe, git_state, machine, write_results
 from benchmarks.chtxn_run import Pipeline, ledger_history, stop_on_sigterm
 from benchmarks.console import console as bench_console
+from benchmarks.partitions_report import threads_cpu
 from clients.clickhouse import make_client
 from embedded.stack import EmbeddedStack
 from protocol.config.sections import ParticipantSection, TransactionSection
+
+#: The components whose processes are broken down by thread.
+LOOPING = ("coordinator", "participant python")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                 workload.settle(cfg)
             with console.status(f"measuring {args.seconds:.0f} s with nothing to read"):
                 before, since = cpu.snapshot(), time.time()
+                threads_before = {pid: threads_of(pid) for pid in looping(before)}
                 time.sleep(args.seconds)  # the measured window itself
-                used, until = cpu.used(before, cpu.snapshot()), time.time()
+                after, until = cpu.snapshot(), time.time()
+                used = cpu.used(before, after)
+                by_thread = {
+                    f"{before[pid][0]} {pid}": spent(threads_before[pid], threads_of(pid), until - since)
+                    for pid in threads_before
+                    if pid in after
+                }
             pipeline.check()
         client = make_client(cfg.clickhouse)
         try:
@@ -97,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         "rows_in_window": sum(t.total_rows for t in txns),
         "cores_by_component": {k: round(v / window, 4) for k, v in sorted(used.items(), key=lambda kv: -kv[1])},
         "cores": round(sum(v for k, v in used.items() if k != "other") / window, 4),
+        "cores_by_thread": {name: threads for name, threads in by_thread.items() if sum(threads.values()) > 0.001},
         "clickhouse_by_statement": [
             {"kind": ln.kind, "statement": ln.shape, "count": ln.count, "cpu_s": round(ln.cpu_s, 4)} for ln in lines
         ],
     }
     console.print(components_table(figures))
+    console.print(threads_table(figures))
     console.print(statements_table(figures))
     document = {
         "benchmark": "idle",
@@ -123,6 +138,35 @@ def components_table(figures: dict) -> Table:
     for component, cores in figures["cores_by_component"].items():
         table.add_row(component, f"{cores:.1%}")
     table.add_row("every component but other", f"{figures['cores']:.1%}", end_section=True)
+    return table
+
+
+def looping(snapshot: dict[int, tuple[str, float]]) -> list[int]:
+    """The processes of the coordinator and the participants (the Spark driver, the task workers)."""
+    return [pid for pid, (component, _) in snapshot.items() if component in LOOPING]
+
+
+def threads_of(pid: int) -> dict[str, float]:
+    """``threads_cpu(pid)``, or nothing when the process has gone."""
+    try:
+        return threads_cpu(pid)
+    except OSError:
+        return {}
+
+
+def spent(before: dict[str, float], after: dict[str, float], window: float) -> dict[str, float]:
+    """Share of a core by kind of thread over ``window`` seconds (``threads_cpu``'s kinds; its
+    ``leader loop`` is any process's main thread)."""
+    names = {"leader loop": "main thread"}
+    return {names.get(k, k): round((after.get(k, 0.0) - before.get(k, 0.0)) / window, 4) for k in after}
+
+
+def threads_table(figures: dict) -> Table:
+    table = Table(title="the pipeline's own processes, by thread (share of a core)")
+    for column in ("process", "main thread", "librdkafka", "other threads"):
+        table.add_column(column, justify="left" if column == "process" else "right")
+    for name, threads in figures["cores_by_thread"].items():
+        table.add_row(name, *(f"{threads.get(k, 0.0):.1%}" for k in ("main thread", "librdkafka", "other")))
     return table
 
 
