@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             wall_s=wall_s,
         )
         name = result_name(points, point, started_at.strftime("%Y%m%dT%H%M%SZ"))
-        out = Path(args.results) / (name if args.workload == "demo" else f"{args.workload}-{name}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(document, indent=2) + "\n")
+        out = write_document(
+            Path(args.results) / (name if args.workload == "demo" else f"{args.workload}-{name}"), document
+        )
         console.rule(f"commit point {point}")
         console.print(report.summary_table(document))
         console.print(f"wall time {wall_s:.0f} s; results in {out}")
@@ -270,7 +270,11 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
 
 def write_results(document: Mapping[str, object], results: str | Path, name: str, started_at: datetime) -> Path:
     """``document`` as ``<results>/<name>-<UTC start, YYYYMMDDTHHMMSSZ>.json``; returns the path."""
-    out = Path(results) / f"{name}-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    return write_document(Path(results) / f"{name}-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json", document)
+
+
+def write_document(out: Path, document: Mapping[str, object]) -> Path:
+    """``document`` as indented JSON in ``out`` (its directory made if need be); returns ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     return out
