@@ -53,6 +53,8 @@ POINTS: dict[str, str] = {
     "leader.between-shard-publishes": "a txn on a sharded ClickHouse: one shard's stage tables are published, the next shard's are not",
     "leader.before-dead-letters": "the rows are in the target; before the txn's dead letters are published",
     "leader.before-published-row": "the rows are in the target; before the PUBLISHED row",
+    "dead-letters.before-produce": "the dead-letter publisher read the letters of the committed slots it owes; "
+    "before their Kafka transaction begins",
     "stage.mid-drop": "a published txn's tables are being dropped: the first is gone, the others are not",
     "participant.before-write-status": "a partition's chunks are staged; before its WRITE-STATUS is sent",
     "control.hide-record": "a control-topic record reaches a reader (who: <reader>/<kind>); `raise` hides it, as the "

@@ -85,7 +85,7 @@ class TxnPublisher:
         row = published_row()
         failpoints.hit("leader.before-dead-letters", self.coordinator)
         try:
-            self.dead_letters.publish(txn_id, row.commit_seq)  # the txn's bad records, exactly once
+            self.dead_letters.publish(txn_id, row.commit_seq, letters=row.dead_letters)  # its bad records, once
         except NewerLeader as exc:
             raise SteppedDown(str(exc)) from None
         failpoints.hit("leader.before-published-row", self.coordinator)

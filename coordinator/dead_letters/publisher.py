@@ -10,7 +10,12 @@ row; and by a new leader rolling a committed txn forward). Dead-letter steps:
    ``<pipeline>.chtxn-dlq`` on partition 0 of the dead-letter topic: every slot up to it is
    published. (The marker may be gone: Kafka expires the offsets of a group without members
    after ``offsets.retention.minutes``; it then reads as 0, and dead-letter step 3's ledger check decides.)
-2. At or below the marker: done.
+2. At or below the marker: done. Also done when this instance has published every slot before
+   ``commit_seq`` and the txn's COMMITTED row counts no letters (``letters=0``): nothing is owed, so
+   the slot passes without step 3's look (the marker moves with the next letters, as in step 4).
+   The count is the sum of the txn's WRITE-STATUS ``dead_letters``, and a participant stores a
+   chunk's letters before its chunk counts as staged, so every letter inside the ranges the txn
+   committed is counted. A slot owed from an earlier failed publish keeps the next calls looking.
 3. Find the committed txns of slots (marker, ``commit_seq``] that hold letters and have no
    PUBLISHED ledger row (a PUBLISHED row is written only after the txn's letters went out), so
    that the letters of an earlier slot whose publish failed go out now, in slot order; read their
@@ -38,6 +43,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition as KafkaTP
 
+from clients import failpoints
 from clients.clickhouse import retrying
 from clients.kafka import KafkaClientFactory
 from coordinator.ledger.store import LedgerStore
@@ -97,19 +103,20 @@ class DeadLetterPublisher:
         self._through: int | None = None  # every slot up to this one is published (None: read the marker)
         self._newer: int | None = None  # a newer epoch the ledger named: fenced for good
 
-    def publish(self, txn: str, commit_seq: int) -> int:
+    def publish(self, txn: str, commit_seq: int, *, letters: int | None = None) -> int:
         """Publish the letters of ``txn`` (slot ``commit_seq``) and of earlier unpublished slots;
-        returns how many letters went out now (0 when already done or none). Fenced by another
-        publisher while the ledger names no newer epoch, it initialises again and retries once."""
+        returns how many letters went out now (0 when already done or none). ``letters``: how many
+        the txn's COMMITTED row counts (None: not known). Fenced by another publisher while the
+        ledger names no newer epoch, it initialises again and retries once."""
         try:
-            return self._publish(txn, commit_seq)
+            return self._publish(txn, commit_seq, letters)
         except NewerLeader:
             raise
         except PublisherFenced as exc:
             log.warning("dead-letter publisher fenced; asking the ledger who leads", extra={"error": str(exc)})
-            return self._publish(txn, commit_seq)
+            return self._publish(txn, commit_seq, letters)
 
-    def _publish(self, txn: str, commit_seq: int) -> int:
+    def _publish(self, txn: str, commit_seq: int, letters_counted: int | None) -> int:
         if self._newer is not None:
             raise NewerLeader(
                 f"the dead-letter publisher of {self.cfg.name} (epoch {self.epoch}) stopped for good: "
@@ -122,12 +129,16 @@ class DeadLetterPublisher:
         # Dead-letter step 2: at or below the marker, done
         if commit_seq <= self._through:
             return 0
+        if letters_counted == 0 and commit_seq == self._through + 1:  # Dead-letter step 2: nothing owed
+            self._through = commit_seq
+            return 0
         # Dead-letter step 3: the letters of the unpublished committed slots up to this one
         slots = self._committed_with_letters(self._through, commit_seq, txn)
         letters = [(seq, letter) for seq, row in slots for letter in self._letters_of(row)]
         if not letters:  # Dead-letter step 4: no letters, done
             self._through = commit_seq
             return 0
+        failpoints.hit("dead-letters.before-produce", self.cfg.coordinator_id)
         self._produce(letters, commit_seq)  # Dead-letter step 5: letters and marker in one Kafka transaction
         self._through = commit_seq
         log.info("published %d dead letters", len(letters), extra={"txn": txn, "commit_seq": commit_seq})
