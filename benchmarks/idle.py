@@ -8,8 +8,8 @@ window it reports:
 - CPU by component (``benchmarks.cpu``), as a share of one core, and for the coordinator's and
   the participants' processes by thread: the main thread (the leader's or a task's loop),
   librdkafka's, the others (``benchmarks.partitions_report.threads_cpu``);
-- the txns the coordinator committed (empty ones: it still STARTs, ENDs and records one every
-  ``transaction.interval_s``);
+- the txns the coordinator committed (empty ones: one every ``transaction.idle_interval_s``, or every
+  ``transaction.interval_s`` with ``--idle-interval 0``);
 - ClickHouse's CPU by statement (``benchmarks.ch_profile``), per txn.
 
 This is the pipeline's fixed cost: its control plane (control-topic fetches, heartbeats, the
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         default=TransactionSection().interval_s,
         help="transaction.interval_s (default: chtxn's default)",
     )
+    parser.add_argument(
+        "--idle-interval",
+        type=float,
+        default=TransactionSection().idle_interval_s,
+        help="transaction.idle_interval_s (default: chtxn's default; 0: an empty txn every --interval)",
+    )
     parser.add_argument("--dir", default=".chtxn/bench-idle", help="working directory, emptied first")
     parser.add_argument("--results", default=str(RESULTS), help="directory of the JSON results")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up publishing --events after this")
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka=stack.kafka_bootstrap,
             clickhouse=stack.clickhouse_url,
             interval_s=args.interval,
+            idle_interval_s=args.idle_interval,
             size_trigger_rows=TransactionSection().size_trigger_rows,
             chunk_rows=ParticipantSection().chunk_rows,
         )
@@ -122,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "idle",
         "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git": git_state(),
-        "settings": {"seconds": args.seconds, "partitions": args.partitions, "interval_s": args.interval},
+        "settings": {
+            "seconds": args.seconds,
+            "partitions": args.partitions,
+            "interval_s": args.interval,
+            "idle_interval_s": args.idle_interval,
+        },
         "machine": machine(load_before, os.getloadavg(), probe_before, cpu_probe()),
         "figures": figures,
     }

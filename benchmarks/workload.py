@@ -56,6 +56,7 @@ target_table = "{target}"
 [transaction]
 interval_s = {interval_s}
 size_trigger_rows = {size_trigger_rows}
+{transaction_extra}
 
 [participant]
 chunk_rows = {chunk_rows}
@@ -81,11 +82,13 @@ def write_config(
     commit_point: str = "token",
     input_format: str | None = None,
     insert_settings: dict[str, str] | None = None,
+    idle_interval_s: float | None = None,
 ) -> PipelineConfig:
     """Write the benchmark pipeline's TOML to ``path`` and load it (the coordinator and job read it too).
 
     ``properties`` are librdkafka properties for ``[kafka.properties]``; ``input_format`` (chtxn's
-    default when None) and ``insert_settings`` go to ``[clickhouse]``.
+    default when None) and ``insert_settings`` go to ``[clickhouse]``; ``idle_interval_s`` to
+    ``[transaction]`` (chtxn's default when None).
     """
     path.write_text(
         PIPELINE_TOML.format(
@@ -96,6 +99,7 @@ def write_config(
             target=TARGET,
             interval_s=interval_s,
             size_trigger_rows=size_trigger_rows,
+            transaction_extra="" if idle_interval_s is None else f"idle_interval_s = {idle_interval_s}",
             chunk_rows=chunk_rows,
             commit_point=commit_point,
             properties="\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in (properties or {}).items()),

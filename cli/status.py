@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "heard (each heartbeats every third of coordinator.leader_lease_s), the age of the last commit and the "
         "rows/s of the latest commits, and four checks: leader (one heard within "
         "coordinator.leader_lease_s), participants (every partition held by one heard within the heartbeat "
-        "timeout), commits (one within 2 x (interval_s + write_status_timeout_s)) and routes (no topic that the "
+        "timeout), commits (one within 2 x (idle_interval_s, or interval_s if longer, + write_status_timeout_s)) and routes (no topic that the "
         "routes of several tables match: the leader holds it and reads none of it) and partition logs (no "
         "partition stopped because its log no longer matches the ledger: a topic deleted and created again, "
         "a log that ends before the committed offset). With clickhouse.shards, each shard: whether it "

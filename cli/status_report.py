@@ -217,7 +217,9 @@ def _commits_check(age: float | None, head_seq: int, every: Sequence[Replica], c
     """``pipeline_health.commits_check``; a failure names the cause the coordinators report, if any."""
     tx = cfg.transaction
     check = pipeline_health.commits_check(
-        age, head_seq, limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s)
+        age,
+        head_seq,
+        limit_s=pipeline_health.stall_limit_s(tx.interval_s, tx.write_status_timeout_s, tx.idle_interval_s),
     )
     if check.status != "fail":
         return check

@@ -103,6 +103,7 @@ class Leader:
         tx = cfg.transaction
         timing = Timing(
             interval_s=tx.interval_s,
+            idle_interval_s=tx.idle_interval_s,
             size_trigger_rows=tx.size_trigger_rows,
             write_status_timeout_s=tx.write_status_timeout_s,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,

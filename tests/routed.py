@@ -29,11 +29,13 @@ def make_routed_pipeline(
     pattern_table: str = "",
     insert_select: tuple[str, ...] = (),
     extra: str = "",
+    idle_interval_s: float | None = None,
 ) -> Pipeline:
     """A fresh pipeline routing topic ``<name>_t<i>`` into table ``t<i>`` of its own database; with
     ``pattern_table``, also every topic matching ``<name>_late_.*`` into that table (none exists yet);
     the tables in ``insert_select`` are published by insert-select (their routes say so, and they
-    deduplicate), the others by move; ``extra``: more TOML sections (e.g. ``[schema]``)."""
+    deduplicate), the others by move; ``extra``: more TOML sections (e.g. ``[schema]``); ``idle_interval_s``: ``transaction.idle_interval_s``
+    (None: its default)."""
 
     def mode(table: str) -> str:
         return 'publish_mode = "insert-select"\n' if table in insert_select else ""
@@ -45,7 +47,10 @@ def make_routed_pipeline(
         f'[pipeline]\nname = "{name}"\n\n[kafka]\nbootstrap_servers = "{stack.kafka_bootstrap}"\n\n'
         f'[clickhouse]\nurl = "{stack.clickhouse_url}"\ndatabase = "{name}"\n\n'
         "[transaction]\ninterval_s = 0.5\nwrite_status_timeout_s = 10.0\nheartbeat_interval_s = 0.2\n"
-        "heartbeat_misses = 10\n" + extra + routes
+        "heartbeat_misses = 10\n"
+        + ("" if idle_interval_s is None else f"idle_interval_s = {idle_interval_s}\n")
+        + extra
+        + routes
     )
     path = tmp_path / f"{name}.toml"
     path.write_text(text)

@@ -167,6 +167,10 @@ def validate(config: PipelineConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise bad(key, value, "must be greater than 0")
+    if tx.idle_interval_s < 0:
+        raise bad(
+            "transaction.idle_interval_s", tx.idle_interval_s, "must be 0 or more (0: idle txns end at interval_s)"
+        )
     if config.heartbeat_timeout_s >= tx.write_status_timeout_s:
         raise bad(
             "transaction.heartbeat_misses",

@@ -156,6 +156,15 @@ class TransactionSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         "ClickHouse partition), and each partition's chunks are a quarter of what it reads in one. While chtxn keeps "
         "up, a row is visible in the target about one interval after it was produced at the median, and about two "
         "at p99 (measured: see [benchmarks/README.md](../benchmarks/README.md#a-2-s-interval))."))] = 2.0
+    idle_interval_s: Annotated[float, Meta(description=(
+        "...but a txn with nothing to read (no row read in it, and no partition's log end past its committed "
+        "offset, as the participants' heartbeats tell) stays open past `interval_s` until its first record "
+        "arrives, and then ends at once, or until this long after its START. An idle pipeline thus commits "
+        "once per `idle_interval_s` instead of once per `interval_s`, each empty txn being three ledger rows, "
+        "a stage table and about 100 ms of ClickHouse CPU; a record arriving in the open txn waits about one "
+        "heartbeat, not an interval. At or below `interval_s` (0 included), every txn ends at `interval_s`, idle "
+        "or not."),
+        extra={"brief": "0: end idle txns at interval_s too"})] = 30.0
     size_trigger_rows: Annotated[int, Meta(
         description="...or once the participants report this many rows read for the txn.")] = 1_000_000
     write_status_timeout_s: Annotated[float, Meta(

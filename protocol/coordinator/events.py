@@ -48,6 +48,7 @@ class Txn:
     buffered_rows: int = 0  # their sum: the size trigger's figure
     end_message: EndCommit | None = None  # the END broadcast, as sent again to a holder that missed it
     end_sent_at: float = 0.0  # when it was last broadcast
+    idle_at: float = 0.0  # when the leader last kept it open past its interval with nothing to read
     #: The shards with its stage tables (``Spare.shards``); None: every shard (or one server).
     shards: tuple[int, ...] | None = None
 

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Timing:
     interval_s: float = 1.0
+    #: A txn with nothing to read stays open past ``interval_s`` until records arrive, or this long (0: never).
+    idle_interval_s: float = 0.0
     size_trigger_rows: int = 1_000_000
     write_status_timeout_s: float = 30.0
     heartbeat_timeout_s: float = 3.0
@@ -190,7 +192,9 @@ class Flight:
     def end_due(self, txn: Txn, now: float) -> bool:
         """Commit step 3's END: the interval passed, the size trigger is reached, one partition is full
         (``protocol.size_trigger``) or a holder leaves (its job was stopped), and every older txn is
-        committed (participants go on reading meanwhile); at once when shutting down or paused."""
+        committed (participants go on reading meanwhile); at once when shutting down or paused. A txn
+        with nothing to read (``idle``) waits past the interval for its first record, up to
+        ``idle_interval_s``; each time it waits, ``txn.idle_at`` notes when."""
         if self.leader.stopping or self.leader.paused:
             return True
         if older_uncommitted(self.txns, txn):
@@ -201,10 +205,29 @@ class Flight:
             names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in leaving)
             log.info("the holder of %s leaves: ending %s now", names, txn.id)
             return True
+        if txn.buffered_rows >= trigger or (full > 0 and any(rows >= full for rows in txn.buffered.values())):
+            return True
+        age = now - txn.started_at
+        if age < self.timing.interval_s:
+            return False
+        if age < self.timing.idle_interval_s and self.idle(txn):
+            txn.idle_at = now  # what it reads from here on is what the chunk sizer learns from
+            return False
+        return True
+
+    def idle(self, txn: Txn) -> bool:
+        """Whether ending ``txn`` now would commit nothing: its holders read no row in it, it holds
+        exactly the partitions the leader reads (a partition added or stopped since its START ends it
+        as before, so the next START follows the change), and none of them may have records past its
+        committed offset, as their freshest heartbeats tell (``Liveness.waiting``: a log end not known
+        yet counts as records). Such a txn would move no offset (a WRITE-STATUS ends where the holder
+        read to), so it stays open until records arrive: an idle pipeline commits once per
+        ``idle_interval_s``, not once per interval."""
+        partitions = self.leader.partitions
         return (
-            now - txn.started_at >= self.timing.interval_s
-            or txn.buffered_rows >= trigger
-            or (full > 0 and any(rows >= full for rows in txn.buffered.values()))
+            not txn.buffered_rows
+            and set(partitions) == set(txn.start)
+            and not self.liveness.waiting(partitions, self.leader.base)
         )
 
     def _end(self, txn: Txn, now: float) -> list[Action]:
@@ -223,7 +246,8 @@ class Flight:
     def _completed(self, txn: Txn, now: float) -> None:
         """Every WRITE-STATUS of an ended txn is in: commit step 5 may begin."""
         txn.phase, txn.complete_at = Phase.COMPLETE, now
-        self.sizer.learn({tp: ws.rows for tp, ws in txn.statuses.items()}, txn.ended_at - txn.started_at)
+        read_from = max(txn.started_at, txn.idle_at)  # a txn kept open while idle read only since
+        self.sizer.learn({tp: ws.rows for tp, ws in txn.statuses.items()}, txn.ended_at - read_from)
 
     def _chain(self, txn: Txn, now: float) -> Txn | None:
         """The txn that starts with ``txn``'s END, or None when END must go alone."""

@@ -8,7 +8,8 @@ these "commit step N":
 2. Create the stage table ``<target>__chtxn_<pipeline>__<txn>`` one txn ahead (``CreateStage``,
    answered by ``StageCreated``): a txn starts on a stage table that already exists.
 3. Broadcast START; after ``interval_s``, or once heartbeats report ``size_trigger_rows`` staged,
-   broadcast END.
+   broadcast END. A txn with nothing to read waits past ``interval_s`` for its first record, up
+   to ``idle_interval_s`` (``Flight.idle``).
 4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
    participant of the txn is gone, ABORT: drop the stage table, append ABORTED; the next txn
    starts from the ledger head. A holder whose heartbeats still name the txn ``RESEND_END_S``
@@ -21,7 +22,7 @@ these "commit step N":
    it means another leader exists: step down.
 7. Broadcast ACK-COMMIT, then publish (move the stage table into the target), append PUBLISHED.
    Publishes happen strictly in commit order: a failed publish of k holds back k+1.
-8. An idle interval still commits (an empty commit).
+8. An idle txn still commits, once ``idle_interval_s`` has passed (an empty commit).
 
 Fencing: START names one holder (participant id) per partition, preferring the previous holder
 while it heartbeats. Only the holder's WRITE-STATUS counts and only its silence aborts the txn;

@@ -177,11 +177,12 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def stall_limit_s(interval_s: float, write_status_timeout_s: float) -> float:
-    """A pipeline that runs commits every ``interval_s``, idle or not (an empty txn commits too); one
-    whose txns abort or hang commits nothing. This long without a commit is a stall: two whole txns
-    that each ran to their WRITE-STATUS timeout."""
-    return 2 * (interval_s + write_status_timeout_s)
+def stall_limit_s(interval_s: float, write_status_timeout_s: float, idle_interval_s: float = 0.0) -> float:
+    """A pipeline that runs commits every ``interval_s`` while it reads, and at least every
+    ``idle_interval_s`` when idle (an empty txn commits too); one whose txns abort or hang commits
+    nothing. This long without a commit is a stall: two whole txns, each as long as an idle one, that
+    each ran to their WRITE-STATUS timeout."""
+    return 2 * (max(interval_s, idle_interval_s) + write_status_timeout_s)
 
 
 def commits_check(age_s: float | None, head_seq: int, *, limit_s: float) -> Check:
@@ -198,7 +199,7 @@ def commits_check(age_s: float | None, head_seq: int, *, limit_s: float) -> Chec
             name="commits",
             status="fail",
             found=f"last commit {age_s:.0f} s ago (slot {head_seq}); limit {limit_s:g} s, "
-            "2 x (transaction.interval_s + transaction.write_status_timeout_s)",
+            "2 x (transaction.idle_interval_s, or interval_s if longer, + transaction.write_status_timeout_s)",
             fix="see why txns end without committing: chtxn txn list --state ABORTED",
         )
     return Check(name="commits", status="ok", found=f"last commit {age_s:.1f} s ago (slot {head_seq})")

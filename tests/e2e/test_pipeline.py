@@ -75,17 +75,25 @@ def test_malformed_records_go_to_the_dead_letter_topic(stack, tmp_path):
     assert_exactly_once(pipeline, produced - bad, dead)
 
 
-def test_idle_topic_commits_empty_transactions(stack, tmp_path):
+def test_idle_topic_commits_an_empty_transaction_per_idle_interval(stack, tmp_path):
+    """Past its data, a txn with nothing to read stays open for ``idle_interval_s``, not ``interval_s``,
+    then commits empty; none aborts."""
+    idle_s = 2.0
     pipeline = make_pipeline(
-        stack, tmp_path, unique_name("e2eidle"), partitions=2, settings={"transaction.interval_s": 0.5}
+        stack,
+        tmp_path,
+        unique_name("e2eidle"),
+        partitions=2,
+        settings={"transaction.interval_s": 0.5, "transaction.idle_interval_s": idle_s},
     )
     produced = pipeline.produce(1_000)
     with running(pipeline, tmp_path, slots=2) as procs:
         committed(pipeline, produced, procs)
         ledger = pipeline.ledger()
         base = len(ledger.commits())
-        wait_until(lambda: procs.alive() or len(ledger.commits()) >= base + 6, 60, "six more (empty) commits")
+        wait_until(lambda: procs.alive() or len(ledger.commits()) >= base + 3, 60, "three more (empty) commits")
         idle = ledger.commits()[base:]
         assert all(c.total_rows == 0 for c in idle)
+        assert all(c.ended_at - c.started_at >= idle_s for c in idle[1:]), [c.ended_at - c.started_at for c in idle]
         assert ledger.history(limit=1000, state="ABORTED") == []
     assert_exactly_once(pipeline, produced)

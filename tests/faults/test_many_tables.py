@@ -83,7 +83,8 @@ def test_a_leader_killed_between_two_tables_publishes_is_rolled_forward_by_the_n
 def test_a_table_with_no_records_waiting_gets_no_stage_table_and_its_first_records_commit_once(stack, tmp_path):
     """Real participant tasks (their heartbeats carry log ends): idle tables are in no txn's stage
     tables, and records arriving in an idle table are read again and committed by a later txn."""
-    pipeline = make_routed_pipeline(stack, tmp_path, unique_name("mtidle"), tables=3)
+    # idle txns end at the interval, as before idle_interval_s: empty txns show which tables get stage tables
+    pipeline = make_routed_pipeline(stack, tmp_path, unique_name("mtidle"), tables=3, idle_interval_s=0.5)
     name = pipeline.cfg.name
     produced = {"t0": produce_to(pipeline, f"{name}_t0", 300), "t1": 0, "t2": 0}
 
@@ -216,7 +217,8 @@ def test_a_topic_whose_route_was_removed_is_never_started_or_staged_into_another
     fails, and the participants (not restarted: the old config) still hold t2's partitions. The
     leader STARTs none of t2's partitions, none of t2's new records land in t1 (the txn's only stage
     table), and the leader goes on committing (no KeyError in its metrics step)."""
-    old = make_routed_pipeline(stack, tmp_path, unique_name("mtgone"), tables=3)
+    # idle txns end at the interval: the restarted leader must go on committing without t2's records
+    old = make_routed_pipeline(stack, tmp_path, unique_name("mtgone"), tables=3, idle_interval_s=0.5)
     name = old.cfg.name
     produced = {f"t{i}": produce_to(old, f"{name}_t{i}", 100) for i in range(3)}
     counts = lambda: {t: table_count(old, t) for t in produced}  # noqa: E731

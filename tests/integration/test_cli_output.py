@@ -41,7 +41,12 @@ LONG_ERROR = "Cannot parse input: expected '\"' before: " + "x" * 300
 @pytest.fixture(scope="module")
 def live(stack, tmp_path_factory) -> Pipeline:
     """A pipeline that published rows, then idled: seals and empty commits among its txns."""
-    pipeline = make_pipeline(stack, tmp_path_factory.mktemp("live"), unique_name("cliout"))
+    pipeline = make_pipeline(
+        stack,
+        tmp_path_factory.mktemp("live"),
+        unique_name("cliout"),
+        settings={"transaction.idle_interval_s": 0.5},  # idle txns end at the interval: empty commits
+    )
     produced = pipeline.produce(300)
     with ScriptedParticipants(pipeline.cfg, pipeline.partitions), coordinator(pipeline, coordinator_id="out-c1"):
         wait_until(lambda: pipeline.target_count() == produced, 60, "rows published")

@@ -53,7 +53,14 @@ def test_a_txn_has_stage_tables_only_on_the_shards_whose_partitions_have_records
     3's partitions, whose holders stage nothing into the txn under way (its shard has no stage table)
     and the next txn takes them. Shard 2 never gets a stage table once the leader knows where records
     wait (its first txns, before any heartbeat told a log end, are on every shard)."""
-    pipeline = make_sharded_pipeline(stack, shard_urls, tmp_path, unique_name("shtouch"), partitions=6)
+    pipeline = make_sharded_pipeline(
+        stack,
+        shard_urls,
+        tmp_path,
+        unique_name("shtouch"),
+        partitions=6,
+        settings={"transaction.idle_interval_s": 0.5},  # idle txns end at the interval: a stream of empty txns
+    )
     on = {tp.partition: shard_rules.shard_of(tp.topic, tp.partition, 3) for tp in pipeline.partitions}
     address = [shard_rules.address(url) for url in shard_urls]
     with participants(pipeline, tasks=2), coordinator(pipeline):

@@ -77,6 +77,7 @@ def test_an_unknown_key_inside_an_existing_section() -> None:
     [
         ("[transaction]\ninterval_s = 'fast'\n", "transaction.interval_s", "fast", "Expected `float`"),
         ("[transaction]\ninterval_s = -1\n", "transaction.interval_s", -1.0, "must be greater than 0"),
+        ("[transaction]\nidle_interval_s = -1\n", "transaction.idle_interval_s", -1.0, "must be 0 or more"),
         ("[transaction]\npublish_mode = 'copy'\n", "transaction.publish_mode", "copy", "Invalid enum value"),
         ("[participant]\nchunk_rows = 0\n", "participant.chunk_rows", 0, "must be greater than 0"),
         (

@@ -100,6 +100,12 @@ def test_commits_check_fails_without_a_recent_commit(age: float | None, head: in
     assert check.status == status and check.found.startswith(found)
 
 
+def test_an_idle_pipeline_commits_once_per_idle_interval_so_the_stall_limit_follows_it() -> None:
+    assert stall_limit_s(2.0, 30.0, 30.0) == 120.0
+    assert stall_limit_s(2.0, 30.0, 0.0) == stall_limit_s(2.0, 30.0) == 64.0
+    assert commits_check(65.0, 7, limit_s=stall_limit_s(2.0, 30.0, 30.0)).status == "ok"
+
+
 def test_rows_per_s_counts_the_rows_after_the_oldest_commit_over_the_time_between() -> None:
     assert rows_per_s([(10.0, 500), (12.0, 100), (14.0, 300)]) == (100.0, 4.0)
     assert rows_per_s([(14.0, 300), (10.0, 500)]) == (75.0, 4.0)  # any order
