@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 
-from coordinator.ledger.history import LedgerHistory
 from protocol.ledger.view import TxnSummary
 from tests.helpers import run_chtxn, unique_name, wait_until
 from tests.integration.live_pipeline import coordinator, participants
@@ -21,11 +20,7 @@ WAIT_S = 90.0
 
 def history(pipeline: Pipeline) -> list[TxnSummary]:
     """The pipeline's txns, oldest first."""
-    client = pipeline.client()
-    return sorted(
-        LedgerHistory(client, pipeline.cfg.clickhouse.database, pipeline.cfg.name).history(limit=10_000),
-        key=lambda t: t.started_at,
-    )
+    return sorted(pipeline.ledger().history(limit=10_000), key=lambda t: t.started_at)
 
 
 def open_txn(pipeline: Pipeline) -> TxnSummary | None:
