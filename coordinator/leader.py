@@ -62,7 +62,6 @@ from protocol.coordinator.state import CoordinatorState
 from protocol.errors import ChtxnError
 from protocol.ledger import pauses as ledger_pauses
 from protocol.ledger.rows import LedgerEvent
-from protocol.messages import EndCommit
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ class Leader:
             routes=cfg.routes,
             shard_count=cfg.placed_count,
         )
-        self._ack_at: dict[str, float] = {}  # txn -> when its END went out, then when it committed
+        self._ack_at: dict[str, float] = {}  # txn -> when it committed (its publish latency's start)
         self._hand_over = False  # a step-down that ends the lease at once (``StepDown.hand_over``)
         self.failure: ChtxnError | None = None  # what left a commit's outcome unknown, if that ended the leadership
         self._offsets: Any = None  # SourceOffsets, made by ``run``
@@ -304,8 +303,6 @@ class Leader:
 
     def _broadcast(self, action: Broadcast) -> None:
         self.control.send(action.message)
-        if isinstance(action.message, EndCommit):
-            self._ack_at[action.message.txn] = self.clock()
 
     def _count_stage(self, action: CountStage) -> Event:
         failpoints.hit("leader.before-count", self.coordinator)
@@ -339,9 +336,11 @@ class Leader:
             failpoints.hit("leader.after-commit", self.coordinator)
             txn = action.txn
             self.metrics.count_commit(txn, self.cfg)
-            ended = self._ack_at.pop(txn.id, None)
-            if ended is not None:
-                self.metrics.commit_latency.labels(self.cfg.name).observe(self.clock() - ended)
-            self._ack_at[txn.id] = self.clock()
+            now = self.clock()
+            if txn.ended_at:  # the first END's time: a copy sent again to a holder that missed it is no END
+                self.metrics.commit_latency.labels(self.cfg.name).observe(now - txn.ended_at)
+                if txn.complete_at:
+                    self.metrics.flush_latency.labels(self.cfg.name).observe(txn.complete_at - txn.ended_at)
+            self._ack_at[txn.id] = now
             log.info("committed", extra={"txn": txn.id, "commit_seq": row.commit_seq, "rows": txn.rows})
         return CommitResult(action.txn.id, won, commit_seq=row.commit_seq)

@@ -105,6 +105,12 @@ class CoordinatorMetrics:
         self.commit_latency = Histogram(
             "chtxn_commit_latency_seconds", "END-COMMIT to ACK-COMMIT", buckets=_LATENCY_BUCKETS, **labels
         )
+        self.flush_latency = Histogram(
+            "chtxn_flush_latency_seconds",
+            "END-COMMIT to the last WRITE-STATUS: the participants' last inserts, part of the commit latency",
+            buckets=_LATENCY_BUCKETS,
+            **labels,
+        )
         self.publish_latency = Histogram(
             "chtxn_publish_latency_seconds", "ACK-COMMIT to PUBLISHED", buckets=_LATENCY_BUCKETS, **labels
         )
@@ -194,6 +200,7 @@ class CoordinatorMetrics:
         for metric in (
             self.last_commit,
             self.commit_latency,
+            self.flush_latency,
             self.publish_latency,
             self.rows,
             self.bytes,

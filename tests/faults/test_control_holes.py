@@ -12,6 +12,7 @@ against the embedded stack; the exactly-once oracle (docs/architecture.md §11) 
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from clients import failpoints
 from protocol.messages import EndCommit, Heartbeat
@@ -67,7 +68,7 @@ def test_a_participant_that_never_read_an_end_gets_it_again_and_no_txn_aborts(st
     )
     produced = pipeline.produce(20_000)
     hidden = failpoints.arm("control.hide-record", "raise", who="task-0/end-commit")
-    with coordinator(pipeline), participants(pipeline, tasks=2):
+    with coordinator(pipeline) as service, participants(pipeline, tasks=2):
         assert hidden.reached.wait(60), "no END reached task-0"
         missed = wait_until(
             lambda: still_reading_an_ended_txn(pipeline, "task-0", 3.0),
@@ -77,8 +78,20 @@ def test_a_participant_that_never_read_an_end_gets_it_again_and_no_txn_aborts(st
         failpoints.disarm()
         wait_until(lambda: pipeline.target_count() == produced, 30, "every record committed")
         history = {t.txn: t for t in pipeline.ledger().history(limit=1000)}
+        # The missed txn's commit latency counts from its first END, not from the copy sent again
+        # (which it would be well under 2.5 s from); its flush waited for task-0 as long.
+        for latency in ("chtxn_commit_latency_seconds", "chtxn_flush_latency_seconds"):
+            assert slower_than(service.metrics.registry, latency, pipeline.cfg.name, 2.5) >= 1, latency
     ends = [m.txn for _, m in pipeline.control_records() if isinstance(m, EndCommit)]
     assert ends.count(missed) >= 2, ends  # sent again
     assert history[missed].state in ("COMMITTED", "PUBLISHED"), history[missed]
     assert [t.reason for t in history.values() if t.state == "ABORTED"] == []
     assert_exactly_once(pipeline, produced, nothing_lost=True)
+
+
+def slower_than(registry: CollectorRegistry, histogram: str, pipeline: str, seconds: float) -> float:
+    """How many observations of ``histogram`` exceed ``seconds`` (one of its bucket bounds)."""
+    labels = {"pipeline": pipeline}
+    count = registry.get_sample_value(f"{histogram}_count", labels) or 0.0
+    within = registry.get_sample_value(f"{histogram}_bucket", {**labels, "le": str(seconds)}) or 0.0
+    return count - within

@@ -374,6 +374,7 @@ def test_metrics_count_commits_rows_latency_and_aborts(stack, tmp_path):
             assert value("chtxn_rows_committed_total") == produced
             assert value("chtxn_leader") == 1
             assert value("chtxn_commit_latency_seconds_count") > 0
+            assert value("chtxn_flush_latency_seconds_count") > 0
             for step in ("create-stage", "check", "commit", "publish"):  # steps 2, 5, 6 and 7 of a txn
                 # A step is timed once it returns; publish returns after the rows are visible.
                 wait_until(

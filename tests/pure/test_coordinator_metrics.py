@@ -25,6 +25,7 @@ def test_a_standby_exports_every_series_with_leader_0() -> None:
     assert value(metrics, "chtxn_last_commit_timestamp_seconds") == 0
     assert value(metrics, "chtxn_transactions_total", outcome="committed") == 0
     assert value(metrics, "chtxn_commit_latency_seconds_count") == 0
+    assert value(metrics, "chtxn_flush_latency_seconds_count") == 0
     assert value(metrics, "chtxn_rows_committed_total") == 0
 
 
