@@ -151,7 +151,10 @@ class Flight:
             if txn not in self.txns:
                 continue  # aborted by a cascade in this loop
             if txn.phase is Phase.COLLECTING and self.end_due(txn, now):
-                actions += self._end(txn, now)
+                if not self.awaits_spare(txn, now):
+                    actions += self._end(txn, now)
+                elif self.ahead.ready:
+                    actions += self.ahead.drop()  # it misses where records wait: made anew below
             # A holder's silence is judged on ``Tick`` only, right after the runner read the control topic.
             if txn.phase in OPEN and judge_silence and (dead := self.liveness.silent(txn, now)):
                 names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in dead)
@@ -230,6 +233,20 @@ class Flight:
             and not self.liveness.waiting(partitions, self.leader.base)
         )
 
+    def awaits_spare(self, txn: Txn, now: float) -> bool:
+        """Whether the due END of ``txn``, which read nothing (as its holders last said), waits within
+        ``idle_interval_s`` of its START for a spare that is created and stages where records now wait
+        (``Spare.misses``): its END then carries a START that reads them, not one that holds them for
+        a txn more. Waiting costs it nothing; a txn that read rows ends at once, as when stopping."""
+        leader = self.leader
+        if leader.stopping or leader.paused or txn.buffered_rows or now - txn.started_at >= self.timing.idle_interval_s:
+            return False
+        staged_lazily = self.outbox.many or self.outbox.shard_count  # ``_stages_due``'s forms
+        if not staged_lazily or set(leader.partitions) != set(txn.start) or self.liveness.leaving(txn):
+            return False
+        spare = self.ahead.spare
+        return spare is None or not spare.ready or spare.misses(*self._stages_due())
+
     def _end(self, txn: Txn, now: float) -> list[Action]:
         txn.phase = Phase.ENDING
         txn.ended_at = now
@@ -273,7 +290,7 @@ class Flight:
         A table none of whose records wait gets no stage table, nor does a shard no such partition is
         placed on (``protocol.shards.shard_of``), and their partitions stage nothing in the txn: an
         idle table or shard costs a txn no statement. Their first records wait for the txn after the
-        one under way when they arrive."""
+        one under way when they arrive, unless that one read nothing (``awaits_spare``)."""
         if not self.outbox.many and not self.outbox.shard_count:
             return None, None
         waiting = self.liveness.waiting(self.leader.partitions, self.leader.base)

@@ -27,6 +27,15 @@ class Spare:
     #: with records waiting is placed on (``Flight._shards_due``); () only with no stage table at
     #: all. None: every shard (one server, or rows placed by a sharding key).
     shards: tuple[int, ...] | None = None
+    #: The target tables that get its stage tables (``[[route]]``); None: the one-table form's one table.
+    tables: tuple[str, ...] | None = None
+
+    def misses(self, tables: tuple[str, ...] | None, shards: tuple[int, ...] | None) -> bool:
+        """Whether some of ``tables`` or ``shards`` (``Flight._stages_due``: where records wait) get
+        none of its stage tables."""
+        if tables is not None and not set(tables) <= set(self.tables or ()):
+            return True
+        return shards is not None and self.shards is not None and not set(shards) <= set(self.shards)
 
 
 class StageAhead:
@@ -61,7 +70,7 @@ class StageAhead:
         if shards == ():
             tables = ()
         stages = naming.txn_stages((self.target,) if tables is None else tables, self.pipeline, txn_id)
-        self.spare = Spare(txn_id, stages, shards=shards)
+        self.spare = Spare(txn_id, stages, shards=shards, tables=None if tables is None else tuple(tables))
         return [CreateStage(self.spare.txn, self.spare.stage_table, shards)]
 
     def created(self, event: StageCreated, now: float) -> None:

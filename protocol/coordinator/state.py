@@ -9,7 +9,8 @@ these "commit step N":
    answered by ``StageCreated``): a txn starts on a stage table that already exists.
 3. Broadcast START; after ``interval_s``, or once heartbeats report ``size_trigger_rows`` staged,
    broadcast END. A txn with nothing to read waits past ``interval_s`` for its first record, up
-   to ``idle_interval_s`` (``Flight.idle``).
+   to ``idle_interval_s`` (``Flight.idle``); one that read nothing ends on a spare that stages
+   where records wait (``Flight.awaits_spare``).
 4. Collect one WRITE-STATUS per partition. On timeout, or as soon as heartbeats show a
    participant of the txn is gone, ABORT: drop the stage table, append ABORTED; the next txn
    starts from the ledger head. A holder whose heartbeats still name the txn ``RESEND_END_S``

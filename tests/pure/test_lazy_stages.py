@@ -4,9 +4,20 @@ participant that holds a partition of a table without one (stages nothing, ends 
 
 from __future__ import annotations
 
+import dataclasses
+
 from protocol import naming
 from protocol.config.sections import RouteSection
-from protocol.coordinator.events import CountStage, CreateStage, PartitionsChanged, Ready, Received, StageCreated
+from protocol.coordinator.events import (
+    Broadcast,
+    CountStage,
+    CreateStage,
+    DropStage,
+    PartitionsChanged,
+    Ready,
+    Received,
+    StageCreated,
+)
 from protocol.coordinator.state import CoordinatorState
 from protocol.messages import (
     EndCommit,
@@ -203,3 +214,67 @@ def test_records_wait_in_a_partition_its_holder_read_past_the_committed_offset_e
     assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS, CLICKS}
     told(CLICKS, 10, 10)
     assert liveness.waiting([ORDERS, CLICKS], HEAD.__getitem__) == {ORDERS}
+
+
+# ---- a txn that read nothing waits for a spare with the tables records now wait for ---------------
+
+IDLE_TIMING = dataclasses.replace(TIMING, idle_interval_s=30.0)
+
+
+def told(tp: TopicPartition, log_end: int, *, txn: str = "", read: int = 0) -> Received:
+    """``tp``'s holder (``p-<topic>``, which understands chained STARTs) says where it reads and what it
+    read into ``txn``."""
+    position = PartitionPosition(
+        topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end, buffered_rows=read
+    )
+    return Received(
+        Heartbeat(pipeline=PIPE, epoch=EPOCH, txn=txn, sender=f"p-{tp.topic}", partitions=(position,), continues=True)
+    )
+
+
+def idle_routed_leader() -> CoordinatorState:
+    """Both tables idle: txn 1 runs with no stage table, txn 2's spare (none either) is ready."""
+    state = CoordinatorState(
+        pipeline=PIPE, epoch=EPOCH, coordinator="c", target="orders", timing=IDLE_TIMING, routes=ROUTES
+    )
+    state.handle(told(ORDERS, 40), 0.0)
+    state.handle(told(CLICKS, 10), 0.0)
+    assert of(CreateStage, state.handle(Ready(7, HEAD, {}), 0.0)) == [CreateStage(naming.txn_id(EPOCH, 1), "")]
+    started = state.handle(StageCreated(naming.txn_id(EPOCH, 1)), 0.0)
+    assert of(CreateStage, started) == [CreateStage(naming.txn_id(EPOCH, 2), "")]
+    state.handle(StageCreated(naming.txn_id(EPOCH, 2)), 0.1)
+    for tp, log_end in ((ORDERS, 40), (CLICKS, 10)):  # past the interval, nothing to read: it stays open
+        assert of(Broadcast, state.handle(told(tp, log_end, txn=naming.txn_id(EPOCH, 1)), 1.5)) == []
+    return state
+
+
+def test_records_for_a_table_the_spare_has_no_stage_table_for_end_an_idle_txn_only_once_a_spare_has_one() -> None:
+    state = idle_routed_leader()
+    t1, t2, t3 = (naming.txn_id(EPOCH, n) for n in (1, 2, 3))
+    arrived = state.handle(told(CLICKS, 12, txn=t1), 2.0)  # records arrive in clicks
+    assert of(Broadcast, arrived) == []  # no END yet: txn 2's spare has no stage table for clicks
+    assert of(DropStage, arrived) == [DropStage(t2, "", None)]
+    assert of(CreateStage, arrived) == [CreateStage(t3, stages(3, "clicks"))]
+    ended = state.handle(StageCreated(t3), 2.1)
+    (end,) = [a.message for a in of(Broadcast, ended) if isinstance(a.message, EndCommit)]
+    assert end.txn == t1 and end.next is not None and end.next.txn == t3
+    assert {s.topic: s.stage_table for s in end.next.stage_tables} == {"clicks": stages(3, "clicks"), "orders": ""}
+
+
+def test_a_txn_that_read_rows_ends_at_once_on_its_spare_though_the_spare_misses_a_table_with_records() -> None:
+    state = idle_routed_leader()
+    t1, t2 = naming.txn_id(EPOCH, 1), naming.txn_id(EPOCH, 2)
+    ended = state.handle(told(ORDERS, 41, txn=t1, read=1), 1.8)  # as if orders had a stage table in txn 1
+    (end,) = [a.message for a in of(Broadcast, ended) if isinstance(a.message, EndCommit)]
+    assert end.next is not None and end.next.txn == t2  # reading goes on without a pause
+    assert of(DropStage, ended) == []
+
+
+def test_an_idle_txn_waits_for_a_fresh_spare_no_longer_than_idle_interval_s() -> None:
+    state = idle_routed_leader()
+    t1, t3 = naming.txn_id(EPOCH, 1), naming.txn_id(EPOCH, 3)
+    state.handle(told(CLICKS, 12, txn=t1), 2.0)  # txn 3's stage tables are asked for, never created
+    late = state.handle(told(CLICKS, 12, txn=t1), 30.5)
+    (end,) = [a.message for a in of(Broadcast, late) if isinstance(a.message, EndCommit)]
+    assert end.txn == t1 and end.next is None  # goes alone: txn 3 starts once its stage tables exist
+    assert t3 not in {a.message.txn for a in of(Broadcast, late)}

@@ -5,8 +5,10 @@ without one (stages nothing, ends where it started)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from protocol import naming
-from protocol.coordinator.events import CountStage, CreateStage, Ready, Received, StageCreated
+from protocol.coordinator.events import Broadcast, CountStage, CreateStage, DropStage, Ready, Received, StageCreated
 from protocol.coordinator.state import CoordinatorState
 from protocol.messages import EndCommit, Heartbeat, PartitionOffset, PartitionPosition, StartCommit, TopicPartition
 from protocol.participant.events import Polled, Received as PReceived, StageChunk
@@ -152,3 +154,37 @@ def test_a_participant_placing_over_another_shard_count_holds_every_partition_an
     assert sorted(reported) == [(0, 40, 40, 0), (1, 10, 10, 0)]
     [told] = [r.getMessage() for r in caplog.records if "shards" in r.getMessage()]
     assert "over 3 shards and this participant over 2" in told and "same clickhouse.shards" in told
+
+
+def test_records_on_a_shard_the_spare_has_no_stage_table_on_end_an_idle_txn_only_once_a_spare_has_one() -> None:
+    """With ``idle_interval_s``, a txn that read nothing waits, past its interval, for a spare staging
+    on the shard records now wait on, so its END carries a START that reads them."""
+    state = CoordinatorState(
+        pipeline=PIPE,
+        epoch=EPOCH,
+        coordinator="c",
+        target="orders",
+        timing=dataclasses.replace(TIMING, idle_interval_s=30.0),
+        shard_count=SHARDS,
+    )
+
+    def told(tp: TopicPartition, log_end: int, at: float, txn_: str = "") -> list:
+        position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end)
+        beat_ = Heartbeat(
+            pipeline=PIPE, epoch=EPOCH, txn=txn_, sender=f"p-{tp.partition}", partitions=(position,), continues=True
+        )
+        return state.handle(Received(beat_), at)
+
+    for tp in (P0, P1, P2):
+        told(tp, HEAD[tp], 0.0)  # nothing waits anywhere
+    assert of(CreateStage, state.handle(Ready(7, HEAD, {}), 0.0)) == [CreateStage(txn(1), "", ())]
+    assert of(CreateStage, state.handle(StageCreated(txn(1)), 0.0)) == [CreateStage(txn(2), "", ())]
+    state.handle(StageCreated(txn(2)), 0.1)
+    arrived = told(P1, 12, 2.0, txn(1))  # past the interval, records arrive in P1
+    assert of(Broadcast, arrived) == []
+    assert of(DropStage, arrived) == [DropStage(txn(2), "", ())]
+    assert of(CreateStage, arrived) == [CreateStage(txn(3), stage(3), (ON[P1],))]
+    (end,) = [a.message for a in of(Broadcast, state.handle(StageCreated(txn(3)), 2.1))]
+    assert isinstance(end, EndCommit) and end.txn == txn(1) and end.next is not None
+    assert (end.next.txn, end.next.shards) == (txn(3), (ON[P1],))
+    assert end.next.stage_table_for(P1) == stage(3)
