@@ -43,9 +43,17 @@ def stages(n: int, *tables: str) -> str:
     return naming.txn_stages(tables, PIPE, naming.txn_id(EPOCH, n))
 
 
-def beat(tp: TopicPartition, log_end: int) -> Received:
-    position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end)
-    return Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender=f"p-{tp.topic}", partitions=(position,)))
+def beat(tp: TopicPartition, log_end: int, *, txn: str = "", read: int = 0, continues: bool = False) -> Received:
+    """``tp``'s holder (``p-<topic>``) says where it reads and what it read into ``txn``; with
+    ``continues``, it understands chained STARTs."""
+    position = PartitionPosition(
+        topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end, buffered_rows=read
+    )
+    return Received(
+        Heartbeat(
+            pipeline=PIPE, epoch=EPOCH, txn=txn, sender=f"p-{tp.topic}", partitions=(position,), continues=continues
+        )
+    )
 
 
 def of(kind: type, actions: list) -> list:
@@ -222,14 +230,8 @@ IDLE_TIMING = dataclasses.replace(TIMING, idle_interval_s=30.0)
 
 
 def told(tp: TopicPartition, log_end: int, *, txn: str = "", read: int = 0) -> Received:
-    """``tp``'s holder (``p-<topic>``, which understands chained STARTs) says where it reads and what it
-    read into ``txn``."""
-    position = PartitionPosition(
-        topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end, buffered_rows=read
-    )
-    return Received(
-        Heartbeat(pipeline=PIPE, epoch=EPOCH, txn=txn, sender=f"p-{tp.topic}", partitions=(position,), continues=True)
-    )
+    """``beat`` from a holder that understands chained STARTs."""
+    return beat(tp, log_end, txn=txn, read=read, continues=True)
 
 
 def idle_routed_leader() -> CoordinatorState:

@@ -31,9 +31,15 @@ def stage(n: int) -> str:
     return naming.stage_table("orders", PIPE, txn(n))
 
 
-def beat(tp: TopicPartition, log_end: int) -> Received:
+def beat(tp: TopicPartition, log_end: int, *, txn: str = "", continues: bool = False) -> Received:
+    """``tp``'s holder (``p-<partition>``) says where it reads, in ``txn``; with ``continues``, it
+    understands chained STARTs."""
     position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end)
-    return Received(Heartbeat(pipeline=PIPE, epoch=EPOCH, txn="", sender=f"p-{tp.partition}", partitions=(position,)))
+    return Received(
+        Heartbeat(
+            pipeline=PIPE, epoch=EPOCH, txn=txn, sender=f"p-{tp.partition}", partitions=(position,), continues=continues
+        )
+    )
 
 
 def of(kind: type, actions: list) -> list:
@@ -169,11 +175,7 @@ def test_records_on_a_shard_the_spare_has_no_stage_table_on_end_an_idle_txn_only
     )
 
     def told(tp: TopicPartition, log_end: int, at: float, txn_: str = "") -> list:
-        position = PartitionPosition(topic=tp.topic, partition=tp.partition, position=HEAD[tp], log_end=log_end)
-        beat_ = Heartbeat(
-            pipeline=PIPE, epoch=EPOCH, txn=txn_, sender=f"p-{tp.partition}", partitions=(position,), continues=True
-        )
-        return state.handle(Received(beat_), at)
+        return state.handle(beat(tp, log_end, txn=txn_, continues=True), at)
 
     for tp in (P0, P1, P2):
         told(tp, HEAD[tp], 0.0)  # nothing waits anywhere
